@@ -1,0 +1,68 @@
+"""The DFlash decoding library: engines that stream `StepEvent`s and end with a `Summary`.
+
+Framework-free here; `engines.cuda` (PyTorch + transformers) and `engines.mlx` (MLX) are imported
+only when chosen. See DESIGN.md, "The engine contract".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import sys
+
+from .config import EngineConfig, GenerationRequest
+from .errors import CheckpointError, EngineUnavailable, UserError
+from .events import StepEvent, Summary
+
+__all__ = [
+    "EngineConfig", "GenerationRequest", "StepEvent", "Summary", "UserError", "CheckpointError",
+    "EngineUnavailable", "load_engine", "choose_engine",
+]
+
+# On a CPU without CUDA or Metal, the PyTorch engine decodes faster than MLX's CPU backend
+# (benchmarks/engine_speed.py; README, "Engines").
+CPU_DEFAULT = "cuda"
+INSTALL_HINT = {
+    "cuda": "install it with `pip install 'dflash-tui[cuda]'` (or `make install`)",
+    "mlx": "install it with `pip install 'dflash-tui[mlx]'` (mlx[cpu] on Linux; or `make install`)",
+}
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def choose_engine(name: str = "auto") -> str:
+    """'cuda' or 'mlx' for an engine name, `auto` resolved as DESIGN.md says."""
+    if name not in ("auto", "cuda", "mlx"):
+        raise UserError(f"Engine '{name}' is unknown; choose auto, cuda or mlx.")
+    if name != "auto":
+        needed = "torch" if name == "cuda" else "mlx"
+        if not _has(needed) or not _has("transformers"):
+            raise EngineUnavailable(f"The {name} engine needs {needed}, which is not installed; {INSTALL_HINT[name]}.")
+        return name
+    apple_silicon = sys.platform == "darwin" and platform.machine() == "arm64"
+    if apple_silicon and _has("mlx"):
+        return "mlx"
+    if _has("torch"):
+        import torch
+
+        if torch.cuda.is_available() or CPU_DEFAULT == "cuda" or not _has("mlx"):
+            return "cuda"
+    if _has("mlx"):
+        return "mlx"
+    raise EngineUnavailable(f"Neither engine is installed; {INSTALL_HINT['cuda']}, or {INSTALL_HINT['mlx']}.")
+
+
+def load_engine(config: EngineConfig):
+    """Load target, draft and tokenizer on the chosen engine (checks run before any weight loads)."""
+    name = choose_engine(config.engine)
+    if name == "cuda":
+        from .cuda.engine import CudaEngine
+
+        return CudaEngine(config)
+    try:
+        from .mlx.engine import MlxEngine
+    except ImportError:
+        raise EngineUnavailable(f"The MLX engine is not available in this build; {INSTALL_HINT['mlx']}.") from None
+    return MlxEngine(config)

@@ -1,0 +1,268 @@
+"""Finding checkpoints and checking that a target and a draft belong together, before any weight loads.
+
+A checkpoint is a local directory or a Hugging Face hub id resolved through the normal HF cache
+(HF_HOME, HF_HUB_OFFLINE respected). Only safetensors and JSON/tokenizer files are read; code in a
+checkpoint is never executed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from .config import MAX_BLOCK_SIZE
+from .errors import CheckpointError, UserError
+
+CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt", "*.model", "*.tiktoken"]
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
+
+
+def resolve_checkpoint(name: str, role: str) -> Path:
+    """A local directory for `name` (a path or a hub id), or a CheckpointError saying how to get it."""
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise CheckpointError(f"The {role} '{name}' has no config.json; point at a Hugging Face model directory.")
+        return path
+    if not _looks_like_hub_id(name):
+        raise CheckpointError(f"The {role} '{name}' is neither a directory nor a hub id like 'org/model'; check the path.")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, allow_patterns=CHECKPOINT_FILES, local_files_only=True))
+    except Exception:
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no"):
+        raise CheckpointError(
+            f"The {role} '{name}' is not in the Hugging Face cache and HF_HUB_OFFLINE is set; "
+            f"run `hf download {name}` with network access, or pass a local directory."
+        )
+    try:
+        return Path(snapshot_download(name, allow_patterns=CHECKPOINT_FILES))
+    except Exception as exc:  # network down, repo missing, gated, ...
+        reason = type(exc).__name__
+        raise CheckpointError(
+            f"The {role} '{name}' could not be fetched from the Hugging Face hub ({reason}); "
+            f"run `hf download {name}` where the hub is reachable, or pass a local directory."
+        ) from None
+
+
+def read_json(path: Path, role: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"The {role}'s {path} cannot be read ({exc}); re-download the checkpoint.") from None
+
+
+def safetensors_shapes(directory: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape for every safetensors file in `directory`, read from headers only."""
+    shapes: dict[str, list[int]] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        with open(file, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(length))
+        shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
+    return shapes
+
+
+def text_config(config: dict) -> dict:
+    """The language-model part of a config (vision-language checkpoints nest it under text_config)."""
+    return config.get("text_config", config)
+
+
+@dataclass
+class TargetInfo:
+    path: Path
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    max_positions: Optional[int]
+    config: dict
+
+    @classmethod
+    def read(cls, name: str) -> "TargetInfo":
+        path = resolve_checkpoint(name, "target")
+        config = read_json(path / "config.json", "target")
+        text = text_config(config)
+        try:
+            return cls(
+                path=path,
+                model_type=config.get("model_type", text.get("model_type", "?")),
+                hidden_size=int(text["hidden_size"]),
+                num_layers=int(text["num_hidden_layers"]),
+                vocab_size=int(text["vocab_size"]),
+                max_positions=text.get("max_position_embeddings"),
+                config=config,
+            )
+        except KeyError as exc:
+            raise CheckpointError(f"The target {path}/config.json lacks {exc}; it is not a causal language model.") from None
+
+    def generation_config(self) -> dict:
+        file = self.path / "generation_config.json"
+        return read_json(file, "target") if file.is_file() else {}
+
+    def stop_ids(self) -> list[int]:
+        """Every eos id the generation_config names (falling back to config.json)."""
+        for source in (self.generation_config(), text_config(self.config), self.config):
+            eos = source.get("eos_token_id")
+            if eos is not None:
+                return [eos] if isinstance(eos, int) else list(eos)
+        return []
+
+
+@dataclass
+class DraftInfo:
+    path: Path
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    block_size: int
+    num_target_layers: Optional[int]
+    target_layer_ids: list[int]
+    mask_token_id: int
+    fc_in_features: Optional[int]
+    config: dict
+
+    @classmethod
+    def read(cls, name: str) -> "DraftInfo":
+        path = resolve_checkpoint(name, "draft")
+        config = read_json(path / "config.json", "draft")
+        dflash = config.get("dflash_config")
+        if not isinstance(dflash, dict):
+            raise CheckpointError(
+                f"The draft '{name}' is not a DFlash draft (its config.json has no dflash_config); "
+                "pass a DFlash draft checkpoint such as z-lab/Qwen3-8B-DFlash-b16 as the draft."
+            )
+        ids = dflash.get("target_layer_ids")
+        if not ids or not all(isinstance(i, int) for i in ids):
+            raise CheckpointError(f"The draft {path}/config.json has no dflash_config.target_layer_ids list; re-export the draft.")
+        if not isinstance(dflash.get("mask_token_id"), int):
+            raise CheckpointError(f"The draft {path}/config.json has no dflash_config.mask_token_id; re-export the draft.")
+        fc = safetensors_shapes(path).get("fc.weight")
+        if fc is None:
+            raise CheckpointError(f"The draft '{name}' has no fc.weight in its safetensors files; it is incomplete or not a DFlash draft.")
+        return cls(
+            path=path,
+            hidden_size=int(config["hidden_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            vocab_size=int(config.get("vocab_size", 0)),
+            block_size=int(config.get("block_size", 16)),
+            num_target_layers=config.get("num_target_layers"),
+            target_layer_ids=list(ids),
+            mask_token_id=int(dflash["mask_token_id"]),
+            fc_in_features=fc[1],
+            config=config,
+        )
+
+
+def check_block_size(block_size: int, trained: Optional[int], has_draft: bool) -> list[str]:
+    """Raise on an impossible block size; return warnings for a questionable one."""
+    if not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise UserError(f"Block size {block_size} is out of range; choose a block size from 1 to {MAX_BLOCK_SIZE} (1 = plain decoding).")
+    if block_size > 1 and not has_draft:
+        raise UserError(f"Block size {block_size} needs a draft model; pass --draft or use a profile with one, or use block size 1.")
+    if trained and block_size > trained:
+        return [f"Block size {block_size} is above the draft's trained block size {trained}; acceptance usually drops beyond it."]
+    return []
+
+
+def validate_pair(target: TargetInfo, draft: DraftInfo, profile_layer_ids: Optional[list[int]] = None,
+                  source: str = "the profile") -> None:
+    """Every check that can fail before weights load, each with its own sentence."""
+    where = f"draft {draft.path}"
+    if draft.hidden_size != target.hidden_size:
+        raise CheckpointError(
+            f"The {where} has hidden size {draft.hidden_size} but the target has {target.hidden_size}; "
+            "use the draft trained for this target."
+        )
+    if draft.vocab_size and draft.vocab_size != target.vocab_size:
+        raise CheckpointError(
+            f"The {where} has vocab size {draft.vocab_size} but the target has {target.vocab_size}; "
+            "use the draft trained for this target."
+        )
+    if draft.num_target_layers and draft.num_target_layers != target.num_layers:
+        raise CheckpointError(
+            f"The {where} was trained on a {draft.num_target_layers}-layer target but this target has "
+            f"{target.num_layers} layers; use the draft trained for this target."
+        )
+    bad = [i for i in draft.target_layer_ids if not 0 <= i < target.num_layers]
+    if bad:
+        raise CheckpointError(
+            f"The {where} reads target layers {bad}, which a {target.num_layers}-layer target does not have; "
+            "use the draft trained for this target."
+        )
+    expected = len(draft.target_layer_ids) * target.hidden_size
+    if draft.fc_in_features is not None and draft.fc_in_features != expected:
+        raise CheckpointError(
+            f"The {where} has fc width {draft.fc_in_features}, but {len(draft.target_layer_ids)} target layers x "
+            f"hidden {target.hidden_size} = {expected}; the draft's config.json and weights disagree, re-export it."
+        )
+    if profile_layer_ids is not None and list(profile_layer_ids) != draft.target_layer_ids:
+        raise CheckpointError(
+            f"target_layer_ids {list(profile_layer_ids)} in {source} differ from the draft's own "
+            f"{draft.target_layer_ids}; remove the key or copy the draft's values."
+        )
+    if not 0 <= draft.mask_token_id < target.vocab_size:
+        raise CheckpointError(
+            f"The {where} uses mask token id {draft.mask_token_id}, outside the target's {target.vocab_size} "
+            "embedding rows; use the draft trained for this target."
+        )
+
+
+def default_target_layer_ids(num_target_layers: int, num_ids: int) -> list[int]:
+    """Layer ids spread between layer 1 and L-3 like the public drafts; never the last layer, and
+    distinct even on small targets (clamped into [0, L-2])."""
+    if num_target_layers < 2:
+        raise UserError(f"A {num_target_layers}-layer target is too shallow for a DFlash draft; it needs at least 2 layers.")
+    hi = max(min(num_target_layers - 3, num_target_layers - 2), 0)
+    lo = min(1, hi)
+    count = min(num_ids, num_target_layers - 1)
+    if count == 1:
+        return [(lo + hi) // 2 if hi > lo else lo]
+    ids = sorted({round(lo + i * (hi - lo) / (count - 1)) for i in range(count)})
+    pool = [i for i in range(num_target_layers - 1) if i not in ids]
+    while len(ids) < count:  # too few layers between lo and hi: borrow the nearest free ones
+        ids = sorted(ids + [min(pool, key=lambda j: abs(j - (lo + hi) / 2))])
+        pool = [i for i in pool if i not in ids]
+    return ids
+
+
+def draft_config(target_config: dict, num_layers: int, target_layer_ids: list[int], block_size: int,
+                 mask_token_id: int, **overrides) -> dict:
+    """A draft config.json in the public DFlash layout, with the keys the public loaders read."""
+    text = text_config(target_config)
+    hidden, heads = text["hidden_size"], text["num_attention_heads"]
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "intermediate_size": text.get("intermediate_size", 4 * hidden),
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": text.get("num_key_value_heads", heads),
+        "head_dim": text.get("head_dim") or hidden // heads,
+        "hidden_act": "silu",
+        "rms_norm_eps": text.get("rms_norm_eps", 1e-6),
+        "rope_theta": text.get("rope_theta", (text.get("rope_parameters") or {}).get("rope_theta", 1e6)),
+        "max_position_embeddings": text.get("max_position_embeddings", 32768),
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "vocab_size": text["vocab_size"],
+        "block_size": block_size,
+        "num_target_layers": text["num_hidden_layers"],
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(target_layer_ids)},
+        "layer_types": ["full_attention"] * num_layers,
+        "torch_dtype": "float32",
+    }
+    config.update(overrides)
+    return config

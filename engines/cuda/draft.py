@@ -1,0 +1,226 @@
+"""The DFlash draft in PyTorch: Qwen3-style layers whose keys/values also cover target context features.
+
+Each layer's queries come from the block ([last token, mask, mask, ...] embedded with the target's
+embeddings). Keys and values come from the committed context features (fc(concat of target layer
+outputs) -> RMSNorm, projected per layer) followed by the block itself; the block attends to all of
+them bidirectionally. Context K/V are computed once per committed position and cached; block K/V never
+enter the cache. The target's embeddings and lm_head are shared, not stored here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..checkpoints import DraftInfo
+from ..errors import CheckpointError
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding; x is [batch, heads, seq, dim], cos/sin are [batch, seq, dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: dict, window: Optional[int]):
+        super().__init__()
+        hidden, self.heads, self.kv_heads = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        self.head_dim = cfg.get("head_dim") or hidden // self.heads
+        bias = bool(cfg.get("attention_bias", False))
+        self.q_proj = nn.Linear(hidden, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, hidden, bias=bias)
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        self.q_norm = RMSNorm(self.head_dim, eps)
+        self.k_norm = RMSNorm(self.head_dim, eps)
+        self.window = window  # a trained sliding window (layer_types == "sliding_attention") or None
+
+    def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        return x.view(*x.shape[:-1], heads, self.head_dim).transpose(1, 2)
+
+    def project_context(self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """K/V for context features [b, n, hidden] at the positions cos/sin describe."""
+        k = rotate(self.k_norm(self._split(self.k_proj(ctx), self.kv_heads)), cos, sin)
+        v = self._split(self.v_proj(ctx), self.kv_heads)
+        return k, v
+
+    def forward(self, x, k_ctx, v_ctx, cos, sin, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        q = self._split(self.q_proj(x), self.heads)
+        q = rotate(self.q_norm(q), cos, sin)
+        k_blk, v_blk = self.project_context(x, cos, sin)
+        k = torch.cat([k_ctx, k_blk], dim=2)
+        v = torch.cat([v_ctx, v_blk], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: dict, window: Optional[int]):
+        super().__init__()
+        hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        self.self_attn = DraftAttention(cfg, window)
+        self.mlp = nn.ModuleDict(
+            {
+                "gate_proj": nn.Linear(hidden, inter, bias=False),
+                "up_proj": nn.Linear(hidden, inter, bias=False),
+                "down_proj": nn.Linear(inter, hidden, bias=False),
+            }
+        )
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+
+    def forward(self, h, k_ctx, v_ctx, cos, sin, mask=None):
+        h = h + self.self_attn(self.input_layernorm(h), k_ctx, v_ctx, cos, sin, mask)
+        x = self.post_attention_layernorm(h)
+        return h + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](x)) * self.mlp["up_proj"](x))
+
+
+def layer_windows(cfg: dict) -> list[Optional[int]]:
+    """The trained sliding window of each layer (None for full attention)."""
+    types = cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"]
+    return [cfg.get("sliding_window") if t == "sliding_attention" else None for t in types]
+
+
+def rope_config(cfg: dict):
+    """A transformers Qwen3Config carrying the draft's rope settings (default, yarn, ...)."""
+    from transformers import Qwen3Config
+
+    keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+            "rope_theta", "rope_scaling", "rope_parameters")
+    return Qwen3Config(**{k: cfg[k] for k in keys if cfg.get(k) is not None})
+
+
+def rotary_embedding(cfg: dict) -> nn.Module:
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    return Qwen3RotaryEmbedding(rope_config(cfg))
+
+
+class DFlashDraft(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        self.config = cfg
+        dflash = cfg["dflash_config"]
+        self.target_layer_ids: list[int] = list(dflash["target_layer_ids"])
+        self.mask_token_id: int = int(dflash["mask_token_id"])
+        self.block_size: int = int(cfg.get("block_size", 16))
+        hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
+        self.layers = nn.ModuleList(DraftLayer(cfg, w) for w in layer_windows(cfg))
+        self.norm = RMSNorm(hidden, eps)
+        self.fc = nn.Linear(len(self.target_layer_ids) * hidden, hidden, bias=False)
+        self.hidden_norm = RMSNorm(hidden, eps)
+        self.rotary = rotary_embedding(cfg)
+
+    @classmethod
+    def load(cls, info: DraftInfo, device, dtype) -> "DFlashDraft":
+        from safetensors.torch import load_file
+
+        with torch.device("meta"):
+            model = cls(info.config)
+        state: dict[str, torch.Tensor] = {}
+        for file in sorted(Path(info.path).glob("*.safetensors")):
+            state.update(load_file(str(file)))
+        state = {k.removeprefix("model."): v for k, v in state.items()}
+        expected = set(model.state_dict())
+        missing = sorted(expected - set(state))
+        if missing:
+            raise CheckpointError(f"The draft {info.path} lacks weights {missing[:3]}; the checkpoint is incomplete, re-download it.")
+        state = {k: v for k, v in state.items() if k in expected}  # the public drafts may carry unused extras
+        model.load_state_dict(state, assign=True, strict=True)
+        model.rotary = None
+        model = model.to(device=device, dtype=dtype).eval()
+        # Rotary frequencies are not in the checkpoint and stay float32 whatever the weights' dtype.
+        model.rotary = rotary_embedding(info.config).to(device)
+        return model
+
+    def rope(self, positions: torch.Tensor, like: torch.Tensor):
+        """cos, sin for positions [b, n], in the dtype of `like`."""
+        return self.rotary(like, positions)
+
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """fc(concat of target layer outputs) -> RMSNorm: [b, n, len(ids)*hidden] -> [b, n, hidden]."""
+        return self.hidden_norm(self.fc(features))
+
+    def block_hidden(self, block_embeds, k_ctx: list, v_ctx: list, positions, mask=None) -> torch.Tensor:
+        """Final normed hidden states of the block given each layer's context K/V."""
+        cos, sin = self.rope(positions, block_embeds)
+        h = block_embeds
+        for layer, k, v in zip(self.layers, k_ctx, v_ctx):
+            h = layer(h, k, v, cos, sin, mask)
+        return self.norm(h)
+
+
+class DraftCache:
+    """Per-layer K/V of committed context features (positions < start), trimmed to the draft window."""
+
+    def __init__(self, draft: DFlashDraft, window: Optional[int]):
+        self.draft = draft
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.length = 0  # committed positions covered (including ones trimmed away)
+        self.windows = [min(w for w in (window, layer.self_attn.window) if w) if (window or layer.self_attn.window)
+                        else None for layer in draft.layers]
+
+    def append(self, features: torch.Tensor) -> None:
+        """Project and store context features for positions length..length+n-1."""
+        n = features.shape[1]
+        ctx = self.draft.context(features)
+        positions = torch.arange(self.length, self.length + n, device=features.device).unsqueeze(0)
+        cos, sin = self.draft.rope(positions, ctx)
+        for i, layer in enumerate(self.draft.layers):
+            k, v = layer.self_attn.project_context(ctx, cos, sin)
+            if i < len(self.keys):
+                k, v = torch.cat([self.keys[i], k], dim=2), torch.cat([self.values[i], v], dim=2)
+            if self.windows[i]:
+                k, v = k[:, :, -self.windows[i]:], v[:, :, -self.windows[i]:]
+            if i < len(self.keys):
+                self.keys[i], self.values[i] = k, v
+            else:
+                self.keys.append(k)
+                self.values.append(v)
+        self.length += n
+
+    def propose_hidden(self, block_embeds: torch.Tensor) -> torch.Tensor:
+        start = self.length
+        positions = torch.arange(start, start + block_embeds.shape[1], device=block_embeds.device).unsqueeze(0)
+        return self.draft.block_hidden(block_embeds, self.keys, self.values, positions)
+
+    def entries(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+
+def save_draft(model: DFlashDraft, out_dir: Path, dtype: Optional[torch.dtype] = None) -> None:
+    """Write config.json + model.safetensors in the public DFlash layout."""
+    import json
+
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = dict(model.config)
+    if dtype is not None:
+        config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")

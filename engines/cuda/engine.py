@@ -1,0 +1,62 @@
+"""The PyTorch + transformers engine: CUDA when present, else the CPU with a visible notice."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from ..config import EngineConfig
+from ..engine import Engine, RawStep
+from ..errors import UserError
+from ..sampling import SamplingParams
+from .draft import DFlashDraft
+from .loop import Sampler, speculative_decode
+from .target import Target, check_family
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def pick_device(name: str) -> torch.device:
+    if name in ("auto", "", None):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"Device '{name}' is not a torch device; use auto, cpu, cuda or cuda:N.") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"Device '{name}' was asked for but torch sees no CUDA device here; use --device cpu or auto.")
+    return device
+
+
+class CudaEngine(Engine):
+    name = "cuda"
+
+    def __init__(self, config: EngineConfig):
+        super().__init__(config)
+        check_family(self.target_info)
+        device = pick_device(config.device)
+        if config.dtype not in ("auto", *DTYPES):
+            raise UserError(f"dtype '{config.dtype}' in {config.source} is unknown; use auto, float32, float16 or bfloat16.")
+        dtype = DTYPES.get(config.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        if device.type == "cpu":
+            self.warnings.append("No CUDA device: the CUDA engine runs on the CPU.")
+        self.device, self.dtype = str(device), str(dtype).removeprefix("torch.")
+        layer_ids = self.draft_info.target_layer_ids if self.draft_info else []
+        self.target = Target(self.target_info, device, dtype, layer_ids)
+        self.draft = DFlashDraft.load(self.draft_info, device, dtype) if self.draft_info else None
+        self._torch_device = device
+
+    def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
+                max_new_tokens: int) -> Iterator[RawStep]:
+        return speculative_decode(self.target, self.draft, prompt_ids, block_size, max_new_tokens,
+                                  Sampler(sampling, self._torch_device), self.config.draft_window)
+
+    def _reset_peak_memory(self) -> None:
+        if self._torch_device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self._torch_device)
+
+    def _peak_memory(self) -> tuple[int, str]:
+        if self._torch_device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self._torch_device), "device"
+        return super()._peak_memory()

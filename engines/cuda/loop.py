@@ -1,0 +1,125 @@
+"""The speculative loop (DESIGN.md, "The loop"), as one function.
+
+After prefill the target cache holds the prompt; the first sampled token is not yet in it. Each step
+drafts a block [last, mask x (B-1)] at positions start.., verifies it in one target pass, keeps the
+drafted ids up to the first disagreement plus the target's own token there, crops the target cache to
+the committed tokens minus the newest, and feeds the draft the features of the newly committed ones.
+Block size 1 is plain autoregressive decoding through the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator, Optional
+
+import torch
+
+from ..engine import RawStep
+from ..sampling import SamplingParams
+from .draft import DFlashDraft, DraftCache
+from .target import Target
+
+
+class Sampler:
+    """Greedy, or temperature / top_k / top_p / min_p sampling from a seeded generator."""
+
+    def __init__(self, params: SamplingParams, device: torch.device):
+        self.params = params
+        self.generator = None if params.greedy else torch.Generator(device=device).manual_seed(params.seed)
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [n, vocab] -> ids [n]."""
+        p = self.params
+        if p.greedy:
+            return logits.argmax(dim=-1)
+        logits = logits.float() / p.temperature
+        if p.top_k > 0:
+            kth = torch.topk(logits, min(p.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if p.top_p < 1.0:
+            sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+            cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            drop = cumulative - sorted_logits.softmax(dim=-1) > p.top_p  # keep the token that crosses top_p
+            logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+        if p.min_p > 0:
+            probs = logits.softmax(dim=-1)
+            logits = logits.masked_fill(probs < p.min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+        return torch.multinomial(logits.softmax(dim=-1), 1, generator=self.generator).squeeze(-1)
+
+
+class Clock:
+    """Marks on the host (CPU) or CUDA events read after the step's one sync."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def seconds(self, a, b) -> float:
+        return a.elapsed_time(b) / 1000 if self.cuda else b - a
+
+
+@torch.inference_mode()
+def speculative_decode(
+    target: Target,
+    draft: Optional[DFlashDraft],
+    prompt_ids: list[int],
+    block_size: int,
+    max_new_tokens: int,
+    sampler: Sampler,
+    draft_window: Optional[int] = None,
+) -> Iterator[RawStep]:
+    from transformers import DynamicCache
+
+    device, clock = target.device, Clock(target.device)
+    use_draft = block_size > 1
+    prompt_len = len(prompt_ids)
+    cache = DynamicCache(config=target.model.config)
+    draft_cache = DraftCache(draft, draft_window) if use_draft else None
+
+    t0 = clock.mark()
+    logits, features = target.forward(torch.tensor([prompt_ids], device=device), 0, cache, last_only=True, capture=use_draft)
+    if use_draft:
+        draft_cache.append(features)
+    last = sampler(logits[0, -1:])  # [1], stays on the device
+    first = last.item()
+    yield RawStep(drafted=[], accepted=0, emitted=[first], draft_s=0.0, verify_s=clock.seconds(t0, clock.mark()), prefill=True)
+
+    generated = 1
+    mask_block = torch.full((1, block_size), draft.mask_token_id if use_draft else 0, dtype=torch.long, device=device)
+    while generated < max_new_tokens:
+        b = min(block_size, max_new_tokens - generated)  # the last block shrinks: never more than asked
+        start = prompt_len + generated - 1
+        block = mask_block[:, :b].clone()
+        block[0, :1] = last
+        t_draft = clock.mark()
+        if b > 1:
+            hidden = draft_cache.propose_hidden(target.embed(block))
+            block[0, 1:] = target.lm_head(hidden[0, 1:]).argmax(dim=-1)  # the draft proposes greedily
+        t_verify = clock.mark()
+        logits, features = target.forward(block, start, cache, last_only=False, capture=use_draft)
+        choice = sampler(logits[0])  # the target's own token at every block position
+        t_end = clock.mark()
+        host = torch.cat([block[0, 1:], choice]).tolist()  # the step's one host sync
+        drafted, chosen = host[: b - 1], host[b - 1:]
+        accepted = 0
+        while accepted < b - 1 and drafted[accepted] == chosen[accepted]:
+            accepted += 1
+        if b - accepted - 1:
+            cache.crop(-(b - accepted - 1))  # keep every committed token except the newest
+        if use_draft:
+            draft_cache.append(features[:, : accepted + 1])
+        last = choice[accepted: accepted + 1]
+        generated += accepted + 1
+        yield RawStep(
+            drafted=drafted,
+            accepted=accepted,
+            emitted=drafted[:accepted] + [chosen[accepted]],
+            draft_s=clock.seconds(t_draft, t_verify),
+            verify_s=clock.seconds(t_verify, t_end),
+        )

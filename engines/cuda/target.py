@@ -1,0 +1,72 @@
+"""The target model through transformers, with context features captured by hooks.
+
+Only the decoder layers the draft reads are hooked. For the last layer the hook sits on the final
+norm, because drafts are trained on transformers' `hidden_states`, whose last entry is post-norm.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ..checkpoints import TargetInfo
+from ..errors import CheckpointError, UserError
+
+FAMILIES = {"qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "llama": "Llama-3.x"}
+
+
+def check_family(info: TargetInfo) -> None:
+    if info.model_type not in FAMILIES:
+        names = ", ".join(FAMILIES.values())
+        raise UserError(
+            f"The target {info.path} is a '{info.model_type}' model, which the CUDA engine does not run; "
+            f"supported families: {names}."
+        )
+
+
+class Target:
+    def __init__(self, info: TargetInfo, device: torch.device, dtype: torch.dtype, layer_ids: list[int]):
+        from transformers import AutoModelForCausalLM
+
+        check_family(info)
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(
+                str(info.path), dtype=dtype, attn_implementation="sdpa", device_map={"": device}
+            ).eval()
+        except Exception as exc:
+            raise CheckpointError(f"The target {info.path} could not be loaded ({type(exc).__name__}: {exc}); re-download it.") from None
+        self.device = device
+        self.embed = self.model.get_input_embeddings()
+        self.lm_head = self.model.get_output_embeddings()
+        self.layer_ids = list(layer_ids)
+        # transformers renamed `past_key_values` to `cache` during 5.x; accept both.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._features: dict[int, torch.Tensor] = {}
+        self.capture = False
+        decoder = self.model.model
+        last = len(decoder.layers) - 1
+        for i in self.layer_ids:
+            module = decoder.norm if i == last else decoder.layers[i]
+            module.register_forward_hook(self._hook(i))
+
+    def _hook(self, layer_id: int):
+        def store(module, args, output):
+            if self.capture:
+                self._features[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return store
+
+    def forward(self, ids: torch.Tensor, start: int, cache, last_only: bool, capture: bool):
+        """Logits for `ids` at positions start.. (only the last position if `last_only`) and, if asked,
+        the concatenated context features [1, n, len(layer_ids) * hidden]."""
+        positions = torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)
+        self.capture = capture
+        out = self.model(
+            input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache},
+            logits_to_keep=1 if last_only else 0,
+        )
+        self.capture = False
+        features = torch.cat([self._features.pop(i) for i in self.layer_ids], dim=-1) if capture else None
+        return out.logits, features

@@ -1,0 +1,163 @@
+"""What every engine shares: loading checks, the request -> events driver, and the Summary.
+
+A framework engine implements `_decode`, a generator of `RawStep`s (ids and timings only). The
+driver here turns them into `StepEvent`s (text pieces by origin, ghosts), enforces stop ids and
+cancellation between steps, and builds the `Summary`.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from .checkpoints import DraftInfo, TargetInfo, check_block_size, validate_pair
+from .config import EngineConfig, GenerationRequest
+from .detokenize import StreamingDetokenizer
+from .events import StepEvent, Summary, acceptance_histogram
+from .prompting import check_context, load_tokenizer, prompt_ids
+from .sampling import SamplingParams, resolve_sampling
+
+
+@dataclass
+class RawStep:
+    drafted: list[int]
+    accepted: int
+    emitted: list[int]
+    draft_s: float
+    verify_s: float
+    prefill: bool = False
+
+
+def process_peak_rss() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+class Engine:
+    """Base of the CUDA and MLX engines. Subclasses set name/device/dtype and implement `_decode`."""
+
+    name = "?"
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.warnings: list[str] = []
+        self.target_info = TargetInfo.read(config.target)
+        self.draft_info: Optional[DraftInfo] = None
+        if config.draft:
+            self.draft_info = DraftInfo.read(config.draft)
+            validate_pair(self.target_info, self.draft_info, config.target_layer_ids, config.source)
+        self.block_size = config.block_size or (self.draft_info.block_size if self.draft_info else 1)
+        self.warnings += check_block_size(self.block_size, self.trained_block_size, self.draft_info is not None)
+        if config.draft_window is not None and config.draft_window < 1:
+            from .errors import UserError
+
+            raise UserError(f"Draft window {config.draft_window} in {config.source} must be a positive number of positions.")
+        self.generation_config = self.target_info.generation_config()
+        self.tokenizer = load_tokenizer(self.target_info.path)
+        self.last_summary: Optional[Summary] = None
+        self.device = "?"
+        self.dtype = "?"
+
+    @property
+    def trained_block_size(self) -> Optional[int]:
+        return self.draft_info.block_size if self.draft_info else None
+
+    def decode(self, ids) -> str:
+        """Text for ids as a person reads it (special tokens such as eos are not shown)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def stop_ids(self) -> list[int]:
+        return self.target_info.stop_ids()
+
+    # -- implemented by each engine -------------------------------------------------------------
+    def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
+                max_new_tokens: int) -> Iterator[RawStep]:
+        raise NotImplementedError
+
+    def _reset_peak_memory(self) -> None:
+        pass
+
+    def _peak_memory(self) -> tuple[int, str]:
+        return process_peak_rss(), "process-lifetime-rss"
+
+    # -- the shared driver ----------------------------------------------------------------------
+    def prepare(self, request: GenerationRequest) -> list[int]:
+        """The prompt ids a request stands for (chat template applied unless raw)."""
+        return prompt_ids(self.tokenizer, request)
+
+    def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
+        ids = self.prepare(request)
+        max_positions = self.target_info.max_positions
+        check_context(len(ids), max_positions)
+        block_size = request.block_size or self.block_size
+        check_block_size(block_size, self.trained_block_size, self.draft_info is not None)
+        sampling = resolve_sampling(request, self.generation_config)
+        stops = set(request.stop_ids if request.stop_ids is not None else self.stop_ids())
+        max_new = max(1, request.max_new_tokens)
+        if max_positions:
+            max_new = min(max_new, max_positions - len(ids))
+        return self._drive(ids, block_size, sampling, max_new, stops, request)
+
+    def _drive(self, ids, block_size, sampling, max_new, stops, request) -> Iterator[StepEvent]:
+        self.last_summary = None
+        self._reset_peak_memory()
+        detok = StreamingDetokenizer(self.decode, ids)
+        out_ids: list[int] = []
+        lengths: list[int] = []
+        draft_s = verify_s = ttft = 0.0
+        finish = "length"
+        started = time.perf_counter()
+        decode_started = started
+        steps = self._decode(ids, block_size, sampling, max_new)
+        try:
+            for raw in steps:
+                emitted = raw.emitted
+                hit = next((i for i, t in enumerate(emitted) if t in stops), None)
+                if hit is not None:
+                    emitted = emitted[: hit + 1]
+                origins = ["draft"] * min(raw.accepted, len(emitted))
+                origins += ["target"] * (len(emitted) - len(origins))
+                rejected = raw.drafted[raw.accepted:]
+                pieces = detok.add_tokens(emitted, origins)
+                out_ids += emitted
+                if raw.prefill:
+                    ttft = time.perf_counter() - started
+                    decode_started = time.perf_counter()
+                else:
+                    lengths.append(raw.accepted + 1)
+                    draft_s += raw.draft_s
+                    verify_s += raw.verify_s
+                done = hit is not None or len(out_ids) >= max_new
+                if done:
+                    finish = "stop" if hit is not None else "length"
+                    tail = detok.flush()
+                    if tail:
+                        pieces.append((tail, origins[-1]))
+                event = StepEvent(
+                    drafted=raw.drafted, accepted=raw.accepted, emitted=emitted, pieces=pieces,
+                    rejected=rejected, rejected_text=detok.peek(rejected) if rejected else "",
+                    draft_s=raw.draft_s, verify_s=raw.verify_s,
+                    finish_reason=finish if done else None, is_prefill=raw.prefill,
+                )
+                if not done and request.cancel.is_set():
+                    finish, event.finish_reason, done = "cancelled", "cancelled", True
+                yield event
+                if done:
+                    break
+        finally:
+            steps.close()
+        decode_s = time.perf_counter() - decode_started
+        peak, kind = self._peak_memory()
+        self.last_summary = Summary(
+            prompt_tokens=len(ids), generated_tokens=len(out_ids), token_ids=out_ids, text=detok.text,
+            ttft_s=ttft, decode_s=decode_s,
+            decode_tokens_per_s=(len(out_ids) - 1) / decode_s if len(out_ids) > 1 and decode_s > 0 else 0.0,
+            acceptance_lengths=lengths,
+            mean_acceptance_length=sum(lengths) / len(lengths) if lengths else 0.0,
+            histogram=acceptance_histogram(lengths, block_size), draft_s=draft_s, verify_s=verify_s,
+            peak_memory_bytes=peak, peak_memory_kind=kind, block_size=block_size,
+            engine=self.name, device=self.device, dtype=self.dtype, finish_reason=finish,
+        )

@@ -1,0 +1,68 @@
+"""The engine contract's event stream: plain, JSON-serialisable dataclasses.
+
+`generate()` yields one `StepEvent` for the token sampled from the prefill logits (not a step: `drafted`
+is empty and it does not count toward tau), then one per verify step. `Summary` closes the stream.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+Piece = tuple[str, str]  # (text, origin) with origin "draft" or "target"
+
+
+@dataclass
+class StepEvent:
+    drafted: list[int]
+    accepted: int
+    emitted: list[int]
+    pieces: list[Piece]
+    rejected: list[int] = field(default_factory=list)
+    rejected_text: str = ""
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    finish_reason: Optional[str] = None
+    is_prefill: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(text for text, _ in self.pieces)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["pieces"] = [list(p) for p in self.pieces]
+        return data
+
+
+def acceptance_histogram(acceptance_lengths: list[int], block_size: int) -> list[int]:
+    """Counts of acceptance lengths 1..block_size (index 0 is length 1)."""
+    counts = Counter(acceptance_lengths)
+    return [counts.get(n, 0) for n in range(1, max(block_size, 1) + 1)]
+
+
+@dataclass
+class Summary:
+    prompt_tokens: int
+    generated_tokens: int
+    token_ids: list[int]
+    text: str
+    ttft_s: float
+    decode_s: float
+    decode_tokens_per_s: float
+    acceptance_lengths: list[int]
+    mean_acceptance_length: float
+    histogram: list[int]
+    draft_s: float
+    verify_s: float
+    peak_memory_bytes: int
+    peak_memory_kind: str  # "device" (reset per generation) or "process-lifetime-rss"
+    block_size: int
+    engine: str
+    device: str
+    dtype: str
+    finish_reason: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,91 @@
+"""Random tiny checkpoints in the published layouts, built in seconds (no hub access).
+
+Weights use std 0.2 so top-2 logit margins stay clear of float noise (NOTES.md): greedy ids are then
+a sharp oracle. The tokenizer is a small byte-level BPE with Qwen-style special tokens and a chat
+template that honours enable_thinking.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+CHAT_TEMPLATE = (
+    "{%- if messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}{%- if m.role != 'system' %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{%- endif %}{%- endif %}"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. 0123456789 + - * / = ( ) , . ! ?",
+    "What is 48 + 75? Let me think: 8 + 5 = 13, write 3 carry 1; 4 + 7 + 1 = 12. So 123.",
+    "Hello world, speculative decoding with block diffusion drafts is lossless. Ünïcödé ✓ 日本語",
+]
+VOCAB = 320  # model vocab rows; the tokenizer has fewer entries, as in the public Qwen3 checkpoints
+
+
+def make_tokenizer(out: Path):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    for token in ("<think>", "</think>"):  # added tokens that stay visible, as in Qwen3
+        tok.add_tokens([AddedToken(token, special=False, normalized=False)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>", "<|mask|>"])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
+    return fast
+
+
+def make_target(out: Path, family: str = "qwen3", layers: int = 4, hidden: int = 64, seed: int = 0) -> Path:
+    import torch
+    import transformers
+
+    out = Path(out)
+    tok = make_tokenizer(out)
+    common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
+                  initializer_range=0.2, tie_word_embeddings=False, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    if family == "qwen3":
+        config = transformers.Qwen3Config(**common)
+    elif family == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden,
+                                             decoder_sparse_step=1, norm_topk_prob=True)
+    elif family == "llama":
+        config = transformers.LlamaConfig(**{k: v for k, v in common.items()})
+    else:
+        raise ValueError(family)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(str(out))
+    eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "do_sample": False}))
+    return out
+
+
+def make_draft(out: Path, target: Path, layer_ids: list[int], block_size: int = 16, layers: int = 2,
+               seed: int = 1, **overrides) -> Path:
+    import torch
+
+    from engines.checkpoints import draft_config
+    from engines.cuda.draft import DFlashDraft, save_draft
+
+    target_config = json.loads((Path(target) / "config.json").read_text())
+    added = json.loads((Path(target) / "tokenizer.json").read_text())["added_tokens"]
+    mask_id = next(t["id"] for t in added if t["content"] == "<|mask|>")
+    config = draft_config(target_config, layers, layer_ids, block_size, mask_id, **overrides)
+    torch.manual_seed(seed)
+    model = DFlashDraft(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
+    save_draft(model, Path(out))
+    return Path(out)
