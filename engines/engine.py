@@ -49,7 +49,8 @@ class Engine:
         if config.draft:
             self.draft_info = DraftInfo.read(config.draft)
             validate_pair(self.target_info, self.draft_info, config.target_layer_ids, config.source)
-        self.block_size = config.block_size or (self.draft_info.block_size if self.draft_info else 1)
+        self.block_size = config.block_size if config.block_size is not None else (
+            self.draft_info.block_size if self.draft_info else 1)
         self.warnings += check_block_size(self.block_size, self.trained_block_size, self.draft_info is not None)
         if config.draft_window is not None and config.draft_window < 1:
             from .errors import UserError
@@ -92,7 +93,7 @@ class Engine:
         ids = self.prepare(request)
         max_positions = self.target_info.max_positions
         check_context(len(ids), max_positions)
-        block_size = request.block_size or self.block_size
+        block_size = request.block_size if request.block_size is not None else self.block_size
         check_block_size(block_size, self.trained_block_size, self.draft_info is not None)
         sampling = resolve_sampling(request, self.generation_config)
         stops = set(request.stop_ids if request.stop_ids is not None else self.stop_ids())

@@ -201,10 +201,12 @@ class DraftCache:
                 self.values.append(v)
         self.length += n
 
-    def propose_hidden(self, block_embeds: torch.Tensor) -> torch.Tensor:
+    def propose(self, block: torch.Tensor, embed: nn.Module, lm_head: nn.Module) -> torch.Tensor:
+        """Greedy draft ids for block positions 1.. ([b-1]); block is [1, b] = [last token, mask...]."""
         start = self.length
-        positions = torch.arange(start, start + block_embeds.shape[1], device=block_embeds.device).unsqueeze(0)
-        return self.draft.block_hidden(block_embeds, self.keys, self.values, positions)
+        positions = torch.arange(start, start + block.shape[1], device=block.device).unsqueeze(0)
+        hidden = self.draft.block_hidden(embed(block), self.keys, self.values, positions)
+        return lm_head(hidden[0, 1:]).argmax(dim=-1)
 
     def entries(self) -> int:
         return self.keys[0].shape[2] if self.keys else 0

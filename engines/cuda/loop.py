@@ -73,14 +73,19 @@ def speculative_decode(
     max_new_tokens: int,
     sampler: Sampler,
     draft_window: Optional[int] = None,
+    cache=None,
+    draft_cache: Optional[DraftCache] = None,
 ) -> Iterator[RawStep]:
+    """Yields the prefill token, then one RawStep per verify step, up to max_new_tokens ids.
+    `cache` / `draft_cache` may be passed in to observe them between steps (tests)."""
     from transformers import DynamicCache
 
     device, clock = target.device, Clock(target.device)
     use_draft = block_size > 1
     prompt_len = len(prompt_ids)
-    cache = DynamicCache(config=target.model.config)
-    draft_cache = DraftCache(draft, draft_window) if use_draft else None
+    cache = cache if cache is not None else DynamicCache(config=target.model.config)
+    if use_draft and draft_cache is None:
+        draft_cache = DraftCache(draft, draft_window)
 
     t0 = clock.mark()
     logits, features = target.forward(torch.tensor([prompt_ids], device=device), 0, cache, last_only=True, capture=use_draft)
@@ -91,7 +96,8 @@ def speculative_decode(
     yield RawStep(drafted=[], accepted=0, emitted=[first], draft_s=0.0, verify_s=clock.seconds(t0, clock.mark()), prefill=True)
 
     generated = 1
-    mask_block = torch.full((1, block_size), draft.mask_token_id if use_draft else 0, dtype=torch.long, device=device)
+    mask_id = draft_cache.draft.mask_token_id if use_draft else 0
+    mask_block = torch.full((1, block_size), mask_id, dtype=torch.long, device=device)
     while generated < max_new_tokens:
         b = min(block_size, max_new_tokens - generated)  # the last block shrinks: never more than asked
         start = prompt_len + generated - 1
@@ -99,8 +105,7 @@ def speculative_decode(
         block[0, :1] = last
         t_draft = clock.mark()
         if b > 1:
-            hidden = draft_cache.propose_hidden(target.embed(block))
-            block[0, 1:] = target.lm_head(hidden[0, 1:]).argmax(dim=-1)  # the draft proposes greedily
+            block[0, 1:] = draft_cache.propose(block, target.embed, target.lm_head)  # greedy proposals
         t_verify = clock.mark()
         logits, features = target.forward(block, start, cache, last_only=False, capture=use_draft)
         choice = sampler(logits[0])  # the target's own token at every block position
