@@ -2,10 +2,35 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
+from engines.errors import UserError
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+class Group(click.Group):
+    """Turns bad input into one sentence on stderr and exit code 2, never a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as exc:
+            if os.environ.get("DFLASH_DEBUG"):
+                raise
+            click.echo(f"error: unexpected {type(exc).__name__}: {exc} (set DFLASH_DEBUG=1 for the traceback)", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="dflash-tui")
 def main() -> None:
     """dflash: DFlash speculative decoding in your terminal.
@@ -16,3 +41,7 @@ def main() -> None:
 
 
 # Subcommands register here, one line each.
+from .generate_cli import generate  # noqa: E402
+
+main.add_command(generate)
+from .profile_cli import profile; main.add_command(profile)  # noqa: E402,E702

@@ -1,0 +1,98 @@
+"""`dflash generate`: one prompt, streamed and coloured by origin, or `--json` for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from engines import load_engine
+
+from .settings import generation_request, load_settings
+from .style import ORIGIN_STYLE, color_enabled
+
+def engine_options(fn):
+    """Options every command that loads an engine shares."""
+    options = [
+        click.option("--profile", "-p", help="Profile name or TOML file (default: demo)."),
+        click.option("--target", help="Target checkpoint: a directory or a hub id (overrides the profile)."),
+        click.option("--draft", help="DFlash draft checkpoint: a directory or a hub id."),
+        click.option("--engine", type=click.Choice(["auto", "cuda", "mlx"]), help="Engine (default: the profile's, else auto)."),
+        click.option("--device", help="Torch device for the CUDA engine: auto, cpu, cuda, cuda:N."),
+        click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), help="Weights dtype."),
+        click.option("--block-size", "-b", type=int, help="Tokens per verify step, 1 to 64 (1 = plain decoding)."),
+        click.option("--draft-window", "--draft-sliding-window-size", "draft_window", type=int,
+                     help="The block attends to at most this many recent context positions."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def format_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def stats_line(summary) -> str:
+    peak = format_bytes(summary.peak_memory_bytes)
+    if summary.peak_memory_kind != "device":
+        peak += " (process peak RSS)"
+    return (f"{summary.generated_tokens} tokens · {summary.decode_tokens_per_s:.1f} tok/s · "
+            f"tau {summary.mean_acceptance_length:.2f} · peak {peak} · block {summary.block_size} · "
+            f"{summary.engine} engine on {summary.device} · {summary.dtype} · {summary.finish_reason}")
+
+
+@click.command()
+@click.argument("prompt")
+@engine_options
+@click.option("--max-new-tokens", "-n", type=int, help="Most tokens to generate (default: the profile's).")
+@click.option("--temperature", "-t", type=float, help="0 = greedy (default: the profile's, else generation_config).")
+@click.option("--top-p", type=float)
+@click.option("--top-k", type=int)
+@click.option("--min-p", type=float)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--thinking/--no-thinking", default=None, help="enable_thinking for the chat template.")
+@click.option("--system", help="System prompt (default: the profile's).")
+@click.option("--raw", is_flag=True, help="Send PROMPT as plain text: no chat template, no special tokens.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per step, then the summary.")
+def generate(prompt, profile, target, draft, engine, device, dtype, block_size, draft_window, max_new_tokens,
+             temperature, top_p, top_k, min_p, seed, thinking, system, raw, as_json):
+    """Generate an answer to PROMPT ('-' reads standard input).
+
+    On a terminal the text streams coloured by origin: green tokens were drafted and accepted,
+    plain ones the target wrote itself. A stats line follows on stderr.
+    """
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    settings, config = load_settings(profile, engine, target, draft, device=device, dtype=dtype,
+                                     block_size=block_size, draft_window=draft_window)
+    if raw:
+        content = {"prompt": prompt}
+    else:
+        system = settings.system_prompt if system is None else system
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        content = {"messages": messages}
+    request = generation_request(settings, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                 top_k=top_k, min_p=min_p, seed=seed, thinking=thinking, **content)
+    loaded = load_engine(config)
+    for warning in loaded.warnings:
+        click.echo(f"note: {warning}", err=True)
+    colour = color_enabled()
+    for event in loaded.generate(request):
+        if as_json:
+            click.echo(json.dumps({"event": "step", **event.to_dict()}))
+            continue
+        for text, origin in event.pieces:
+            click.echo(click.style(text, **ORIGIN_STYLE[origin]) if colour else text, nl=False)
+        sys.stdout.flush()
+    summary = loaded.last_summary
+    if as_json:
+        click.echo(json.dumps({"event": "summary", **summary.to_dict()}))
+    else:
+        click.echo()
+        click.echo(stats_line(summary), err=True)

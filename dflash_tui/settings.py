@@ -1,0 +1,40 @@
+"""One place where command-line flags meet a profile: flag, then profile, then built-in default."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from engines import EngineConfig, GenerationRequest, choose_engine
+
+from .profiles import DEFAULT_PROFILE, Profile, load_profile
+
+
+def load_settings(profile: Optional[str], engine: Optional[str] = None, target: Optional[str] = None,
+                  draft: Optional[str] = None, **flags) -> tuple[Profile, EngineConfig]:
+    """The profile (with [engines.<name>] overrides applied) and the EngineConfig to load.
+
+    `--target` without `--profile` runs that checkpoint alone (with `--draft`, as a pair) instead of
+    the default profile. `flags` are EngineConfig fields; None means "not given".
+    """
+    if profile is None and target is not None:
+        base = Profile(name="command line", description="", path=None, target=target, draft=draft)
+    else:
+        base = load_profile(profile or DEFAULT_PROFILE)
+        if target is not None:
+            base = replace(base, target=target, draft=draft)
+        elif draft is not None:
+            base = replace(base, draft=draft)
+    chosen = choose_engine(engine or base.engine)
+    resolved = base.resolved(chosen)
+    return resolved, resolved.engine_config(chosen, **flags)
+
+
+def generation_request(profile: Profile, **given) -> GenerationRequest:
+    """A request whose unset fields (None) take the profile's values."""
+    values = {
+        "max_new_tokens": profile.max_new_tokens, "temperature": profile.temperature, "top_p": profile.top_p,
+        "top_k": profile.top_k, "min_p": profile.min_p, "thinking": profile.thinking,
+    }
+    values.update({k: v for k, v in given.items() if v is not None})
+    return GenerationRequest(**values)

@@ -1,0 +1,82 @@
+"""`dflash generate` end to end: exact greedy ids through --json, and bad input as one sentence, exit 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from dflash_tui.cli import main
+from tests.test_cuda_lossless import greedy_reference
+
+
+def invoke(*args, input=None):
+    return CliRunner().invoke(main, list(args), input=input)
+
+
+def summary_of(output: str) -> dict:
+    lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert lines[-1]["event"] == "summary" and all(x["event"] == "step" for x in lines[:-1])
+    return lines[-1]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_json_ids_equal_transformers_greedy(pairs, family):
+    target, draft = pairs(family)
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(str(target)).encode("The quick brown fox", add_special_tokens=False)
+    expected = greedy_reference(target, ids, 30)
+    for block in ("1", "4", "16"):
+        result = invoke("generate", "--target", str(target), "--draft", str(draft), "--raw", "--temperature", "0",
+                        "--json", "-n", "30", "-b", block, "The quick brown fox")
+        assert result.exit_code == 0, result.output
+        summary = summary_of(result.stdout)
+        # generation stops at an eos id, which the reference (run without stops) may pass
+        assert summary["token_ids"] == expected[: len(summary["token_ids"])]
+        for key in ("text", "acceptance_lengths", "mean_acceptance_length", "decode_tokens_per_s", "prompt_tokens",
+                    "generated_tokens", "peak_memory_bytes", "block_size", "engine", "device", "finish_reason"):
+            assert key in summary
+
+
+def test_stdin_prompt_and_plain_output(pairs):
+    target, draft = pairs("qwen3")
+    result = invoke("generate", "--target", str(target), "--draft", str(draft), "-n", "8", "-", input="What is 48 + 75?")
+    assert result.exit_code == 0
+    assert "tokens ·" in result.stderr and "tau" in result.stderr
+
+
+def one_sentence_exit_2(result, *words):
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+def test_bad_inputs_exit_2_with_one_sentence(pairs, tmp_path):
+    target, draft = pairs("qwen3")
+    t, d = str(target), str(draft)
+    one_sentence_exit_2(invoke("generate", "--target", t, "--draft", t, "hi"), "not a DFlash draft")
+    one_sentence_exit_2(invoke("generate", "--target", t, "--draft", d, "-b", "0", "hi"), "Block size 0")
+    one_sentence_exit_2(invoke("generate", "--target", t, "--draft", d, "-b", "65", "hi"), "Block size 65")
+    one_sentence_exit_2(invoke("generate", "--target", str(tmp_path / "nothing"), "hi"), "nothing")
+    one_sentence_exit_2(invoke("generate", "--target", t, "--raw", "word " * 700), "context holds 512")
+    one_sentence_exit_2(invoke("generate", "--profile", "no-such-profile", "hi"), "no-such-profile")
+    broken = tmp_path / "broken.toml"
+    broken.write_text('name = "broken"\n[model]\ntarget = "x/y"\nblock_size = = 3\n')
+    one_sentence_exit_2(invoke("generate", "--profile", str(broken), "hi"), "broken.toml", "line 4")
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text(f'name = "unknown"\n[model]\ntarget = "{t}"\n[dflash]\nblok_size = 3\n')
+    one_sentence_exit_2(invoke("generate", "--profile", str(unknown), "hi"), "blok_size", "line 5")
+    result = invoke("generate", "--target", t, "--engine", "tpu", "hi")
+    assert result.exit_code == 2 and "tpu" in result.output
+
+
+def test_real_process_exit_code_and_module_entry(pairs):
+    target, draft = pairs("qwen3")
+    proc = subprocess.run([sys.executable, "-m", "dflash_tui", "generate", "--target", str(target), "--draft", str(target), "x"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: The draft")
