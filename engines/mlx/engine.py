@@ -1,0 +1,62 @@
+"""The MLX engine: the target through mlx-lm (Metal on Apple Silicon, mlx[cpu] on Linux), the DFlash
+draft as an MLX module loading the same public draft checkpoint, and the loop of engines/mlx/loop.py.
+
+Importing this module without mlx or mlx-lm raises ImportError; `engines.load_engine` turns that into
+one sentence on how to install them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import mlx.core as mx
+import mlx_lm  # noqa: F401  (an ImportError here, not later, when mlx-lm is missing)
+
+from ..config import EngineConfig
+from ..engine import Engine, RawStep
+from ..errors import UserError
+from ..sampling import SamplingParams
+from .draft import DFlashDraft
+from .loop import Sampler, speculative_decode
+from .target import DTYPES, Target, dtype_name
+
+
+def pick_device(name: str) -> mx.Device:
+    if name in ("auto", "", None):
+        return mx.default_device()
+    if name == "cpu":
+        return mx.cpu
+    if name in ("gpu", "metal", "mps"):
+        if not mx.is_available(mx.gpu):
+            raise UserError(f"Device '{name}' was asked for but MLX sees no GPU here; use --device cpu or auto.")
+        return mx.gpu
+    raise UserError(f"Device '{name}' is not an MLX device; use auto, cpu or gpu.")
+
+
+class MlxEngine(Engine):
+    name = "mlx"
+
+    def __init__(self, config: EngineConfig):
+        super().__init__(config)
+        if config.dtype not in ("auto", *DTYPES):
+            raise UserError(f"dtype '{config.dtype}' in {config.source} is unknown; use auto, float32, float16 or bfloat16.")
+        device = pick_device(config.device)
+        mx.set_default_device(device)
+        self.device = "gpu" if device.type == mx.DeviceType.gpu else "cpu"
+        if self.device == "cpu":
+            self.warnings.append("MLX runs on the CPU here (no Metal GPU).")
+        layer_ids = self.draft_info.target_layer_ids if self.draft_info else []
+        self.target = Target(self.target_info, config.dtype, layer_ids)
+        self.dtype = dtype_name(self.target.dtype)
+        self.draft = DFlashDraft.load(self.draft_info, self.target.dtype) if self.draft_info else None
+
+    def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
+                max_new_tokens: int) -> Iterator[RawStep]:
+        return speculative_decode(self.target, self.draft, prompt_ids, block_size, max_new_tokens,
+                                  Sampler(sampling), self.config.draft_window)
+
+    def _reset_peak_memory(self) -> None:
+        mx.reset_peak_memory()
+
+    def _peak_memory(self) -> tuple[int, str]:
+        return int(mx.get_peak_memory()), "device"
