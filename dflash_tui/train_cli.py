@@ -1,0 +1,99 @@
+"""`dflash train-draft`: train a DFlash draft for a target (engines/cuda/train.py does the work)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from engines.errors import UserError
+
+
+def _progress_bar():
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+        console=Console(stderr=True), transient=False,
+    )
+
+
+@click.command("train-draft")
+@click.option("--target", required=True, help="Target model: a Hugging Face directory or hub id.")
+@click.option("--data", required=True, help='JSONL conversations: {"turns": [user, assistant, ...]} or {"messages": [...]}; '
+              'optional "thinking": true/false per line.')
+@click.option("--out", required=True, help="Output directory: config.json + model.safetensors (public DFlash layout), "
+              "plus responses.jsonl and train_state.pt for reruns.")
+@click.option("--block-size", type=int, default=16, show_default=True, help="Block size the draft is trained for (2-64).")
+@click.option("--draft-layers", type=int, default=2, show_default=True, help="Draft decoder layers.")
+@click.option("--target-layer-ids", default=None,
+              help="Comma list of target layers whose outputs feed the draft [default: as many as draft layers, "
+                   "spread between layer 1 and L-3 like the public drafts].")
+@click.option("--epochs", type=int, default=3, show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True, help="Peak AdamW learning rate (warm-up, cosine decay).")
+@click.option("--batch-size", type=int, default=8, show_default=True, help="Sequences per step.")
+@click.option("--max-len", type=int, default=512, show_default=True, help="Longest prompt+response in tokens (longer ones are cut).")
+@click.option("--gamma", type=float, default=None, help="Loss decay over block positions [default: 7 at block 16, 4 at block 8].")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--responses", type=click.Choice(["generate", "given"]), default="generate", show_default=True,
+              help="generate: the target writes every response (greedy, cached in OUT/responses.jsonl); given: the data's.")
+@click.option("--anchors-per-seq", type=int, default=12, show_default=True, help="Random blocks per sequence per step.")
+@click.option("--max-steps", type=int, default=None, help="Stop after this many steps in all (time-boxing; the schedule fits it).")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
+              help="dtype of the saved weights (training is float32).")
+@click.option("--mask-token", default=None,
+              help="Token (or numeric id) used as the mask [default: <|mask|> if the tokenizer has it, else the "
+                   "first unused embedding row].")
+@click.option("--val-prompts", type=int, default=None, help="Held-out conversations for the tau estimate [default: 5%, at most 16].")
+@click.option("--val-max-new", type=int, default=96, show_default=True, help="Tokens generated per held-out prompt.")
+@click.option("--max-new-tokens", type=int, default=None, help="Longest response the target writes [default: up to --max-len].")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--fresh", is_flag=True, help="Start over even if OUT/train_state.pt exists.")
+def train_draft(**options) -> None:
+    """Train a DFlash draft for TARGET on conversations (self-distillation by default).
+
+    A rerun with the same arguments resumes from OUT/train_state.pt (Ctrl-C saves it). The last line
+    printed is the measured mean acceptance length (tau) on held-out prompts at the trained block size.
+    """
+    from engines.cuda.train import Interrupted, TrainConfig, train_draft as run
+
+    cfg = TrainConfig(**options)
+    if cfg.val_prompts is not None and cfg.val_prompts < 0:
+        raise UserError(f"--val-prompts {cfg.val_prompts} is negative; give a count of held-out conversations.")
+    bar = _progress_bar()
+    tasks: dict[str, int] = {}
+
+    def progress(p) -> None:
+        if p.kind == "info":
+            bar.console.print(p.message)
+            return
+        if p.kind == "validate":
+            bar.console.print(f"step {p.done}: tau {p.tau:.2f} at block {cfg.block_size} (epoch {p.epoch})")
+            return
+        name = "writing responses" if p.kind == "generate" else "training"
+        if name not in tasks:
+            if not bar.live.is_started:
+                bar.start()
+            tasks[name] = bar.add_task(name, total=p.total, completed=p.done, stats="")
+        stats = "" if p.kind == "generate" else (
+            f"loss {p.loss:.3f} · {p.steps_per_s:.1f} step/s · {p.tokens_per_s:,.0f} tok/s · lr {p.lr:.1e}")
+        bar.update(tasks[name], total=p.total, completed=p.done, stats=stats)
+
+    try:
+        result = run(cfg, progress)  # a UserError reaches the group: one sentence, exit 2
+    except Interrupted as exc:
+        bar.stop()
+        click.echo(f"Interrupted at step {exc.step}; state saved to {exc.path}. Rerun the same command to resume.", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        bar.stop()
+        click.echo("Interrupted; responses written so far are cached in the output directory. Rerun to resume.", err=True)
+        sys.exit(130)
+    finally:
+        bar.stop()
+    click.echo(f"steps {result.steps} · loss {result.loss:.3f} · {result.steps_per_s:.1f} step/s · "
+               f"{result.tokens_per_s:,.0f} tok/s · draft in {result.out}")
+    click.echo(f"tau {result.tau:.2f} at block {cfg.block_size}")
