@@ -1,0 +1,138 @@
+"""Decode speed side by side in one run: the framework's own generate, our block 1, DFlash per block size.
+
+    python benchmarks/engine_speed.py                      # the demo pair, both engines where installed
+    python benchmarks/engine_speed.py --profile qwen3-8b --engines cuda --block-sizes 1,4,8,16
+
+Every row decodes the same prompts with the same max_new_tokens at temperature 0; ratios are to the
+framework's own generate ("vs generate") and to our block 1 ("vs block 1") on the same engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from engines import GenerationRequest, load_engine  # noqa: E402
+from engines.prompting import load_tokenizer  # noqa: E402
+from dflash_tui.settings import load_settings  # noqa: E402
+
+PROMPTS = [
+    "What is 48 + 75?",
+    "What is 912 - 347?",
+    "Sort these numbers: 42, 7, 19, 88, 3.",
+    "How many centimeters are in 3 meters?",
+]
+
+
+@dataclass
+class Row:
+    name: str
+    tokens: int = 0
+    seconds: float = 0.0
+    lengths: list = field(default_factory=list)
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def framework_generate(engine_name: str, engine, prompt_ids: list[int], max_new: int) -> tuple[int, float]:
+    """The framework's own greedy generate on the same weights: transformers or mlx-lm."""
+    if engine_name == "cuda":
+        import torch
+
+        model = engine.target.model
+        ids = torch.tensor([prompt_ids], device=model.device)
+        with torch.inference_mode():
+            start = time.perf_counter()
+            out = model.generate(ids, max_new_tokens=max_new, do_sample=False, eos_token_id=None, pad_token_id=0,
+                                 min_new_tokens=max_new)
+            if ids.device.type == "cuda":
+                torch.cuda.synchronize()
+        return out.shape[1] - len(prompt_ids), time.perf_counter() - start
+    from mlx_lm.generate import generate_step
+
+    import mlx.core as mx
+
+    start = time.perf_counter()
+    n = 0
+    for n, _ in enumerate(generate_step(mx.array(prompt_ids), engine.model, max_tokens=max_new), 1):
+        pass
+    return n, time.perf_counter() - start
+
+
+def measure(engine, engine_name, prompts_ids, max_new, block_sizes, repeats) -> list[Row]:
+    rows = [Row("framework generate")] + [Row(f"block {b}") for b in block_sizes]
+    for rep in range(repeats + 1):  # the first pass is a warm-up
+        for ids in prompts_ids:
+            tokens, seconds = framework_generate(engine_name, engine, ids, max_new)
+            if rep:
+                rows[0].tokens += tokens
+                rows[0].seconds += seconds
+            for row, b in zip(rows[1:], block_sizes):
+                start = time.perf_counter()
+                list(engine.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=max_new, temperature=0,
+                                                       block_size=b, stop_ids=[])))
+                elapsed = time.perf_counter() - start
+                s = engine.last_summary
+                if rep:
+                    row.tokens += s.generated_tokens
+                    row.seconds += elapsed
+                    row.lengths += s.acceptance_lengths
+                    row.draft_s += s.draft_s
+                    row.verify_s += s.verify_s
+            print(f"  {engine_name}: pass {rep}/{repeats} prompt done", file=sys.stderr, flush=True)
+    return rows
+
+
+def table(engine_name: str, device: str, rows: list[Row]) -> str:
+    base = rows[0].tok_s
+    block1 = next((r.tok_s for r in rows if r.name == "block 1"), 0.0)
+    lines = [f"engine {engine_name} on {device}",
+             "| run | tok/s | vs generate | vs block 1 | tau | draft ms/step | verify ms/step |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        steps = len(r.lengths)
+        tau = f"{sum(r.lengths) / steps:.2f}" if steps else "-"
+        draft = f"{1000 * r.draft_s / steps:.2f}" if steps else "-"
+        verify = f"{1000 * r.verify_s / steps:.2f}" if steps else "-"
+        vs1 = f"{r.tok_s / block1:.2f}x" if block1 else "-"
+        lines.append(f"| {r.name} | {r.tok_s:.1f} | {r.tok_s / base:.2f}x | {vs1} | {tau} | {draft} | {verify} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", default=None)
+    parser.add_argument("--target")
+    parser.add_argument("--draft")
+    parser.add_argument("--engines", default="cuda,mlx", help="comma list; engines not installed are skipped")
+    parser.add_argument("--block-sizes", default="1,2,4,8,16")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=True)
+    args = parser.parse_args()
+    block_sizes = [int(b) for b in args.block_sizes.split(",")]
+    for name in args.engines.split(","):
+        try:
+            profile, config = load_settings(args.profile, name, args.target, args.draft)
+            engine = load_engine(config)
+        except Exception as exc:  # an engine that is not installed here is skipped, and said so
+            print(f"engine {name}: skipped ({exc})\n")
+            continue
+        tokenizer = load_tokenizer(engine.target_info.path)
+        prompts_ids = [engine.prepare(GenerationRequest(messages=[{"role": "user", "content": p}], thinking=args.thinking))
+                       if tokenizer.chat_template else tokenizer.encode(p) for p in PROMPTS]
+        rows = measure(engine, name, prompts_ids, args.max_new_tokens, block_sizes, args.repeats)
+        print(table(name, engine.device, rows) + "\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
