@@ -224,5 +224,10 @@ class DraftCache:
         views = [self.view(i) for i in range(len(self._keys))]
         return self.draft.block_hidden(block_embeds, [k for k, _ in views], [v for _, v in views], self.length)
 
+    def propose(self, block: mx.array, embed, lm_head) -> mx.array:
+        """Greedy draft ids (int32, [b-1]) for block positions 1..; block is [1, b] = [last token, mask...]."""
+        hidden = self.propose_hidden(embed(block))
+        return mx.argmax(lm_head(hidden[0, 1:]), axis=-1).astype(mx.int32)
+
     def entries(self) -> int:
         return self._used[0] - self._first[0] if self._keys and self._keys[0] is not None else 0

@@ -70,11 +70,16 @@ def speculative_decode(
     max_new_tokens: int,
     sampler: Sampler,
     draft_window: Optional[int] = None,
+    cache: Optional[list] = None,
+    draft_cache: Optional[DraftCache] = None,
 ) -> Iterator[RawStep]:
+    """Yields the prefill token, then one RawStep per verify step, up to max_new_tokens ids.
+    `cache` / `draft_cache` may be passed in to observe them between steps (tests)."""
     use_draft = block_size > 1
-    cache = target.make_cache()
+    cache = cache if cache is not None else target.make_cache()
     rollback = CacheRollback(cache)
-    draft_cache = DraftCache(draft, draft_window) if use_draft else None
+    if use_draft and draft_cache is None:
+        draft_cache = DraftCache(draft, draft_window)
     prompt = mx.array(prompt_ids, dtype=mx.int32)[None]
 
     # Prefill as mlx-lm does: all but the last prompt token in chunks (only cache states and context
@@ -97,7 +102,8 @@ def speculative_decode(
     yield RawStep(drafted=[], accepted=0, emitted=[first], draft_s=0.0, verify_s=time.perf_counter() - t0, prefill=True)
 
     generated, step, draft_share = 1, 0, 0.0
-    mask = mx.full((max(block_size - 1, 1),), draft.mask_token_id if use_draft else 0, dtype=mx.int32)
+    mask_id = draft_cache.draft.mask_token_id if use_draft else 0
+    mask = mx.full((max(block_size - 1, 1),), mask_id, dtype=mx.int32)
     while generated < max_new_tokens:
         b = min(block_size, max_new_tokens - generated)  # the last block shrinks: never more than asked
         t_start = time.perf_counter()
@@ -105,9 +111,8 @@ def speculative_decode(
         drafted = None
         block = last
         if b > 1:
-            proposal = mx.concatenate([last, mask[: b - 1]])
-            hidden = draft_cache.propose_hidden(target.embed(proposal[None]))
-            drafted = mx.argmax(target.lm_head(hidden[0, 1:]), axis=-1).astype(mx.int32)  # greedy proposals
+            proposal = mx.concatenate([last, mask[: b - 1]])[None]
+            drafted = draft_cache.propose(proposal, target.embed, target.lm_head)  # greedy proposals
             block = mx.concatenate([last, drafted])
             if timed:
                 mx.eval(block)

@@ -1,0 +1,275 @@
+"""The MLX engine's invariants (mlx[cpu], float32 random tiny pairs): greedy ids equal mlx-lm's own
+greedy generation for every block size, with and without a draft window, for each family and for a
+draft that reads the last target layer; cache lengths under a draft that is often right; seeded
+sampling; stop ids; cancellation; and the bad inputs of the CUDA engine's tests."""
+
+import json
+import re
+import shutil
+
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+
+from engines import CheckpointError, EngineConfig, GenerationRequest, UserError, load_engine  # noqa: E402
+from engines.mlx.draft import DraftCache  # noqa: E402
+from engines.mlx.loop import Sampler, speculative_decode  # noqa: E402
+from engines.mlx.target import legacy_keys  # noqa: E402
+from engines.sampling import SamplingParams  # noqa: E402
+
+PROMPTS = ["What is 48 + 75?", "The quick brown fox", "Hello world, speculative decoding"]
+BLOCKS = [1, 2, 4, 8, 16]
+NEW = 40
+FAMILIES = [("qwen3", False), ("qwen3_moe", False), ("llama", False), ("qwen3", True)]
+
+
+def mlx_lm_greedy(target_dir, prompt_ids, max_new):
+    """mlx-lm's own greedy ids (generate_step with an argmax sampler) for a fresh load of the target."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load_model
+
+    config = json.loads((target_dir / "config.json").read_text())
+    model, _ = load_model(target_dir, model_config=legacy_keys(config))
+    steps = generate_step(mx.array(prompt_ids), model, max_tokens=max_new, sampler=lambda x: mx.argmax(x, axis=-1))
+    return [int(token) for token, _ in steps]
+
+
+def mlx_engine(target, draft=None, **kw):
+    return load_engine(EngineConfig(target=str(target), draft=str(draft) if draft else None, engine="mlx", **kw))
+
+
+def run(engine, **kw):
+    events = list(engine.generate(GenerationRequest(**kw)))
+    return events, engine.last_summary
+
+
+@pytest.mark.parametrize("family,last_layer", FAMILIES)
+@pytest.mark.parametrize("window", [None, 5])
+def test_greedy_ids_match_mlx_lm(pairs, family, last_layer, window):
+    target, draft = pairs(family, last_layer)
+    engine = mlx_engine(target, draft, draft_window=window)
+    for prompt in PROMPTS:
+        ids = engine.prepare(GenerationRequest(prompt=prompt))
+        expected = mlx_lm_greedy(target, ids, NEW)
+        for block in BLOCKS:
+            summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=block, stop_ids=[])[1]
+            assert summary.token_ids == expected, f"block {block}, prompt {prompt!r}"
+            assert summary.generated_tokens == NEW
+
+
+@pytest.fixture(scope="module")
+def qwen3(pairs):
+    target, draft = pairs("qwen3")
+    engine = mlx_engine(target, draft)
+    ids = engine.prepare(GenerationRequest(prompt="What is 48 + 75?"))
+    return engine, ids, mlx_lm_greedy(target, ids, 48)
+
+
+class OracleDraftCache(DraftCache):
+    """Proposes the target's known greedy continuation, wrong at every 5th position, so steps accept
+    long prefixes and reject in the middle of blocks."""
+
+    def __init__(self, draft, window, reference, prompt_len):
+        super().__init__(draft, window)
+        self.reference, self.prompt_len = reference, prompt_len
+
+    def propose(self, block, embed, lm_head):
+        start = self.length - self.prompt_len + 1  # index in the reference of block position 1
+        ids = []
+        for k in range(block.shape[1] - 1):
+            i = start + k
+            right = self.reference[i] if i < len(self.reference) else 0
+            ids.append(right if (i % 5) else (right + 1) % 300)
+        return mx.array(ids, dtype=mx.int32)
+
+
+@pytest.mark.parametrize("block", [2, 4, 8, 16])
+@pytest.mark.parametrize("window", [None, 6])
+def test_cache_lengths_and_acceptance_with_a_mostly_right_draft(qwen3, block, window):
+    engine, ids, reference = qwen3
+    cache = engine.target.make_cache()
+    draft_cache = OracleDraftCache(engine.draft, window, reference, len(ids))
+    steps = speculative_decode(engine.target, engine.draft, ids, block, len(reference), Sampler(SamplingParams()),
+                               window, cache=cache, draft_cache=draft_cache)
+    out, accepted = [], []
+    for step in steps:
+        out += step.emitted
+        committed = len(ids) + len(out)
+        assert all(c.offset == committed - 1 for c in cache)  # every committed token but the newest
+        assert draft_cache.length == committed - 1  # context features for positions < start
+        assert draft_cache.entries() == min(committed - 1, window or committed)
+        if not step.prefill:
+            assert step.emitted == step.drafted[: step.accepted] + step.emitted[-1:]
+            accepted.append(step.accepted)
+    assert out == reference
+    assert max(accepted) >= min(3, block - 1) and sum(accepted) > len(accepted) // 2
+
+
+def test_seeded_sampling_repeats_and_depends_on_the_seed(qwen3):
+    engine, ids, _ = qwen3
+    kw = dict(prompt_ids=ids, max_new_tokens=NEW, temperature=1.5, top_p=0.95, stop_ids=[], block_size=4)
+    a = run(engine, seed=1, **kw)[1].token_ids
+    b = run(engine, seed=1, **kw)[1].token_ids
+    c = run(engine, seed=2, **kw)[1].token_ids
+    assert a == b and a != c
+
+
+def test_sampling_filters_run(qwen3):
+    engine, ids, _ = qwen3
+    for kw in (dict(top_k=5), dict(min_p=0.1), dict(top_p=0.5, top_k=20, min_p=0.05)):
+        summary = run(engine, prompt_ids=ids, max_new_tokens=16, temperature=0.8, seed=4, block_size=8, stop_ids=[], **kw)[1]
+        assert summary.generated_tokens == 16
+
+
+def test_top_k_1_sampling_is_greedy(qwen3):
+    engine, ids, reference = qwen3
+    for block in (1, 4, 16):
+        summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=1.0, top_k=1, seed=3, block_size=block, stop_ids=[])[1]
+        assert summary.token_ids == reference[:NEW]
+
+
+@pytest.mark.parametrize("block", [1, 4, 16])
+def test_stop_ids_end_at_the_first_stop_token(qwen3, block):
+    engine, ids, reference = qwen3
+    stop = reference[17]
+    first = reference.index(stop)
+    events, summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=block, stop_ids=[stop])
+    assert summary.token_ids == reference[: first + 1]
+    assert summary.finish_reason == "stop" and events[-1].finish_reason == "stop"
+
+
+def test_last_block_shrinks_to_max_new_tokens(qwen3):
+    engine, ids, reference = qwen3
+    for new in (1, 2, 7):
+        summary = run(engine, prompt_ids=ids, max_new_tokens=new, temperature=0, block_size=16, stop_ids=[])[1]
+        assert summary.token_ids == reference[:new] and summary.finish_reason == "length"
+
+
+def test_cancel_stops_within_one_step(qwen3):
+    engine, ids, _ = qwen3
+    request = GenerationRequest(prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=4, stop_ids=[])
+    events = []
+    for event in engine.generate(request):
+        events.append(event)
+        request.cancel.set()
+    assert len(events) <= 2
+    assert events[-1].finish_reason == "cancelled" and engine.last_summary.finish_reason == "cancelled"
+
+
+def test_summary_fields(qwen3):
+    engine, ids, _ = qwen3
+    summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=8, stop_ids=[])[1]
+    assert summary.generated_tokens == NEW == len(summary.token_ids)
+    assert sum(summary.acceptance_lengths) == NEW - 1  # the prefill token is not a step
+    assert sum(summary.histogram) == len(summary.acceptance_lengths) and len(summary.histogram) == 8
+    assert summary.peak_memory_bytes > 0 and summary.peak_memory_kind == "device"
+    assert (summary.engine, summary.device, summary.dtype) == ("mlx", "cpu", "float32")
+    assert summary.draft_s > 0 and summary.verify_s > 0
+    json.dumps(summary.to_dict())
+
+
+def test_target_alone_runs_block_1(pairs):
+    target, _ = pairs("qwen3")
+    engine = mlx_engine(target)
+    ids = engine.prepare(GenerationRequest(prompt="The quick brown fox"))
+    summary = run(engine, prompt_ids=ids, max_new_tokens=12, temperature=0, stop_ids=[])[1]
+    assert summary.token_ids == mlx_lm_greedy(target, ids, 12) and summary.block_size == 1
+
+
+def test_chat_messages_and_long_prompt_prefill_in_chunks(qwen3, monkeypatch):
+    import engines.mlx.loop as loop
+
+    engine, ids, _ = qwen3
+    long_ids = (ids * 8)[:100]
+    expected = run(engine, prompt_ids=long_ids, max_new_tokens=12, temperature=0, block_size=4, stop_ids=[])[1].token_ids
+    monkeypatch.setattr(loop, "PREFILL_STEP", 7)
+    chunked = run(engine, prompt_ids=long_ids, max_new_tokens=12, temperature=0, block_size=4, stop_ids=[])[1].token_ids
+    assert chunked == expected
+    events, summary = run(engine, messages=[{"role": "user", "content": "Hi"}], max_new_tokens=4, temperature=0)
+    assert summary.generated_tokens >= 1 and events[0].is_prefill
+
+
+# -- bad inputs, as on the CUDA engine --------------------------------------------------------------
+
+def edited_copy(src, dst, **changes):
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    for key, value in changes.items():
+        if key.startswith("dflash_"):
+            config["dflash_config"][key.removeprefix("dflash_")] = value
+        else:
+            config[key] = value
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+@pytest.mark.parametrize("block", [0, 65, -1])
+def test_impossible_block_size(qwen3, block):
+    engine, ids, _ = qwen3
+    with pytest.raises(UserError, match="from 1 to 64"):
+        run(engine, prompt_ids=ids, block_size=block)
+
+
+def test_target_passed_as_draft(pairs):
+    target, _ = pairs("qwen3")
+    with pytest.raises(CheckpointError, match="not a DFlash draft"):
+        mlx_engine(target, target)
+
+
+@pytest.mark.parametrize("changes,words", [
+    ({"hidden_size": 32}, "hidden size"),
+    ({"num_target_layers": 7}, "7-layer"),
+    ({"dflash_target_layer_ids": [0, 9]}, "layers [9]"),
+    ({"dflash_mask_token_id": 5000}, "mask token id 5000"),
+])
+def test_mismatched_draft_is_one_clear_error(pairs, tmp_path, changes, words):
+    target, draft = pairs("qwen3")
+    bad = edited_copy(draft, tmp_path / "bad", **changes)
+    with pytest.raises(CheckpointError, match=re.escape(words)):
+        mlx_engine(target, bad)
+
+
+def test_prompt_beyond_context(qwen3):
+    engine, _, _ = qwen3
+    with pytest.raises(UserError, match="context holds 512"):
+        run(engine, prompt_ids=[5] * 600)
+
+
+def test_model_type_mlx_lm_does_not_run(tmp_path, pairs):
+    target, _ = pairs("qwen3")
+    other = edited_copy(target, tmp_path / "unknown", model_type="not_a_real_arch")
+    with pytest.raises(UserError, match="'not_a_real_arch' model, which mlx-lm does not run; mlx-lm supports .*qwen3"):
+        mlx_engine(other)
+
+
+def test_unknown_device(pairs):
+    target, _ = pairs("qwen3")
+    with pytest.raises(UserError, match="not an MLX device"):
+        mlx_engine(target, device="cuda:0")
+
+
+def test_missing_mlx_is_one_sentence(monkeypatch, pairs):
+    """Without mlx, importing the engine raises ImportError, which load_engine turns into a sentence."""
+    import builtins
+    import sys
+
+    import engines
+    from engines import EngineUnavailable
+
+    real_import = builtins.__import__
+
+    def no_mlx(name, *args, **kwargs):
+        if name == "mlx" or name.startswith(("mlx.", "mlx_lm")):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    for mod in [m for m in sys.modules if m.startswith("engines.mlx")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setattr(builtins, "__import__", no_mlx)
+    with pytest.raises(ImportError):
+        import engines.mlx.engine  # noqa: F401
+    monkeypatch.setattr(engines, "choose_engine", lambda name: "mlx")
+    target, _ = pairs("qwen3")
+    with pytest.raises(EngineUnavailable, match=r"pip install 'dflash-tui\[mlx\]'"):
+        load_engine(EngineConfig(target=str(target), engine="mlx"))
