@@ -1,0 +1,1 @@
+"""Stages of `make demo-models`: corpus, tokenizer, target, evaluation, draft (see scripts/make_demo_models.py)."""

@@ -1,0 +1,325 @@
+"""A seeded synthetic chat corpus of checkable tasks, for the demo target and its draft.
+
+Every record is one user turn and one assistant turn, in a thinking variant (a `<think>` trace, then
+the answer sentence) or a non-thinking variant (the empty think block the chat template writes with
+enable_thinking=false, then the answer). A tiny model can only answer directly what it can compute
+directly (../shared/NOTES.md), so each task has an intended mode: multi-digit arithmetic and letter
+counting are meant for thinking, comparison, short sorting, unit conversion by powers of ten and
+counting a small list for non-thinking. Each record keeps that mode and the checkable answer.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import Iterator
+
+EMPTY_THINK = "<think>\n\n</think>\n\n"
+THINK_TASKS = ("add", "sub", "mul", "letters")
+DIRECT_TASKS = ("compare", "sort", "convert", "items")
+TASKS = THINK_TASKS + DIRECT_TASKS + ("chat",)
+# Shares of the training corpus; the harder thinking tasks get more.
+WEIGHTS = {"add": 18, "sub": 18, "mul": 12, "letters": 10, "compare": 8, "sort": 12, "convert": 10,
+           "items": 8, "chat": 4}
+INTENDED_SHARE = 0.85  # share of records written in the task's intended mode
+MULTI_TURN_SHARE = 0.08  # share of training records with one earlier exchange in the history
+
+WORDS = ["apple", "banana", "cherry", "strawberry", "orange", "lemon", "mango", "grape", "melon", "peach",
+         "pepper", "tomato", "potato", "coffee", "letter", "bottle", "rabbit", "kitten", "puppy", "yellow",
+         "purple", "summer", "winter", "school", "garden", "window", "button", "balloon", "mississippi",
+         "bookkeeper", "committee", "assessment", "banana", "success", "parallel", "llama", "giraffe",
+         "hippopotamus", "tennessee", "address", "pizza", "jazz", "cookie", "butter", "happy", "little",
+         "middle", "spoon", "moon", "noon"]
+WORDS = sorted(set(WORDS))
+ITEMS = ["apple", "pear", "fig", "plum", "kiwi", "lime", "date", "cat", "dog", "bird", "fish", "cup",
+         "pen", "book", "hat", "shoe", "key", "lamp", "chair", "table", "car", "bus", "ship", "star"]
+PLACES = ["ones", "tens", "hundreds", "thousands", "ten-thousands"]
+
+CHAT = [
+    (["hi", "hello", "hey", "Hi!", "Hello!", "hey there", "good morning", "hi, who are you?"],
+     "Hello! I am the tiny dflash demo model. Ask me to add, subtract or multiply numbers, convert units, "
+     "count letters or items, sort a list or compare two numbers."),
+    (["what can you do?", "What can you do?", "help", "What do you know?", "how can you help me?"],
+     "I can add and subtract numbers, multiply small numbers, convert km, m, cm, kg, g, hours and minutes, "
+     "count letters in a word or items in a list, sort short lists and compare numbers. Try: What is 48 + 75?"),
+    (["who are you?", "Who are you?", "what are you?", "are you a real model?"],
+     "I am a tiny Qwen3-style model trained by the dflash project to demonstrate DFlash speculative decoding."),
+    (["thanks", "thank you", "Thanks!", "thank you very much"],
+     "You are welcome! Ask me another question any time."),
+    (["bye", "goodbye", "see you"],
+     "Goodbye! Come back for more sums."),
+]
+CHAT_THOUGHTS = {0: "The user greets me. I greet back and say what I can do.",
+                 1: "The user asks what I can do. I list my tasks.",
+                 2: "The user asks who I am. I explain that I am a small demo model.",
+                 3: "The user thanks me. I answer politely.",
+                 4: "The user says goodbye. I say goodbye."}
+
+
+def _digits(n: int, width: int) -> list[int]:
+    return [(n // 10 ** i) % 10 for i in range(width)]
+
+
+def task_add(rng: random.Random):
+    a = rng.randint(1, 10 ** rng.choice([1, 2, 3, 3, 3]) - 1)
+    b = rng.randint(1, 10 ** rng.choice([1, 2, 3, 3, 3]) - 1)
+    q = rng.choice(["What is {a} + {b}?", "Compute {a} + {b}.", "What is the sum of {a} and {b}?",
+                    "Add {a} and {b}.", "{a} + {b} = ?", "Calculate {a} plus {b}.", "How much is {a} + {b}?",
+                    "Please add {a} to {b}."]).format(a=a, b=b)
+    width = max(len(str(a)), len(str(b)))
+    lines, carry = [f"Add {a} and {b} digit by digit."], 0
+    for i, (x, y) in enumerate(zip(_digits(a, width), _digits(b, width))):
+        s = x + y + carry
+        expr = f"{x} + {y}" + (f" + {carry}" if carry else "")
+        carry = s // 10
+        lines.append(f"{PLACES[i]}: {expr} = {s}, write {s % 10}, carry {carry}.")
+    if carry:
+        lines.append(f"{PLACES[width]}: carry {carry}, write {carry}.")
+    total = a + b
+    lines.append(f"So {a} + {b} = {total}.")
+    return q, "\n".join(lines), f"{a} + {b} = {total}.", str(total)
+
+
+def task_sub(rng: random.Random):
+    a = rng.randint(10, 10 ** rng.choice([2, 3, 3, 3]) - 1)
+    b = rng.randint(1, a)
+    q = rng.choice(["What is {a} - {b}?", "Compute {a} - {b}.", "Subtract {b} from {a}.", "{a} - {b} = ?",
+                    "What is {a} minus {b}?", "Calculate {a} minus {b}.", "How much is {a} - {b}?",
+                    "Take {b} away from {a}."]).format(a=a, b=b)
+    width = len(str(a))
+    lines, borrow = [f"Subtract {b} from {a} digit by digit."], 0
+    for i, (x, y) in enumerate(zip(_digits(a, width), _digits(b, width))):
+        expr = f"{x} - {y}" + (f" - {borrow}" if borrow else "")
+        d = x - y - borrow
+        if d < 0:
+            lines.append(f"{PLACES[i]}: {expr} is below 0, borrow 1: 1{expr} = {d + 10}, write {d + 10}, borrow 1.")
+            borrow = 1
+        else:
+            lines.append(f"{PLACES[i]}: {expr} = {d}, write {d}, borrow 0.")
+            borrow = 0
+    diff = a - b
+    lines.append(f"So {a} - {b} = {diff}.")
+    return q, "\n".join(lines), f"{a} - {b} = {diff}.", str(diff)
+
+
+def task_mul(rng: random.Random):
+    a = rng.randint(2, 99) if rng.random() < 0.75 else rng.randint(2, 9)
+    b = rng.randint(2, 9)
+    if rng.random() < 0.3:
+        a, b = b, a
+    q = rng.choice(["What is {a} x {b}?", "What is {a} * {b}?", "Multiply {a} by {b}.", "Compute {a} times {b}.",
+                    "What is the product of {a} and {b}?", "{a} x {b} = ?", "How much is {a} times {b}?"]
+                   ).format(a=a, b=b)
+    big, small = (a, b) if a >= b else (b, a)
+    lines = [f"Multiply {big} by {small} digit by digit."]
+    digits = _digits(big, len(str(big)))
+    carry = 0
+    for i, x in enumerate(digits):
+        p = x * small + carry
+        expr = f"{x} x {small}" + (f" + {carry}" if carry else "")
+        if i == len(digits) - 1:
+            lines.append(f"{PLACES[i]}: {expr} = {p}, write {p}.")
+        else:
+            lines.append(f"{PLACES[i]}: {expr} = {p}, write {p % 10}, carry {p // 10}.")
+            carry = p // 10
+    lines.append(f"So {a} x {b} = {a * b}.")
+    return q, "\n".join(lines), f"{a} x {b} = {a * b}.", str(a * b)
+
+
+def task_letters(rng: random.Random):
+    word = rng.choice(WORDS)
+    letter = rng.choice(sorted(set(word))) if rng.random() < 0.85 else rng.choice("abcdefghijklmnopqrstuvwxyz")
+    q = rng.choice(["How many times does the letter {l} appear in {w}?", "How many {l}'s are in {w}?",
+                    "Count the letter {l} in the word {w}.", "How many times is {l} in {w}?",
+                    "In the word {w}, how many {l} are there?"]).format(l=letter, w=word)
+    count, parts = 0, []
+    for ch in word:
+        if ch == letter:
+            count += 1
+            parts.append(f"{ch} ({count})")
+        else:
+            parts.append(ch)
+    trace = f"Spell {word} and count each {letter}.\n" + ", ".join(parts) + f".\nSo {letter} appears {count} times."
+    return q, trace, f"The letter {letter} appears {count} times in {word}.", str(count)
+
+
+def task_compare(rng: random.Random):
+    hi = rng.choice([99, 999, 9999])
+    a, b = rng.sample(range(1, hi + 1), 2)
+    larger = rng.random() < 0.6
+    q = (rng.choice(["Which is larger, {a} or {b}?", "Which number is bigger: {a} or {b}?", "Is {a} or {b} greater?",
+                     "Which is greater, {a} or {b}?"]) if larger else
+         rng.choice(["Which is smaller, {a} or {b}?", "Which number is less: {a} or {b}?",
+                     "Is {a} or {b} smaller?"])).format(a=a, b=b)
+    win, lose = (max(a, b), min(a, b)) if larger else (min(a, b), max(a, b))
+    word = "larger" if larger else "smaller"
+    la, lb = len(str(a)), len(str(b))
+    if la != lb:
+        why = f"{max(a, b)} has more digits than {min(a, b)}, so {max(a, b)} is larger."
+    else:
+        why = f"Both have {la} digits; compare from the left: {max(a, b)} is larger."
+    return q, why, f"{win} is {word} than {lose}.", str(win)
+
+
+def task_sort(rng: random.Random):
+    n = rng.randint(3, 5)
+    nums = rng.sample(range(1, 100), n)
+    asc = rng.random() < 0.7
+    shown = ", ".join(map(str, nums))
+    q = (rng.choice(["Sort these numbers from smallest to largest: {s}.", "Sort in ascending order: {s}.",
+                     "Put these numbers in order: {s}.", "Order from least to greatest: {s}."]) if asc else
+         rng.choice(["Sort these numbers from largest to smallest: {s}.", "Sort in descending order: {s}.",
+                     "Order from greatest to least: {s}."])).format(s=shown)
+    out = sorted(nums, reverse=not asc)
+    result = ", ".join(map(str, out))
+    steps = [f"{'Smallest' if asc else 'Largest'} is {out[0]}."] + [f"Next is {x}." for x in out[1:]]
+    return q, " ".join(steps), f"In order: {result}.", result
+
+
+UNITS = [  # (from, to, factor, multiply?)
+    ("km", "m", 1000), ("m", "cm", 100), ("kg", "g", 1000), ("hours", "minutes", 60),
+]
+UNIT_NAMES = {"km": "kilometers", "m": "meters", "cm": "centimeters", "kg": "kilograms", "g": "grams",
+              "hours": "hours", "minutes": "minutes"}
+
+
+def task_convert(rng: random.Random):
+    big, small, factor = rng.choice(UNITS)
+    n = rng.randint(1, 12) if big == "hours" else rng.randint(1, 99)
+    if rng.random() < 0.6:  # big -> small
+        src, dst, x, y = big, small, n, n * factor
+        why = f"1 {big.rstrip('s')} is {factor} {small}, so {x} {src} is {x} x {factor} = {y} {dst}."
+    else:
+        src, dst, x, y = small, big, n * factor, n
+        why = f"1 {big.rstrip('s')} is {factor} {small}, so {x} {src} is {x} / {factor} = {y} {dst}."
+    name = dict(UNIT_NAMES if rng.random() < 0.4 else {k: k for k in UNIT_NAMES})
+    if x == 1:
+        name[src] = name[src].removesuffix("s")
+    if y == 1:
+        name[dst] = name[dst].removesuffix("s")
+    q = rng.choice(["Convert {x} {s} to {d}.", "How many {d} are in {x} {s}?", "What is {x} {s} in {d}?",
+                    "{x} {s} is how many {d}?"]).format(x=x, s=name[src], d=name[dst])
+    return q, why, f"{x} {name[src]} is {y} {name[dst]}.", str(y)
+
+
+def task_items(rng: random.Random):
+    n = rng.randint(1, 6)
+    items = [rng.choice(ITEMS) for _ in range(n)]
+    shown = ", ".join(items)
+    q = rng.choice(["How many items are in this list: {s}?", "Count the items: {s}.",
+                    "How many words are in this list: {s}?", "How many things are here: {s}?"]).format(s=shown)
+    trace = ", ".join(f"{x} ({i + 1})" for i, x in enumerate(items)) + "."
+    noun = "item" if n == 1 else "items"
+    return q, trace, f"There {'is' if n == 1 else 'are'} {n} {noun}.", str(n)
+
+
+def task_chat(rng: random.Random):
+    k = rng.randrange(len(CHAT))
+    prompts, reply = CHAT[k]
+    return rng.choice(prompts), CHAT_THOUGHTS[k], reply, ""
+
+
+MAKERS = {"add": task_add, "sub": task_sub, "mul": task_mul, "letters": task_letters, "compare": task_compare,
+          "sort": task_sort, "convert": task_convert, "items": task_items, "chat": task_chat}
+
+
+def intended_thinking(task: str) -> bool:
+    return task in THINK_TASKS or task == "chat"
+
+
+def make_record(task: str, thinking: bool, rng: random.Random) -> dict:
+    question, trace, answer_text, answer = MAKERS[task](rng)
+    content = f"<think>\n{trace}\n</think>\n\n{answer_text}" if thinking else EMPTY_THINK + answer_text
+    return {"task": task, "thinking": thinking, "intended_thinking": intended_thinking(task),
+            "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": content}],
+            "answer": answer}
+
+
+def generate(n: int, seed: int, exclude: set[str] = frozenset(), intended_only: bool = False,
+             tasks: tuple[str, ...] = tuple(WEIGHTS)) -> Iterator[dict]:
+    """`n` records, deterministic for `seed`; prompts in `exclude` are skipped."""
+    rng = random.Random(seed)
+    names = list(tasks)
+    weights = [WEIGHTS[t] for t in names]
+    made = 0
+    while made < n:
+        task = rng.choices(names, weights)[0]
+        mode = intended_thinking(task)
+        if not intended_only and task != "chat" and rng.random() > INTENDED_SHARE:
+            mode = not mode
+        if task == "chat" and not intended_only:
+            mode = rng.random() < 0.5
+        rec = make_record(task, mode, rng)
+        if rec["messages"][-2]["content"] in exclude:
+            continue
+        if not intended_only and rng.random() < MULTI_TURN_SHARE:  # an earlier exchange in the history
+            before = make_record(rng.choice(names), rng.random() < 0.5, rng)
+            rec["messages"] = before["messages"] + rec["messages"]
+        made += 1
+        yield rec
+
+
+def heldout(n: int, seed: int, train_prompts: set[str]) -> list[dict]:
+    """Checkable prompts (no chat), in each task's intended mode, none of them in the training set."""
+    tasks = THINK_TASKS + DIRECT_TASKS
+    per = [n // len(tasks) + (1 if i < n % len(tasks) else 0) for i in range(len(tasks))]
+    out, seen = [], set(train_prompts)
+    for i, (task, k) in enumerate(zip(tasks, per)):
+        for rec in generate(10 * k + 100, seed * 1000 + 7919 + i, intended_only=True, tasks=(task,)):
+            q = rec["messages"][-2]["content"]
+            if q in seen:
+                continue
+            seen.add(q)
+            out.append(rec)
+            if sum(r["task"] == task for r in out) == k:
+                break
+    return out
+
+
+NUMBER = re.compile(r"\d+")
+
+
+def final_answer(text: str) -> str:
+    """The answer sentence: what follows the think block (or all of it)."""
+    return text.split("</think>")[-1].strip()
+
+
+def is_correct(record: dict, text: str) -> bool:
+    final = final_answer(text)
+    nums = NUMBER.findall(final)
+    if not nums:
+        return False
+    task = record["task"]
+    if task == "sort":
+        return ", ".join(nums) == record["answer"]
+    if task == "compare":
+        return nums[0] == record["answer"]
+    return nums[-1] == record["answer"]
+
+
+def write_jsonl(path: Path, records) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    tmp.replace(path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def build(work: Path, seed: int, n_train: int = 60000, n_heldout: int = 240) -> tuple[Path, Path]:
+    """train.jsonl and heldout.jsonl under `work` (skipped when present)."""
+    train_path, held_path = Path(work) / "train.jsonl", Path(work) / "heldout.jsonl"
+    if train_path.exists() and held_path.exists():
+        return train_path, held_path
+    train = list(generate(n_train, seed))
+    write_jsonl(train_path, train)
+    write_jsonl(held_path, heldout(n_heldout, seed + 1, {r["messages"][-2]["content"] for r in train}))
+    return train_path, held_path

@@ -1,0 +1,72 @@
+"""A byte-level BPE tokenizer trained on the demo corpus, with Qwen-style special tokens and chat template.
+
+Digits are split one per token (as Qwen does) so that digit-by-digit arithmetic lines up with tokens.
+`<think>` and `</think>` are added tokens that stay visible in decoded text; `<|mask|>` is the DFlash
+draft's mask token and never occurs in text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+VISIBLE = ["<think>", "</think>"]
+BPE_VOCAB = 768
+# GPT-2's split, except that a number is cut into single digits (each may keep one leading space).
+SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+# Qwen3-like: an optional system message, user/assistant turns; earlier assistant turns lose their
+# think block; enable_thinking=false ends the generation prompt with an empty think block.
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' -%}"
+    "{%- set content = m.content -%}"
+    "{%- if '</think>' in content -%}{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}{%- endif -%}"
+    "{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+
+
+def texts(records):
+    for r in records:
+        for m in r["messages"]:
+            yield m["content"].replace("<think>", "").replace("</think>", "")
+
+
+def build(out: Path, records: list[dict]):
+    """Train, save with save_pretrained under `out` (skipped when present) and return the tokenizer."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    out = Path(out)
+    if (out / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(str(out))
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts(records), trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in VISIBLE])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>", "<|mask|>"], model_max_length=2048)
+    fast.chat_template = CHAT_TEMPLATE
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out))
+    return AutoTokenizer.from_pretrained(str(out))
+
+
+def ids_of(tokenizer) -> dict:
+    return {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIALS + VISIBLE}

@@ -1,0 +1,172 @@
+"""Train the demo target: a small Qwen3-architecture causal LM, plain PyTorch, loss on assistant tokens.
+
+Resumable: a checkpoint with optimizer state is written every few hundred steps under the work dir;
+a rerun continues from it (or skips training when the final checkpoint is there).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+from . import corpus as demo_corpus
+
+MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64, max_position_embeddings=1024, rope_theta=10000.0,
+             rms_norm_eps=1e-6, tie_word_embeddings=True, initializer_range=0.02)
+BATCH = 32
+LR = 2e-3
+WARMUP = 100
+
+
+def encode(tokenizer, record: dict) -> tuple[list[int], int]:
+    """Prompt ids as the engine builds them (chat template, the record's thinking mode) followed by the
+    assistant reply and <|im_end|>; returns (ids, prompt_len)."""
+    messages = record["messages"]
+    prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True,
+                                           enable_thinking=record["thinking"], return_dict=False)
+    reply = messages[-1]["content"]
+    if not record["thinking"]:
+        reply = reply.removeprefix(demo_corpus.EMPTY_THINK)
+    ids = list(prompt) + tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return ids, len(prompt)
+
+
+def tokenize_all(tokenizer, records: list[dict], cache: Path):
+    import torch
+
+    if cache.exists():
+        return torch.load(cache)
+    data = [encode(tokenizer, r) for r in records]
+    torch.save(data, cache)
+    return data
+
+
+def batches(data, seed: int, step: int):
+    """The batch for `step`: length-sorted groups from a seeded shuffle, so padding stays small."""
+    epoch_size = len(data) // BATCH
+    epoch, k = divmod(step, epoch_size)
+    rng = random.Random(seed * 100003 + epoch)
+    order = list(range(len(data)))
+    rng.shuffle(order)
+    group = BATCH * 32
+    out = []
+    for g in range(0, len(order) - group + 1, group):
+        chunk = sorted(order[g:g + group], key=lambda i: len(data[i][0]))
+        out.extend(chunk[j:j + BATCH] for j in range(0, group, BATCH))
+    random.Random(seed * 7 + epoch).shuffle(out)
+    return out[k % len(out)]
+
+
+def collate(data, idx, pad_id: int):
+    import torch
+
+    width = max(len(data[i][0]) for i in idx)
+    ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(idx), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(idx), width), dtype=torch.long)
+    for row, i in enumerate(idx):
+        seq, plen = data[i]
+        ids[row, :len(seq)] = torch.tensor(seq)
+        labels[row, plen:len(seq)] = torch.tensor(seq[plen:])
+        mask[row, :len(seq)] = 1
+    return ids, labels, mask
+
+
+def make_model(tokenizer, seed: int):
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    vocab = (len(tokenizer) + 63) // 64 * 64
+    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    config = transformers.Qwen3Config(vocab_size=vocab, bos_token_id=None, eos_token_id=eos[0],
+                                      pad_token_id=eos[1], **MODEL)
+    return transformers.Qwen3ForCausalLM(config)
+
+
+def train(tokenizer, records: list[dict], work: Path, out: Path, steps: int, seed: int, threads: int = 1) -> dict:
+    """Train for `steps` steps (resuming from work/target-ckpt.pt) and save to `out`. Returns stats."""
+    import torch
+    from tqdm import tqdm
+
+    torch.set_num_threads(threads)
+    work = Path(work)
+    if (out / "model.safetensors").exists() and (work / "target-done.json").exists():
+        return json.loads((work / "target-done.json").read_text())
+    data = tokenize_all(tokenizer, records, work / "train-tokens.pt")
+    model = make_model(tokenizer, seed)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=LR, betas=(0.9, 0.95), eps=1e-8)
+
+    def lr_at(step):
+        if step < WARMUP:
+            return LR * (step + 1) / WARMUP
+        t = (step - WARMUP) / max(1, steps - WARMUP)
+        return LR * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+
+    ckpt_path = work / "target-ckpt.pt"
+    step, elapsed = 0, 0.0
+    if ckpt_path.exists():
+        state = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, elapsed = state["step"], state["elapsed"]
+        print(f"target: resuming at step {step}/{steps}")
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"target: Qwen3, {n_params / 1e6:.2f}M parameters, {len(data)} sequences, {steps} steps of {BATCH}")
+    model.train()
+    bar = tqdm(total=steps, initial=step, desc="target", unit="step", dynamic_ncols=True)
+    ema = None
+    t0 = time.time() - elapsed
+    while step < steps:
+        ids, labels, mask = collate(data, batches(data, seed, step), pad)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        logits = model(input_ids=ids, attention_mask=mask).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+                                                 labels[:, 1:].reshape(-1), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+        bar.set_postfix(loss=f"{ema:.4f}", lr=f"{lr_at(step - 1):.1e}", tok=int(mask.sum()))
+        bar.update(1)
+        if step % 200 == 0 or step == steps:
+            tmp = ckpt_path.with_suffix(".tmp")
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                        "elapsed": time.time() - t0}, tmp)
+            tmp.replace(ckpt_path)
+    bar.close()
+    stats = {"steps": steps, "train_seconds": round(time.time() - t0, 1), "final_loss": round(ema or 0.0, 4),
+             "parameters": n_params}
+    save(model, tokenizer, out)
+    (work / "target-done.json").write_text(json.dumps(stats))
+    return stats
+
+
+def save(model, tokenizer, out: Path) -> None:
+    """float16 safetensors (the engines compute in float32 on CPU), tokenizer, generation config."""
+    import torch
+    import transformers
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = model.to(torch.float16)
+    model.config.torch_dtype = "float16"
+    gen = transformers.GenerationConfig(
+        eos_token_id=[tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")],
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), do_sample=False)
+    model.generation_config = gen
+    model.save_pretrained(str(out), safe_serialization=True)
+    gen.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    model.to(torch.float32)
