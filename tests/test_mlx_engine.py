@@ -96,7 +96,7 @@ def test_cache_lengths_and_acceptance_with_a_mostly_right_draft(qwen3, block, wi
     for step in steps:
         out += step.emitted
         committed = len(ids) + len(out)
-        assert all(c.offset == committed - 1 for c in cache)  # every committed token but the newest
+        assert all(c.offset == committed - 1 for c in cache if hasattr(c, "offset"))  # committed but the newest
         assert draft_cache.length == committed - 1  # context features for positions < start
         assert draft_cache.entries() == min(committed - 1, window or committed)
         if not step.prefill:
@@ -104,6 +104,83 @@ def test_cache_lengths_and_acceptance_with_a_mostly_right_draft(qwen3, block, wi
             accepted.append(step.accepted)
     assert out == reference
     assert max(accepted) >= min(3, block - 1) and sum(accepted) > len(accepted) // 2
+
+
+# -- a hybrid target (gated delta net + attention): recurrent states restored, not trimmed -----------
+
+def make_qwen3_5_target(out, seed=0):
+    """A tiny Qwen3.5 target in the published layout (text_config + small vision tower), with linear
+    attention on layers 0-2 and full attention on layer 3, the pattern mlx-lm derives from
+    full_attention_interval (mlx-lm 0.32 ignores layer_types)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tests import tiny
+
+    if not hasattr(transformers, "Qwen3_5Config"):
+        pytest.skip("this transformers has no Qwen3.5")
+    tok = tiny.make_tokenizer(out)
+    text = dict(vocab_size=tiny.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                initializer_range=0.2, tie_word_embeddings=False, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+                layer_types=["linear_attention"] * 3 + ["full_attention"], full_attention_interval=4,
+                linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                linear_num_key_heads=2, linear_num_value_heads=4,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                 "mrope_section": [1, 1, 0], "mrope_interleaved": True})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                  patch_size=4, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16)
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
+    config.tie_word_embeddings = False
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # keep the gated-delta weights as decisive as the rest (std 0.2)
+        for name, p in model.named_parameters():
+            if "linear_attn" in name and p.dim() > 1:
+                p.normal_(0, 0.2)
+    model.save_pretrained(str(out))
+    eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "do_sample": False}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    from tests import tiny
+
+    root = tmp_path_factory.mktemp("qwen3_5")
+    target = make_qwen3_5_target(root / "target")
+    draft = tiny.make_draft(root / "draft", target, [0, 2])
+    return target, draft
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_hybrid_greedy_ids_match_mlx_lm(hybrid, window):
+    target, draft = hybrid
+    engine = mlx_engine(target, draft, draft_window=window)
+    for prompt in PROMPTS[:2]:
+        ids = engine.prepare(GenerationRequest(prompt=prompt))
+        expected = mlx_lm_greedy(target, ids, NEW)
+        for block in BLOCKS:
+            summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=block, stop_ids=[])[1]
+            assert summary.token_ids == expected, f"block {block}, prompt {prompt!r}"
+
+
+@pytest.mark.parametrize("block", [4, 16])
+def test_hybrid_states_roll_back_under_partial_acceptance(hybrid, block):
+    target, draft = hybrid
+    engine = mlx_engine(target, draft)
+    ids = engine.prepare(GenerationRequest(prompt="What is 48 + 75?"))
+    reference = mlx_lm_greedy(target, ids, NEW)
+    cache = engine.target.make_cache()
+    draft_cache = OracleDraftCache(engine.draft, None, reference, len(ids))
+    out, accepted = [], []
+    for step in speculative_decode(engine.target, engine.draft, ids, block, NEW, Sampler(SamplingParams()),
+                                   cache=cache, draft_cache=draft_cache):
+        out += step.emitted
+        assert all(c.offset == len(ids) + len(out) - 1 for c in cache if hasattr(c, "offset"))
+        accepted += [] if step.prefill else [step.accepted]
+    assert out == reference
+    assert 0 < max(accepted) < block - 1 or min(accepted) < block - 1  # partial acceptances happened
 
 
 def test_seeded_sampling_repeats_and_depends_on_the_seed(qwen3):
