@@ -1,0 +1,92 @@
+"""`dflash profile ...`: list, show, locate, check and create TOML profiles."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from engines.errors import UserError
+
+from . import profiles
+
+
+def _style(text: str, **kw) -> str:
+    """click.style unless NO_COLOR is set (https://no-color.org)."""
+    return text if os.environ.get("NO_COLOR") else click.style(text, **kw)
+
+
+class _Group(click.Group):
+    """Bad input ends as its one sentence on stderr and exit code 2, never a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except UserError as e:
+            click.echo(str(e), err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=_Group)
+def profile() -> None:
+    """Per-model profiles: built-in ones, and yours in `dflash profile path`, which win by name."""
+
+
+@profile.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of profiles.")
+def list_cmd(as_json: bool) -> None:
+    """Every profile by name, with where it comes from."""
+    errors: list[UserError] = []
+    found = profiles.list_profiles(errors)
+    if as_json:
+        click.echo(json.dumps([{"name": p.name, "description": p.description, "source": p.origin,
+                                "path": str(p.path), "target": p.target, "draft": p.draft} for p in found], indent=2))
+    else:
+        width = max([len(p.name) for p in found] + [4])
+        click.echo(_style(f"{'NAME':<{width}}  {'SOURCE':<8}  DESCRIPTION", bold=True))
+        for p in found:
+            click.echo(f"{p.name:<{width}}  {p.origin:<8}  {p.description}")
+    for e in errors:
+        click.echo(_style(f"skipped: {e}", fg="yellow"), err=True)
+
+
+@profile.command()
+@click.argument("name")
+def show(name: str) -> None:
+    """The TOML text of profile NAME (a name or a file), after a comment saying where it is."""
+    p = profiles.load_profile(name)
+    click.echo(_style(f"# {p.origin} profile {p.name}: {p.path}", dim=True))
+    click.echo(p.path.read_text(encoding="utf-8"), nl=False)
+
+
+@profile.command()
+def path() -> None:
+    """The directory of your own profiles (created by `dflash profile new`)."""
+    click.echo(str(profiles.user_profile_dir()))
+
+
+@profile.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+def validate(file: Path) -> None:
+    """Check FILE: exit 0 when it loads, else print what is wrong and where, and exit 2."""
+    if not file.is_file():
+        raise UserError(f"Profile file {file} does not exist; check the path.")
+    p = profiles.load_profile(str(file))
+    draft = f" + {p.draft}" if p.draft else " (no draft)"
+    click.echo(f"{_style('ok', fg='green')}: {file} is profile {p.name}: {p.target}{draft}")
+
+
+@profile.command()
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Overwrite an existing profile of that name.")
+def new(name: str, force: bool) -> None:
+    """Write a commented template for profile NAME to your profile directory and print its path."""
+    text = profiles.new_profile_text(name)
+    target = profiles.user_profile_dir() / f"{name}.toml"
+    if target.exists() and not force:
+        raise UserError(f"Profile {target} already exists; edit it, or pass --force to overwrite it.")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    click.echo(str(target))

@@ -1,0 +1,442 @@
+"""Per-model tuning profiles as TOML (DESIGN.md, "Profiles (TOML)").
+
+Built-in profiles ship in the package `dflash_tui.profiles_data` (the repository's `profiles/`); user
+profiles live in the platformdirs config dir and shadow built-ins of the same name. Files are read with
+tomllib, which reports no positions for values, so the line of a bad key is found by a small
+table-aware scan of the raw text. Templates are written with tomlkit so their comments survive edits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.resources
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import platformdirs
+import tomlkit
+
+from engines import choose_engine
+from engines.config import DTYPES, ENGINES, MAX_BLOCK_SIZE, EngineConfig
+from engines.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+DEFAULT_PROFILE = "demo"
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+
+
+@dataclass
+class Profile:
+    """One profile, flattened: every setting the CLI and TUI read, with the file it came from."""
+
+    name: str
+    description: str
+    path: Optional[Path]
+    target: str
+    draft: Optional[str]
+    engine: str = "auto"
+    dtype: str = "auto"
+    block_size: Optional[int] = None
+    target_layer_ids: Optional[list[int]] = None
+    draft_window: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    max_new_tokens: int = 2048
+    thinking: bool = True
+    system_prompt: str = ""
+    draft_thinking: bool = True  # [dflash] thinking_trained: was the draft trained on thinking traces
+    engines: dict[str, dict] = field(default_factory=dict)  # [engines.cuda] / [engines.mlx] overrides
+
+    @property
+    def origin(self) -> str:
+        """'built-in', 'user' or 'file' (where `dflash profile list` says it lives); 'command line' for a
+        Profile built in code without a file."""
+        if self.path is None:
+            return "command line"
+        parent = self.path.resolve().parent
+        if parent == builtin_profile_dir().resolve():
+            return "built-in"
+        return "user" if parent == user_profile_dir().resolve() else "file"
+
+    def resolved(self, engine: str) -> "Profile":
+        """A copy with the `[engines.<engine>]` overrides applied (engine: 'cuda' or 'mlx')."""
+        return dataclasses.replace(self, **self.engines.get(engine, {}))
+
+    def engine_config(self, engine: Optional[str] = None, **flags: Any) -> EngineConfig:
+        """What to load on `engine` (default: the profile's; 'auto' is resolved first so its overrides
+        apply). Command-line `flags` (EngineConfig fields; None means not given) win over the profile."""
+        engine = engine or self.engine
+        if engine not in ENGINES:
+            raise UserError(f"Engine '{engine}' is unknown; choose one of {', '.join(ENGINES)}.")
+        name = choose_engine(engine) if engine == "auto" else engine
+        p = self.resolved(name)
+        keys = ("target", "draft", "dtype", "block_size", "draft_window", "target_layer_ids")
+        values = {k: getattr(p, k) for k in keys}
+        values.update({k: v for k, v in flags.items() if v is not None})
+        origin = self.origin
+        source = f"built-in profile {self.name}" if origin == "built-in" else str(self.path or origin)
+        return EngineConfig(engine=name, source=source, **values)
+
+
+# --- schema: (section, key) -> what the value must be -------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Spec:
+    attr: str  # the Profile field it sets
+    what: str  # "an integer from 1 to 64", for messages
+    example: str  # a correct line, for messages
+    ok: Callable[[Any], bool]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_float(v: Any) -> bool:
+    return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
+
+
+def _text(v: Any) -> bool:
+    return isinstance(v, str) and v.strip() != ""
+
+
+def _int_in(lo: int, hi: Optional[int] = None) -> Callable[[Any], bool]:
+    return lambda v: _is_int(v) and v >= lo and (hi is None or v <= hi)
+
+
+def _layer_ids(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(_is_int(i) and i >= 0 for i in v) and len(set(v)) == len(v)
+
+
+_BLOCK = _Spec("block_size", f"an integer from 1 to {MAX_BLOCK_SIZE}", "block_size = 16", _int_in(1, MAX_BLOCK_SIZE))
+_WINDOW = _Spec("draft_window", "a positive integer (context positions)", "draft_window = 4096", _int_in(1))
+_TARGET = _Spec("target", "a non-empty hub id or local path", 'target = "Qwen/Qwen3-8B"', _text)
+_DRAFT = _Spec("draft", "a non-empty hub id or local path", 'draft = "z-lab/Qwen3-8B-DFlash-b16"', _text)
+_DTYPE = _Spec("dtype", f"one of {', '.join(DTYPES)}", 'dtype = "auto"', lambda v: v in DTYPES)
+
+SCHEMA: dict[str, dict[str, _Spec]] = {
+    "": {
+        "name": _Spec("name", "a non-empty string", 'name = "my-profile"', _text),
+        "description": _Spec("description", "a string", 'description = "Qwen3-8B with its DFlash draft"',
+                             lambda v: isinstance(v, str)),
+    },
+    "model": {"target": _TARGET, "draft": _DRAFT},
+    "engine": {
+        "default": _Spec("engine", f"one of {', '.join(ENGINES)}", 'default = "auto"', lambda v: v in ENGINES),
+        "dtype": _DTYPE,
+    },
+    "dflash": {
+        "block_size": _BLOCK,
+        "target_layer_ids": _Spec("target_layer_ids", "a non-empty list of distinct layer numbers (0 or more)",
+                                  "target_layer_ids = [1, 9, 17, 25, 33]", _layer_ids),
+        "draft_window": _WINDOW,
+        "thinking_trained": _Spec("draft_thinking", "true or false", "thinking_trained = false",
+                                  lambda v: isinstance(v, bool)),
+    },
+    "generation": {
+        "temperature": _Spec("temperature", "a number of at least 0 (0 = greedy)", "temperature = 0.6",
+                             lambda v: _is_float(v) and v >= 0),
+        "top_p": _Spec("top_p", "a number above 0 and at most 1", "top_p = 0.95",
+                       lambda v: _is_float(v) and 0 < v <= 1),
+        "top_k": _Spec("top_k", "an integer of at least 0 (0 = off)", "top_k = 20", _int_in(0)),
+        "min_p": _Spec("min_p", "a number from 0 to 1", "min_p = 0.0", lambda v: _is_float(v) and 0 <= v <= 1),
+        "max_new_tokens": _Spec("max_new_tokens", "a positive integer", "max_new_tokens = 2048", _int_in(1)),
+        "thinking": _Spec("thinking", "true or false", "thinking = true", lambda v: isinstance(v, bool)),
+        "system_prompt": _Spec("system_prompt", "a string", 'system_prompt = ""', lambda v: isinstance(v, str)),
+    },
+}
+OVERRIDES: dict[str, _Spec] = {"target": _TARGET, "draft": _DRAFT, "dtype": _DTYPE, "block_size": _BLOCK,
+                               "draft_window": _WINDOW}
+OVERRIDE_ENGINES = ("cuda", "mlx")
+
+
+# --- locations ----------------------------------------------------------------------------------
+
+
+def user_profile_dir() -> Path:
+    """Where user profiles live: $DFLASH_CONFIG_DIR/profiles when set (tests, portable setups),
+    else the platformdirs config dir."""
+    root = os.environ.get("DFLASH_CONFIG_DIR")
+    return Path(root if root else platformdirs.user_config_dir("dflash")) / "profiles"
+
+
+def builtin_profile_dir() -> Path:
+    """The installed copy of the repository's `profiles/` (package data)."""
+    return Path(str(importlib.resources.files("dflash_tui.profiles_data")))
+
+
+# --- reading ------------------------------------------------------------------------------------
+
+_KEY_PART = re.compile(r'\s*("(?:[^"\\]|\\.)*"|\'[^\']*\'|[A-Za-z0-9_-]+)\s*')
+
+
+def _split_key(text: str) -> Optional[tuple[str, ...]]:
+    """'a."b c".d' -> ('a', 'b c', 'd'); None when `text` is not a plain TOML key."""
+    parts, pos = [], 0
+    while True:
+        m = _KEY_PART.match(text, pos)
+        if not m:
+            return None
+        part = m.group(1)
+        if part.startswith('"'):
+            try:  # TOML's basic-string escapes are JSON's, bar \U and \e
+                part = json.loads(part)
+            except ValueError:
+                part = part[1:-1]
+        elif part.startswith("'"):
+            part = part[1:-1]
+        parts.append(part)
+        pos = m.end()
+        if pos == len(text):
+            return tuple(parts)
+        if text[pos] != ".":
+            return None
+        pos += 1
+
+
+def _key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """Line number (1-based) of every table header and key in a TOML text, by full dotted path.
+
+    A line scan, not a parser: enough to point at a key, which tomllib cannot do."""
+    lines: dict[tuple[str, ...], int] = {}
+    table: tuple[str, ...] = ()
+    in_string = None
+    for n, line in enumerate(text.split("\n"), 1):
+        if in_string:
+            if line.count(in_string) % 2:
+                in_string = None
+            continue
+        stripped = line.strip()
+        header = re.match(r"\[\[?(.*?)\]\]?\s*(#.*)?$", stripped)
+        if header:
+            table = _split_key(header.group(1)) or table
+            for i in range(1, len(table) + 1):
+                lines.setdefault(table[:i], n)
+            continue
+        key, eq, value = stripped.partition("=")
+        path = _split_key(key) if eq else None
+        if path:
+            for i in range(1, len(path) + 1):
+                lines.setdefault(table + path[:i], n)
+            for quote in ('"""', "'''"):
+                if value.count(quote) % 2:
+                    in_string = quote
+    return lines
+
+
+def _line_of(text: str, path: tuple[str, ...]) -> Optional[int]:
+    """The line of `path`, or of its nearest enclosing table or key (for inline tables)."""
+    lines = _key_lines(text)
+    for i in range(len(path), 0, -1):
+        if path[:i] in lines:
+            return lines[path[:i]]
+    return None
+
+
+def _unquoted(v: Any) -> Any:
+    """The number inside a string like "8" (a common slip), else None."""
+    for kind in (int, float):
+        try:
+            return kind(v) if isinstance(v, str) and len(v) < 30 else None
+        except ValueError:
+            pass
+    return None
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, bool):
+        return f"the boolean {str(v).lower()}"
+    if isinstance(v, str):
+        return f"the string {v[:40]!r}"
+    if isinstance(v, (int, float)):
+        return f"the number {str(v) if abs(v) < 1e15 else f'{v:.3g}'}"
+    if isinstance(v, dict):
+        return "a table"
+    if isinstance(v, list):
+        return "a list"
+    return f"a {type(v).__name__}"
+
+
+class _Reader:
+    """Validates one parsed document, raising UserError sentences that point at file, key and line."""
+
+    def __init__(self, text: str, path: Path):
+        self.text, self.path = text, path
+
+    def fail(self, key: tuple[str, ...], problem: str, fix: str) -> UserError:
+        line = _line_of(self.text, key)
+        where = f"{self.path}, line {line}" if line else str(self.path)
+        dotted = ".".join(k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k) for k in key)
+        return UserError(f"{where}: {dotted} {problem}; {fix}.")
+
+    def table(self, doc: dict, key: tuple[str, ...]) -> dict:
+        value = doc.get(key[-1], {})
+        if not isinstance(value, dict):
+            raise self.fail(key, f"must be a table but is {_describe(value)}",
+                            f"write it as a [{'.'.join(key)}] section")
+        return value
+
+    def known(self, table: dict, key: tuple[str, ...], allowed: list[str]) -> None:
+        for name in table:
+            if name not in allowed:
+                close = difflib.get_close_matches(name, allowed, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else f"allowed here: {', '.join(allowed) or 'nothing'}"
+                raise self.fail(key + (name,), "is not a known key", f"remove it or rename it ({hint})")
+
+    def values(self, table: dict, key: tuple[str, ...], specs: dict[str, _Spec]) -> dict[str, Any]:
+        out = {}
+        for name, value in table.items():
+            spec = specs[name]
+            if not spec.ok(value):
+                quoted = spec.ok(_unquoted(value))
+                fix = f"remove the quotes: {name} = {value}" if quoted else f"write e.g. {spec.example}"
+                raise self.fail(key + (name,), f"must be {spec.what} but is {_describe(value)}", fix)
+            out[spec.attr] = value
+        return out
+
+
+def _parse(text: str, path: Path) -> Profile:
+    """A Profile from the text of a TOML file (path is for messages and Profile.path)."""
+    try:
+        doc = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError) as e:  # ValueError: integers too long for int()
+        m = re.search(r"(.*) \(at line (\d+), column \d+\)", str(e))
+        if not m:
+            raise UserError(f"{path}: the TOML is malformed ({e}); check the end of the file.") from None
+        problem, line = m.group(1), int(m.group(2))
+        near = text.split("\n")[line - 1].partition("=")[0].strip() if line <= len(text.split("\n")) else ""
+        near = f" near {near[:40]!r}" if near else ""
+        raise UserError(f"{path}, line {line}: the TOML is malformed{near} ({problem.lower()}); fix the syntax there "
+                        "(strings need quotes, sections look like [model]).") from None
+    r = _Reader(text, path)
+    r.known(doc, (), [*SCHEMA[""], *(s for s in SCHEMA if s), "engines"])
+    fields = r.values({k: v for k, v in doc.items() if k in SCHEMA[""]}, (), SCHEMA[""])
+    for section in (s for s in SCHEMA if s):
+        table = r.table(doc, (section,))
+        r.known(table, (section,), list(SCHEMA[section]))
+        fields.update(r.values(table, (section,), SCHEMA[section]))
+    overrides = {}
+    all_engines = r.table(doc, ("engines",))
+    r.known(all_engines, ("engines",), list(OVERRIDE_ENGINES))
+    for name in all_engines:
+        table = r.table(all_engines, ("engines", name))
+        r.known(table, ("engines", name), list(OVERRIDES))
+        overrides[name] = r.values(table, ("engines", name), OVERRIDES)
+    if "target" not in fields:
+        raise r.fail(("model",), "has no target, which every profile needs",
+                     'add a [model] section with target = "Qwen/Qwen3-8B" (a hub id or a local path)')
+    fields.setdefault("name", path.stem)
+    fields.setdefault("description", "")
+    fields.setdefault("draft", None)
+    return Profile(path=path, engines=overrides, **fields)
+
+
+def _read(path: Path) -> Profile:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: the profile is not UTF-8 text (byte {e.start}); save it as UTF-8.") from None
+    except OSError as e:
+        raise UserError(f"{path}: the profile cannot be read ({e.strerror}); check the path and its "
+                        "permissions.") from None
+    return _parse(text, path)
+
+
+def _named(directory: Path) -> dict[str, Path]:
+    return {p.stem: p for p in sorted(directory.glob("*.toml"))} if directory.is_dir() else {}
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """An existing file path wins, then `<name>.toml` in the user dir, then the built-in of that name."""
+    as_path = Path(name_or_path).expanduser()
+    if as_path.is_file():
+        return _read(as_path)
+    for directory in (user_profile_dir(), builtin_profile_dir()):
+        found = _named(directory).get(name_or_path)
+        if found:
+            return _read(found)
+    if as_path.suffix == ".toml" or os.sep in name_or_path:
+        raise UserError(f"Profile file {as_path} does not exist; check the path, or run `dflash profile list`.")
+    available = sorted({*_named(builtin_profile_dir()), *_named(user_profile_dir())})
+    raise UserError(f"Profile '{name_or_path}' is neither a file nor a user or built-in profile; choose one of "
+                    f"{', '.join(available) or '(none)'}, or create it with `dflash profile new {name_or_path}`.")
+
+
+def list_profiles(errors: Optional[list[UserError]] = None) -> list[Profile]:
+    """Built-in and user profiles by name, a user profile shadowing the built-in of the same name.
+
+    A broken file raises its UserError, unless `errors` is given: then it is collected there and skipped,
+    so one bad user file does not hide the rest."""
+    paths = {**_named(builtin_profile_dir()), **_named(user_profile_dir())}
+    found = []
+    for name in sorted(paths):
+        try:
+            found.append(_read(paths[name]))
+        except UserError as e:
+            if errors is None:
+                raise
+            errors.append(e)
+    return found
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+def check_name(name: str) -> None:
+    """Profile names become file names: letters, digits, '.', '_' and '-'."""
+    if not NAME_RE.match(name):
+        raise UserError(f"Profile name '{name}' is not usable as a file name; use letters, digits, '.', '_' "
+                        "and '-', starting with a letter or digit.")
+
+
+def new_profile_text(name: str) -> str:
+    """A commented template that loads as is; optional keys are present but commented out."""
+    check_name(name)
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment(f"dflash profile '{name}'. Command-line flags win over these values; a key left"))
+    doc.add(tomlkit.comment("out takes the built-in default. Check it with `dflash profile validate FILE`."))
+    doc.add("name", name)
+    doc.add("description", "Qwen3-8B with its DFlash draft")
+
+    def section(title: str, note: str, items: list, optional: list[str]) -> None:
+        table = tomlkit.table()
+        table.add(tomlkit.comment(note))
+        for key, value, comment in items:
+            item = tomlkit.item(value)
+            table.add(key, item.comment(comment) if comment else item)
+        for line in optional:
+            table.add(tomlkit.comment(line))
+        doc.add(tomlkit.nl())
+        doc.add(title, table)
+
+    section("model", "Hub ids or local directories; leave draft out to run the target alone.",
+            [("target", "Qwen/Qwen3-8B", None), ("draft", "z-lab/Qwen3-8B-DFlash-b16", None)], [])
+    section("engine", "auto: MLX on Apple Silicon, CUDA where a CUDA device exists, else the faster CPU engine.",
+            [("default", "auto", "auto, cuda or mlx"), ("dtype", "auto", "auto, float32, float16 or bfloat16")], [])
+    section("dflash", "Speculative decoding settings.",
+            [("block_size", 16, "1..64; 1 is plain autoregressive decoding"),
+             ("thinking_trained", False, "was the draft trained on thinking traces?")],
+            ["target_layer_ids = [1, 9, 17, 25, 33]  # optional; must equal the draft's own",
+             "draft_window = 4096  # optional: the block attends to the last W context positions"])
+    section("generation", "Left out: the target's generation_config decides.",
+            [("max_new_tokens", 2048, None), ("thinking", False, None)],
+            ["temperature = 0.7  # 0 = greedy", "top_p = 0.8", "top_k = 20", "min_p = 0.0", 'system_prompt = ""'])
+    doc.add(tomlkit.nl())
+    doc.add(tomlkit.comment("Per-engine overrides of target, draft, dtype, block_size or draft_window:"))
+    doc.add(tomlkit.comment("[engines.mlx]"))
+    doc.add(tomlkit.comment('target = "mlx-community/Qwen3-8B-4bit"'))
+    return tomlkit.dumps(doc)
