@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 from engines import CheckpointError, EngineConfig, GenerationRequest, UserError, load_engine
 from engines.cuda.draft import DraftCache
@@ -18,9 +17,9 @@ from tests.test_cuda_lossless import greedy_reference
 NEW = 48
 
 
-@pytest.fixture(scope="module")
-def qwen3(pairs):
-    target, draft = pairs("qwen3")
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
+def qwen3(pairs, request):
+    target, draft = pairs(request.param)
     engine = load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda"))
     ids = engine.prepare(GenerationRequest(prompt="What is 48 + 75?"))
     return engine, ids, greedy_reference(target, ids, NEW)
@@ -48,7 +47,7 @@ class OracleDraftCache(DraftCache):
 @pytest.mark.parametrize("window", [None, 6])
 def test_cache_lengths_and_acceptance_with_a_mostly_right_draft(qwen3, block, window):
     engine, ids, reference = qwen3
-    cache = DynamicCache(config=engine.target.model.config)
+    cache = engine.target.new_cache()
     draft_cache = OracleDraftCache(engine.draft, window, reference, len(ids))
     steps = speculative_decode(engine.target, engine.draft, ids, block, NEW, Sampler(SamplingParams(), engine.target.device),
                                window, cache=cache, draft_cache=draft_cache)

@@ -19,7 +19,11 @@ def greedy_reference(target_dir, prompt_ids, max_new):
     return out[0, len(prompt_ids):].tolist()
 
 
-@pytest.mark.parametrize("family,last_layer", [("qwen3", False), ("qwen3_moe", False), ("llama", False), ("qwen3", True)])
+FAMILIES = [("qwen3", False), ("qwen3_moe", False), ("llama", False), ("qwen3", True), ("qwen3_5", False),
+            ("qwen3_5_moe", False), ("qwen3_5", True)]
+
+
+@pytest.mark.parametrize("family,last_layer", FAMILIES)
 @pytest.mark.parametrize("window", [None, 5])
 def test_greedy_ids_match_transformers(pairs, family, last_layer, window):
     target, draft = pairs(family, last_layer)

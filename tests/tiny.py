@@ -61,13 +61,51 @@ def make_target(out: Path, family: str = "qwen3", layers: int = 4, hidden: int =
                                              decoder_sparse_step=1, norm_topk_prob=True)
     elif family == "llama":
         config = transformers.LlamaConfig(**{k: v for k, v in common.items()})
+    elif family in ("qwen3_5", "qwen3_5_moe"):
+        return make_qwen3_5(out, tok, family, common, seed)
     else:
         raise ValueError(family)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(str(out))
+    write_generation_config(out, tok)
+    return out
+
+
+def write_generation_config(out: Path, tok) -> None:
     eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "do_sample": False}))
+
+
+def make_qwen3_5(out: Path, tok, family: str, common: dict, seed: int) -> Path:
+    """A Qwen3.5 target in the published vision-language layout (text_config + a small vision tower):
+    linear-attention (gated delta net) layers interleaved with full attention."""
+    import torch
+    import transformers
+
+    text = dict(common, num_hidden_layers=4, layer_types=["linear_attention", "linear_attention",
+                                                           "full_attention", "linear_attention"],
+                linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                linear_num_key_heads=2, linear_num_value_heads=4, rope_parameters={
+                    "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                    "mrope_section": [1, 1, 0], "mrope_interleaved": True})
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=common["hidden_size"],
+                  patch_size=4, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16)
+    if family == "qwen3_5":
+        config = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
+    else:
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=common["hidden_size"],
+                    shared_expert_intermediate_size=common["hidden_size"])
+        config = transformers.Qwen3_5MoeConfig(text_config=text, vision_config=vision)
+    config.tie_word_embeddings = False
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # gated-delta-net parameters are not covered by initializer_range
+        for name, p in model.named_parameters():
+            if "linear_attn" in name and p.dim() > 1:
+                p.normal_(0, 0.2)
+    model.save_pretrained(str(out))
+    write_generation_config(out, tok)
     return out
 
 

@@ -78,17 +78,16 @@ def speculative_decode(
 ) -> Iterator[RawStep]:
     """Yields the prefill token, then one RawStep per verify step, up to max_new_tokens ids.
     `cache` / `draft_cache` may be passed in to observe them between steps (tests)."""
-    from transformers import DynamicCache
-
     device, clock = target.device, Clock(target.device)
     use_draft = block_size > 1
     prompt_len = len(prompt_ids)
-    cache = cache if cache is not None else DynamicCache(config=target.model.config)
+    cache = cache if cache is not None else target.new_cache()
     if use_draft and draft_cache is None:
         draft_cache = DraftCache(draft, draft_window)
 
     t0 = clock.mark()
     logits, features = target.forward(torch.tensor([prompt_ids], device=device), 0, cache, last_only=True, capture=use_draft)
+    target.commit(cache, prompt_len, prompt_len)
     if use_draft:
         draft_cache.append(features)
     last = sampler(logits[0, -1:])  # [1], stays on the device
@@ -107,6 +106,7 @@ def speculative_decode(
         if b > 1:
             block[0, 1:] = draft_cache.propose(block, target.embed, target.lm_head)  # greedy proposals
         t_verify = clock.mark()
+        target.before_verify(cache)
         logits, features = target.forward(block, start, cache, last_only=False, capture=use_draft)
         choice = sampler(logits[0])  # the target's own token at every block position
         t_end = clock.mark()
@@ -115,8 +115,7 @@ def speculative_decode(
         accepted = 0
         while accepted < b - 1 and drafted[accepted] == chosen[accepted]:
             accepted += 1
-        if b - accepted - 1:
-            cache.crop(-(b - accepted - 1))  # keep every committed token except the newest
+        target.commit(cache, accepted + 1, b)  # keep every committed token except the newest
         if use_draft:
             draft_cache.append(features[:, : accepted + 1])
         last = choice[accepted: accepted + 1]

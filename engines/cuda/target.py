@@ -12,8 +12,10 @@ import torch
 
 from ..checkpoints import TargetInfo
 from ..errors import CheckpointError, UserError
+from .hybrid import LinearStateRollback
 
-FAMILIES = {"qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "llama": "Llama-3.x"}
+FAMILIES = {"qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "llama": "Llama-3.x", "qwen3_5": "Qwen3.5/3.6",
+            "qwen3_5_moe": "Qwen3.5/3.6-MoE", "qwen3_5_text": "Qwen3.5/3.6", "qwen3_5_moe_text": "Qwen3.5/3.6-MoE"}
 
 
 def check_family(info: TargetInfo) -> None:
@@ -45,6 +47,7 @@ class Target:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._features: dict[int, torch.Tensor] = {}
         self.capture = False
+        self.rollback = LinearStateRollback(self.model)
         decoder = self.model.model
         last = len(decoder.layers) - 1
         for i in self.layer_ids:
@@ -57,6 +60,25 @@ class Target:
                 self._features[layer_id] = output[0] if isinstance(output, tuple) else output
 
         return store
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        if self.rollback:
+            self.rollback.start(cache)
+        return cache
+
+    def before_verify(self, cache) -> None:
+        if self.rollback:
+            self.rollback.before_verify(cache)
+
+    def commit(self, cache, keep: int, block_len: int) -> None:
+        """Keep the first `keep` of the `block_len` tokens just fed: every committed token except the newest."""
+        if self.rollback:
+            self.rollback.commit(cache, keep, block_len)
+        elif block_len > keep:
+            cache.crop(keep - block_len)
 
     def forward(self, ids: torch.Tensor, start: int, cache, last_only: bool, capture: bool):
         """Logits for `ids` at positions start.. (only the last position if `last_only`) and, if asked,
