@@ -75,6 +75,15 @@ class Profile:
         """A copy with the `[engines.<engine>]` overrides applied (engine: 'cuda' or 'mlx')."""
         return dataclasses.replace(self, **self.engines.get(engine, {}))
 
+    def local_path(self, value: Optional[str]) -> Optional[str]:
+        """`value` resolved against the profile's directory when that names an existing directory
+        (the built-in demo profile ships its checkpoints beside it); otherwise unchanged."""
+        if value and self.path is not None and not Path(value).is_absolute():
+            beside = self.path.resolve().parent / value
+            if beside.is_dir():
+                return str(beside)
+        return value
+
     def engine_config(self, engine: Optional[str] = None, **flags: Any) -> EngineConfig:
         """What to load on `engine` (default: the profile's; 'auto' is resolved first so its overrides
         apply). Command-line `flags` (EngineConfig fields; None means not given) win over the profile."""
@@ -85,6 +94,8 @@ class Profile:
         p = self.resolved(name)
         keys = ("target", "draft", "dtype", "block_size", "draft_window", "target_layer_ids")
         values = {k: getattr(p, k) for k in keys}
+        for key in ("target", "draft"):  # a directory beside the profile file wins over a hub id
+            values[key] = self.local_path(values[key])
         values.update({k: v for k, v in flags.items() if v is not None})
         origin = self.origin
         source = f"built-in profile {self.name}" if origin == "built-in" else str(self.path or origin)

@@ -325,3 +325,14 @@ def test_dflash_command_has_profile_group():
 
     result = CliRunner().invoke(main, ["profile", "validate", "/nonexistent/p.toml"])
     assert result.exit_code == 2 and "does not exist" in result.stderr
+
+
+def test_checkpoint_paths_beside_the_profile_file_resolve(tmp_path):
+    from dflash_tui.profiles import load_profile
+
+    (tmp_path / "models" / "t").mkdir(parents=True)
+    path = tmp_path / "local.toml"
+    path.write_text('name = "local"\n[model]\ntarget = "models/t"\ndraft = "org/hub-draft"\n')
+    config = load_profile(str(path)).engine_config("cuda")
+    assert config.target == str(tmp_path / "models" / "t")
+    assert config.draft == "org/hub-draft"  # no such directory: a hub id stays a hub id
