@@ -209,3 +209,34 @@ def test_missing_hub_model_names_the_repo(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     with pytest.raises(CheckpointError, match="'nobody/missing-model' is not in the Hugging Face cache"):
         load_engine(EngineConfig(target="nobody/missing-model", engine="cuda"))
+
+
+def test_draft_with_sliding_layers_and_yarn(pairs, tmp_path):
+    """The fields newer public drafts declare: per-layer layer_types with a trained sliding window,
+    and yarn rope scaling. They load, stay lossless, and the sliding layer keeps only its window."""
+    from tests import tiny
+
+    target, _ = pairs("qwen3")
+    draft = tiny.make_draft(tmp_path / "draft", target, [0, 2], layer_types=["sliding_attention", "full_attention"],
+                            sliding_window=4, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                            "original_max_position_embeddings": 128})
+    engine = load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda"))
+    assert engine.draft.rotary.rope_type == "yarn"
+    ids = engine.prepare(GenerationRequest(prompt="The quick brown fox"))
+    reference = greedy_reference(target, ids, 24)
+    summary = run(engine, prompt_ids=ids, max_new_tokens=24, temperature=0, block_size=8, stop_ids=[])[1]
+    assert summary.token_ids == reference
+    cache = DraftCache(engine.draft, None)
+    cache.append(torch.zeros(1, 10, engine.draft.fc.in_features))
+    assert [k.shape[2] for k in cache.keys] == [4, 10]
+
+
+def test_a_target_that_cannot_fit_is_one_sentence(pairs):
+    from engines.cuda.memory import check_fits, weight_bytes
+
+    target, draft = pairs("qwen3")
+    need = weight_bytes(target, torch.float32)
+    assert weight_bytes(target, torch.bfloat16) * 2 == need
+    check_fits(target, draft, torch.float32, torch.device("cpu"))  # the tiny pair fits here
+    with pytest.raises(UserError, match=r"needs about .* GB in float32 but this machine's free RAM has 0.0 GB free"):
+        check_fits(target, draft, torch.float32, torch.device("cpu"), available=need // 2)

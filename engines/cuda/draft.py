@@ -206,7 +206,7 @@ class DraftCache:
         start = self.length
         positions = torch.arange(start, start + block.shape[1], device=block.device).unsqueeze(0)
         hidden = self.draft.block_hidden(embed(block), self.keys, self.values, positions)
-        return lm_head(hidden[0, 1:]).argmax(dim=-1)
+        return lm_head(hidden[0, 1:].to(lm_head.weight.device)).argmax(dim=-1).to(block.device)
 
     def entries(self) -> int:
         return self.keys[0].shape[2] if self.keys else 0

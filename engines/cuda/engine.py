@@ -12,6 +12,7 @@ from ..errors import UserError
 from ..sampling import SamplingParams
 from .draft import DFlashDraft
 from .loop import Sampler, speculative_decode
+from .memory import check_fits
 from .target import Target, check_family
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -42,21 +43,31 @@ class CudaEngine(Engine):
         if device.type == "cpu":
             self.warnings.append("No CUDA device: the CUDA engine runs on the CPU.")
         self.device, self.dtype = str(device), str(dtype).removeprefix("torch.")
+        check_fits(self.target_info.path, self.draft_info.path if self.draft_info else None, dtype, device)
         layer_ids = self.draft_info.target_layer_ids if self.draft_info else []
-        self.target = Target(self.target_info, device, dtype, layer_ids)
+        # --device auto with several GPUs spreads the target over all of them (accelerate's device map)
+        spread = config.device in ("auto", "", None) and device.type == "cuda" and torch.cuda.device_count() > 1
+        self.target = Target(self.target_info, device, dtype, layer_ids, device_map="auto" if spread else None)
+        device = self.target.device  # where the embeddings live; the draft sits beside them
         self.draft = DFlashDraft.load(self.draft_info, device, dtype) if self.draft_info else None
         self._torch_device = device
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
                 max_new_tokens: int) -> Iterator[RawStep]:
         return speculative_decode(self.target, self.draft, prompt_ids, block_size, max_new_tokens,
-                                  Sampler(sampling, self._torch_device), self.config.draft_window)
+                                  Sampler(sampling, self.target.lm_head.weight.device), self.config.draft_window)
+
+    def _gpus(self) -> list[int]:
+        """Every GPU holding part of the pair (one, or all of them when the target is spread)."""
+        if self._torch_device.type != "cuda":
+            return []
+        return sorted({p.device.index for p in self.target.model.parameters()} | {self._torch_device.index or 0})
 
     def _reset_peak_memory(self) -> None:
-        if self._torch_device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self._torch_device)
+        for index in self._gpus():
+            torch.cuda.reset_peak_memory_stats(index)
 
     def _peak_memory(self) -> tuple[int, str]:
         if self._torch_device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self._torch_device), "device"
+            return sum(torch.cuda.max_memory_allocated(i) for i in self._gpus()), "device"
         return super()._peak_memory()

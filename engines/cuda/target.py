@@ -28,18 +28,19 @@ def check_family(info: TargetInfo) -> None:
 
 
 class Target:
-    def __init__(self, info: TargetInfo, device: torch.device, dtype: torch.dtype, layer_ids: list[int]):
+    def __init__(self, info: TargetInfo, device: torch.device, dtype: torch.dtype, layer_ids: list[int],
+                 device_map=None):
         from transformers import AutoModelForCausalLM
 
         check_family(info)
         try:
             self.model = AutoModelForCausalLM.from_pretrained(
-                str(info.path), dtype=dtype, attn_implementation="sdpa", device_map={"": device}
+                str(info.path), dtype=dtype, attn_implementation="sdpa", device_map=device_map or {"": device}
             ).eval()
         except Exception as exc:
             raise CheckpointError(f"The target {info.path} could not be loaded ({type(exc).__name__}: {exc}); re-download it.") from None
-        self.device = device
         self.embed = self.model.get_input_embeddings()
+        self.device = self.embed.weight.device
         self.lm_head = self.model.get_output_embeddings()
         self.layer_ids = list(layer_ids)
         # transformers renamed `past_key_values` to `cache` during 5.x; accept both.
@@ -90,5 +91,5 @@ class Target:
             logits_to_keep=1 if last_only else 0,
         )
         self.capture = False
-        features = torch.cat([self._features.pop(i) for i in self.layer_ids], dim=-1) if capture else None
+        features = torch.cat([self._features.pop(i).to(self.device) for i in self.layer_ids], dim=-1) if capture else None
         return out.logits, features

@@ -50,6 +50,11 @@ class MlxEngine(Engine):
         self.dtype = dtype_name(self.target.dtype)
         self.draft = DFlashDraft.load(self.draft_info, self.target.dtype) if self.draft_info else None
 
+    @property
+    def model(self):
+        """The mlx-lm model of the target (for mlx-lm's own generate in benchmarks)."""
+        return self.target.model
+
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
                 max_new_tokens: int) -> Iterator[RawStep]:
         return speculative_decode(self.target, self.draft, prompt_ids, block_size, max_new_tokens,

@@ -1,0 +1,67 @@
+"""Will the pair fit? An estimate from safetensors headers, before any weight is read.
+
+A model that cannot fit gets one sentence (how much it needs, how much there is, what to try)
+instead of an out-of-memory crash halfway through loading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ..errors import UserError
+
+VISION_PREFIXES = ("visual.", "model.visual.", "vision_tower.", "model.vision_tower.")
+HEADROOM = 1.15  # activations, caches for a few thousand tokens, allocator slack
+
+
+def weight_bytes(directory: Path, dtype: torch.dtype) -> int:
+    """Bytes the language-model weights take in `dtype` (vision towers are not loaded)."""
+    size = torch.empty((), dtype=dtype).element_size()
+    total = 0
+    for file in sorted(Path(directory).glob("*.safetensors")):
+        with open(file, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(length))
+        for name, meta in header.items():
+            if name == "__metadata__" or name.startswith(VISION_PREFIXES):
+                continue
+            numel = 1
+            for dim in meta["shape"]:
+                numel *= dim
+            total += numel * size
+    return total
+
+
+def free_bytes(device: torch.device) -> tuple[int, str]:
+    """Free memory where the weights will go, and a phrase naming that place."""
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if device.index is None else 1
+        indices = range(count) if device.index is None else [device.index]
+        free = sum(torch.cuda.mem_get_info(i)[0] for i in indices)
+        return free, f"{count} GPU{'s' if count > 1 else ''}"
+    pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return pages * os.sysconf("SC_PAGE_SIZE"), "this machine's free RAM"
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GB"
+
+
+def check_fits(target: Path, draft: Optional[Path], dtype: torch.dtype, device: torch.device,
+               available: Optional[int] = None) -> None:
+    need = weight_bytes(target, dtype) + (weight_bytes(draft, dtype) if draft else 0)
+    need = int(need * HEADROOM)
+    have, where = free_bytes(device)
+    have = have if available is None else available
+    if have and need > have:
+        raise UserError(
+            f"The target {target} needs about {gib(need)} in {str(dtype).removeprefix('torch.')} but {where} "
+            f"{'has' if 'RAM' in where else 'have'} {gib(have)} free; make more GPUs visible (CUDA_VISIBLE_DEVICES) "
+            "with --device auto, use --dtype bfloat16, or run a 4-bit MLX build with --engine mlx."
+        )
