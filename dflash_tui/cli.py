@@ -46,3 +46,4 @@ from .generate_cli import generate  # noqa: E402
 main.add_command(generate)
 from .profile_cli import profile; main.add_command(profile)  # noqa: E402,E702
 from .train_cli import train_draft; main.add_command(train_draft)  # noqa: E402,E702
+from .chat_cli import chat, sessions; main.add_command(chat); main.add_command(sessions)  # noqa: E402,E702

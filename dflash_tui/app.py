@@ -1,0 +1,561 @@
+"""The Textual app behind `dflash chat`.
+
+The screen appears at once; the engine loads in a thread worker (a load error becomes a screen that
+says how to fix it). Each answer decodes in a thread worker that only appends events to a queue; a
+timer on the UI thread drains the queue every `FLUSH_INTERVAL` seconds and renders them in one go,
+so rendering cost does not grow with the engine's token rate. What a chat *is* (history, settings,
+context trimming, requests, session records) lives in `conversation.Conversation`.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from collections import deque
+from typing import Iterable, Optional
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Static
+
+from engines.errors import UserError
+
+from . import sessions
+from .conversation import ChatSettings, Conversation
+from .screens import (ChatScreen, HelpScreen, LoadErrorScreen, MarkdownScreen, ReplayScreen, SessionsScreen,
+                      SystemPromptScreen)
+from .widgets import AnswerView, ChatHeader, NoticeLine, StatsLine, StatsPanel, UserMessage
+from .widgets.stats import StatsData
+
+ENGINE_CHOICES = ("auto", "cuda", "mlx")
+
+
+def load_profile(ref):
+    """A Profile from a name, a path, or a Profile object itself (None: the demo profile)."""
+    if ref is not None and not isinstance(ref, (str, os.PathLike)):
+        return ref
+    from .profiles import DEFAULT_PROFILE, load_profile as _load
+
+    return _load(str(ref) if ref is not None else DEFAULT_PROFILE)
+
+
+def profile_names() -> list[str]:
+    try:
+        from .profiles import list_profiles
+
+        return [getattr(p, "name", p) for p in list_profiles(errors=[])]
+    except Exception:  # noqa: BLE001 - the palette simply offers none
+        return []
+
+
+def engine_config_for(profile, engine: Optional[str], block_size: Optional[int] = None):
+    """The EngineConfig for a profile under the command-line flags (engine None: the profile's)."""
+    return profile.engine_config(engine, block_size=block_size)
+
+
+def resolved_profile(profile, engine_name: str):
+    try:
+        return profile.resolved(engine_name)
+    except Exception:  # noqa: BLE001 - a profile without per-engine overrides
+        return profile
+
+
+def quiet_loaders() -> None:
+    """Progress bars from transformers / huggingface_hub would write over the screen."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class DflashApp(App):
+    CSS_PATH = "dflash.tcss"
+    TITLE = "dflash"
+    FLUSH_INTERVAL = 0.04
+    ENABLE_COMMAND_PALETTE = True
+
+    def __init__(self, profile=None, engine: Optional[str] = None, block_size: Optional[int] = None,
+                 thinking: Optional[bool] = None, resume: Optional[sessions.Session] = None, record: bool = True,
+                 max_new_tokens: Optional[int] = None, animate: bool = True) -> None:
+        super().__init__()
+        self.profile_ref = profile
+        self.profile = None
+        self.engine_flag = engine
+        self.block_flag = block_size
+        self.thinking_flag = thinking
+        self.max_new_tokens = max_new_tokens
+        self.record = record
+        self.pending_resume = resume
+        self.engine = None
+        self.conversation: Optional[Conversation] = None
+        self.active = None
+        self.active_view: Optional[AnswerView] = None
+        self.ghosts = False
+        self.loading = False
+        self.load_error: Optional[str] = None
+        self.load_seconds = 0.0
+        self.animate = animate
+        self._events: deque = deque()
+        self._keep_conversation = False
+        self._load_started = 0.0
+        self._last_stats = StatsData()
+        self.turns_done = 0  # answered turns in this app (tests and the benchmark wait on it)
+        self.finished: list = []  # ActiveTurns in the order they ended
+
+    # -- startup and loading ---------------------------------------------------------------------
+    def get_default_screen(self) -> Screen:
+        return ChatScreen()
+
+    def on_mount(self) -> None:
+        self.set_interval(self.FLUSH_INTERVAL, self._flush_events)
+        self.set_interval(0.5, self._tick_loading)
+        self.start_load()
+
+    def _chat_screen(self) -> ChatScreen:
+        for screen in self.screen_stack:
+            if isinstance(screen, ChatScreen):
+                return screen
+        raise RuntimeError("no chat screen")
+
+    def q(self, selector, kind=None):
+        return self._chat_screen().query_one(selector, kind) if kind else self._chat_screen().query_one(selector)
+
+    def start_load(self) -> None:
+        self.loading = True
+        self.load_error = None
+        self._show_loading(True)
+        try:
+            if self.profile is None:
+                self.profile = load_profile(self.profile_ref)
+            config = engine_config_for(self.profile, self.engine_flag, self.block_flag)
+        except UserError as exc:
+            self.show_load_error(str(exc))
+            return
+        draft = f" and draft {config.draft}" if getattr(config, "draft", None) else ""
+        self._loading_what = f"Loading target {config.target}{draft} ({config.engine} engine)"
+        self._load_started = time.perf_counter()
+        self._tick_loading()
+        self._refresh_chrome()
+        self._load_worker(config)
+
+    def _tick_loading(self) -> None:
+        if not self.loading or self.load_error:
+            return
+        try:
+            elapsed = time.perf_counter() - self._load_started if self.animate else 0
+            self.q("#loading-text", Static).update(f"{self._loading_what}… {elapsed:.0f} s" if self.animate
+                                                   else f"{self._loading_what}…")
+        except Exception:  # noqa: BLE001 - the screen is not up yet
+            pass
+
+    @work(thread=True, exclusive=True, group="load")
+    def _load_worker(self, config) -> None:
+        quiet_loaders()
+        from engines import load_engine
+
+        started = time.perf_counter()
+        try:
+            engine = load_engine(config)
+        except UserError as exc:
+            self.call_from_thread(self.show_load_error, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - shown, not a crash
+            self.call_from_thread(self.show_load_error, f"{type(exc).__name__}: {exc}")
+            return
+        self.load_seconds = time.perf_counter() - started
+        self.call_from_thread(self._loaded, engine)
+
+    def show_load_error(self, message: str) -> None:
+        self.loading = False
+        self.load_error = message
+        self._show_loading(False)
+        self._refresh_chrome()
+        self.push_screen(LoadErrorScreen(message))
+
+    def _show_loading(self, on: bool) -> None:
+        try:
+            self.q("#loading").display = on
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _loaded(self, engine) -> None:
+        self.engine = engine
+        self.loading = False
+        self._show_loading(False)
+        profile = resolved_profile(self.profile, engine.name)
+        if self._keep_conversation and self.conversation is not None:
+            conv = self.conversation
+            conv.engine, conv.engine_name = engine, engine.name
+            if conv.settings.block_size and conv.settings.block_size > 1 and not conv.has_draft:
+                conv.settings.block_size = 1
+            self.notice(f"Reloaded on the {engine.name} engine ({engine.device}, {engine.dtype}); history kept.")
+        else:
+            settings = ChatSettings.from_profile(profile, self.block_flag, self.thinking_flag)
+            if self.max_new_tokens:
+                settings.max_new_tokens = self.max_new_tokens
+            conv = Conversation(engine, settings, profile=profile,
+                                profile_block_size=getattr(profile, "block_size", None) or engine.block_size,
+                                engine_name=engine.name, record=self.record)
+            self.conversation = conv
+            if settings.thinking:
+                warning = conv.set_thinking(True)
+                if warning:
+                    self.notice(warning)
+        self._keep_conversation = False
+        conv.on_notice = self.notice
+        for warning in getattr(engine, "warnings", []):
+            self.notice(warning)
+        if self.pending_resume is not None:
+            session, self.pending_resume = self.pending_resume, None
+            self.resume_session(session)
+        self._refresh_chrome()
+        self.q(PromptInput_ID).focus()
+
+    # -- chrome: header, stats -------------------------------------------------------------------
+    def _refresh_chrome(self) -> None:
+        try:
+            header = self.q("#header", ChatHeader)
+        except Exception:  # noqa: BLE001
+            return
+        conv = self.conversation
+        name = getattr(self.profile, "name", None) or str(self.profile_ref or "demo")
+        thinking = conv.settings.thinking if conv else bool(self.thinking_flag if self.thinking_flag is not None
+                                                            else getattr(self.profile, "thinking", True))
+        if self.engine is None:
+            header.show(name, "?", "?", "?", "?", thinking, self.ghosts, loading=self.loading)
+        else:
+            header.show(name, self.engine.name, self.engine.device, self.engine.dtype,
+                        conv.settings.block_size if conv else self.engine.block_size, thinking, self.ghosts)
+        self._show_stats(self._stats_data())
+
+    def _stats_data(self) -> StatsData:
+        d = StatsData()
+        conv, engine = self.conversation, self.engine
+        if engine is not None:
+            d.engine, d.device, d.dtype = engine.name, engine.device, engine.dtype
+            d.block_size = engine.block_size
+        d.ghosts = self.ghosts
+        if conv is None:
+            d.thinking = bool(self.thinking_flag if self.thinking_flag is not None else True)
+            return d
+        d.thinking = conv.settings.thinking
+        d.block_size = conv.settings.block_size
+        d.session_tau = conv.session_tau()
+        d.context_limit = conv.context_limit()
+        steps = 0
+        if self.active is not None:
+            s = self.active.stats
+            d.tokens_per_s, d.tokens, d.tau, d.histogram = s.tokens_per_s, s.tokens, s.tau, s.histogram()
+            d.draft_s, d.verify_s, steps = s.draft_s, s.verify_s, len(s.lengths)
+            d.context_tokens = s.prompt_tokens + s.tokens
+            d.block_size = self.active.block_size
+            d.peak_bytes, d.peak_kind = self._last_stats.peak_bytes, self._last_stats.peak_kind
+            d.state = "generating"
+        elif conv.turns and conv.turns[-1].summary:
+            m = conv.turns[-1].summary
+            d.tokens_per_s, d.tokens = m.get("decode_tokens_per_s", 0.0), m.get("generated_tokens", 0)
+            d.tau, d.histogram = m.get("mean_acceptance_length", 0.0), m.get("histogram", [])
+            d.draft_s, d.verify_s = m.get("draft_s", 0.0), m.get("verify_s", 0.0)
+            steps = len(m.get("acceptance_lengths", []))
+            d.context_tokens = m.get("prompt_tokens", 0) + m.get("generated_tokens", 0)
+            d.peak_bytes, d.peak_kind = m.get("peak_memory_bytes", 0), m.get("peak_memory_kind", "device")
+            if m.get("block_size"):
+                d.block_size = m["block_size"]
+            d.state = "done"
+        if steps:
+            d.speedup, d.speedup_kind = conv.speedup(d.tokens_per_s, d.tau, d.draft_s, d.verify_s, steps, d.block_size)
+        if d.state == "done":
+            d.block_size = conv.settings.block_size
+        return d
+
+    def _show_stats(self, d: StatsData) -> None:
+        self._last_stats = d
+        try:
+            self.q("#stats-panel", StatsPanel).show(d)
+            self.q("#stats-line", StatsLine).show(d)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def notice(self, text: str) -> None:
+        try:
+            view = self.q("#conversation", VerticalScroll)
+        except Exception:  # noqa: BLE001
+            return
+        view.mount(NoticeLine(f"· {text}"))
+        view.scroll_end(animate=False)
+
+    # -- sending and streaming -------------------------------------------------------------------
+    def on_prompt_input_submitted(self, message) -> None:
+        text = message.text.strip("\n")
+        prompt = self.q(PromptInput_ID)
+        if self.conversation is None:
+            prompt.load_text(text)
+            self.notify("The model is still loading." if self.loading else
+                        "No model is loaded; ctrl+p switches profile or engine.", severity="warning")
+            return
+        if self.active is not None:
+            prompt.load_text(text)
+            self.notify("Still answering; escape stops it.", severity="warning")
+            return
+        self.send(text)
+
+    def send(self, text: str) -> None:
+        conv = self.conversation
+        try:
+            active = conv.begin(text)
+        except UserError as exc:
+            self.notify(str(exc), severity="error", timeout=8)
+            return
+        view = self.q("#conversation", VerticalScroll)
+        answer = AnswerView(thinking=active.request.thinking, ghosts=self.ghosts)
+        view.mount(UserMessage(text))
+        view.mount(answer)
+        view.scroll_end(animate=False)
+        self.active, self.active_view = active, answer
+        self._refresh_chrome()
+        self._generate(active)
+
+    @work(thread=True, group="generate")
+    def _generate(self, active) -> None:
+        error = None
+        push = self._events.append
+        try:
+            for event in self.conversation.stream(active):
+                push(event)
+        except UserError as exc:
+            error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - shown on screen
+            error = f"{type(exc).__name__}: {exc}"
+        try:
+            self.call_from_thread(self._turn_done, active, error)
+        except Exception:  # noqa: BLE001 - the app is gone; the turn is already recorded
+            pass
+
+    def _flush_events(self) -> None:
+        if not self._events or self.active_view is None:
+            return
+        events = []
+        pop = self._events.popleft
+        while self._events:
+            events.append(pop())
+        view = self.active_view
+        view.add_events(events)
+        view.render_text()
+        self._show_stats(self._stats_data())
+        conversation = self.q("#conversation", VerticalScroll)
+        if conversation.max_scroll_y - conversation.scroll_y < 4:
+            conversation.scroll_end(animate=False)
+
+    def _turn_done(self, active, error: Optional[str]) -> None:
+        self._flush_events()
+        view = self.active_view
+        turn = active.turn
+        status = turn.status if turn else ("error" if error else "cancelled")
+        summary = turn.summary if turn else None
+        if view is not None:
+            view.finish(status, footer_for(summary))
+        self.active, self.active_view = None, None
+        self.turns_done += 1
+        self.finished.append(active)
+        if error:
+            self.notify(error, severity="error", timeout=10)
+        self._refresh_chrome()
+        self.q("#conversation", VerticalScroll).scroll_end(animate=False)
+
+    # -- actions ---------------------------------------------------------------------------------
+    def action_toggle_thinking(self) -> None:
+        if self.conversation is None:
+            current = self.thinking_flag if self.thinking_flag is not None else getattr(self.profile, "thinking", True)
+            self.thinking_flag = not current
+        else:
+            warning = self.conversation.toggle_thinking()
+            if warning:
+                self.notify(warning, severity="warning", timeout=8)
+        self._refresh_chrome()
+
+    def action_toggle_ghosts(self) -> None:
+        self.ghosts = not self.ghosts
+        for view in self.query(AnswerView):
+            view.set_ghosts(self.ghosts)
+        self._refresh_chrome()
+
+    def action_cycle_block(self) -> None:
+        if self.conversation is None:
+            return
+        block = self.conversation.cycle_block()
+        self.notify(f"Block size {block} from the next turn.", timeout=2)
+        self._refresh_chrome()
+
+    def set_block(self, block: int) -> None:
+        try:
+            self.conversation.set_block(block)
+        except UserError as exc:
+            self.notify(str(exc), severity="error")
+        self._refresh_chrome()
+
+    def action_cancel(self) -> None:
+        if self.active is not None:
+            self.active.cancel()
+
+    def _busy(self) -> bool:
+        if self.active is not None:
+            self.notify("Still answering; escape stops it first.", severity="warning")
+            return True
+        return False
+
+    def _clear_view(self) -> None:
+        view = self.q("#conversation", VerticalScroll)
+        for child in list(view.children):
+            if child.id != "loading":
+                child.remove()
+
+    def action_new_session(self) -> None:
+        if self.conversation is None or self._busy():
+            return
+        self.conversation.new_session()
+        self._clear_view()
+        self._refresh_chrome()
+        self.notify("New session.", timeout=2)
+
+    def action_sessions(self) -> None:
+        def chosen(session_id: Optional[str]) -> None:
+            if session_id:
+                self.resume_session(session_id)
+
+        self.push_screen(SessionsScreen(), chosen)
+
+    def resume_session(self, session) -> None:
+        if self.conversation is None:
+            self.pending_resume = session
+            return
+        if self._busy():
+            return
+        try:
+            if isinstance(session, str):
+                session = sessions.load_session(session)
+        except UserError as exc:
+            self.notify(str(exc), severity="error")
+            return
+        for warning in session.warnings:
+            self.notify(warning, severity="warning", timeout=8)
+        self.conversation.restore(session)
+        self._clear_view()
+        view = self.q("#conversation", VerticalScroll)
+        for turn in self.conversation.turns:
+            view.mount(UserMessage(turn.user))
+            answer = AnswerView(thinking=bool(turn.thinking), ghosts=self.ghosts)
+            answer.set_text(turn.answer)
+            view.mount(answer)
+            answer.call_after_refresh(answer.finish, turn.status, footer_for(turn.summary))
+        self.notice(f"Resumed session {session.id} ({len(session.turns)} turns).")
+        self._refresh_chrome()
+
+    def action_replay(self) -> None:
+        self.push_screen(ReplayScreen(self.conversation.session_id if self.conversation else None))
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_markdown(self) -> None:
+        done = [v for v in self.query(AnswerView) if v.status != "streaming"]
+        if done:
+            self.push_screen(MarkdownScreen(done[-1].answer_text))
+
+    def on_answer_view_selected(self, message: AnswerView.Selected) -> None:
+        self.push_screen(MarkdownScreen(message.answer.answer_text))
+
+    def action_system_prompt(self) -> None:
+        if self.conversation is None:
+            return
+
+        def saved(text: Optional[str]) -> None:
+            if text is not None:
+                self.conversation.settings.system_prompt = text
+                self.notify("System prompt saved; it applies from the next turn.", timeout=3)
+
+        self.push_screen(SystemPromptScreen(self.conversation.settings.system_prompt), saved)
+
+    def _unload(self) -> None:
+        self.engine = None
+        if self.conversation is not None:
+            self.conversation.engine = None
+        gc.collect()
+        if "torch" in sys.modules:
+            try:
+                import torch
+
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _close_error_screen(self) -> None:
+        while isinstance(self.screen, LoadErrorScreen):
+            self.pop_screen()
+
+    def switch_engine(self, engine: str) -> None:
+        if self._busy() or self.loading:
+            return
+        self._close_error_screen()
+        self.engine_flag = engine
+        self._keep_conversation = self.conversation is not None
+        self._unload()
+        self.start_load()
+
+    def switch_profile(self, name: str) -> None:
+        if self._busy() or self.loading:
+            return
+        self._close_error_screen()
+        self.profile_ref, self.profile = name, None
+        self.engine_flag = None
+        self._unload()
+        self.conversation = None
+        self._clear_view()
+        self.start_load()
+
+    async def action_quit(self) -> None:
+        if self.active is not None:
+            self.active.cancel()  # the partial answer is recorded, marked cancelled
+        self.exit()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Toggle thinking", "ctrl+t: thinking on/off for the next turns", self.action_toggle_thinking)
+        yield SystemCommand("Toggle ghosts", "ctrl+g: show rejected draft tokens", self.action_toggle_ghosts)
+        yield SystemCommand("Next block size", "ctrl+k: cycle 1, 2, 4, 8, 16 and the profile's", self.action_cycle_block)
+        if self.conversation is not None:
+            for block in self.conversation.block_choices():
+                yield SystemCommand(f"Block size {block}", "use this block size from the next turn",
+                                    lambda b=block: self.set_block(b), discover=False)
+        yield SystemCommand("Edit system prompt", "the system message sent with every turn", self.action_system_prompt)
+        yield SystemCommand("New session", "ctrl+n: start a fresh conversation", self.action_new_session)
+        yield SystemCommand("Sessions", "ctrl+o: resume, delete or export a session", self.action_sessions)
+        yield SystemCommand("Replay", "ctrl+r: re-run this session across block sizes", self.action_replay)
+        yield SystemCommand("Help", "f1: keys and colours", self.action_help)
+        yield SystemCommand("Answer as Markdown", "f2: the last answer rendered", self.action_markdown)
+        for engine in ENGINE_CHOICES:
+            yield SystemCommand(f"Engine: {engine}", f"reload on the {engine} engine, keeping the conversation",
+                                lambda e=engine: self.switch_engine(e))
+        for name in profile_names():
+            yield SystemCommand(f"Profile: {name}", "load this profile (starts a new session)",
+                                lambda n=name: self.switch_profile(n))
+
+
+PromptInput_ID = "#prompt"
+
+
+def footer_for(summary: Optional[dict]) -> Optional[str]:
+    if not summary:
+        return None
+    parts = [f"{summary.get('generated_tokens', 0)} tokens", f"{summary.get('decode_tokens_per_s', 0):.1f} tok/s",
+             f"tau {summary.get('mean_acceptance_length', 0):.2f}", f"block {summary.get('block_size', '?')}"]
+    return " · ".join(parts)

@@ -1,0 +1,150 @@
+"""`dflash chat` (the TUI, or the plain REPL) and `dflash sessions` (list, show, export, delete)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Optional
+
+import click
+
+from engines.errors import UserError
+
+from . import sessions as store
+
+
+def fail(exc: Exception) -> None:
+    """A UserError: its one sentence on stderr, exit code 2."""
+    click.echo(f"dflash: {exc}", err=True)
+    sys.exit(2)
+
+
+def profile_from_session(session: store.Session) -> Optional[str]:
+    profile = session.header.get("profile") or {}
+    path = profile.get("path")
+    if path and os.path.isfile(str(path)):
+        return str(path)
+    return profile.get("name") or None
+
+
+@click.command()
+@click.option("--profile", "-p", "profile", metavar="NAME|PATH", help="A profile name or TOML file (default: demo).")
+@click.option("--engine", type=click.Choice(["auto", "cuda", "mlx"]), default=None,
+              help="Engine (default: the profile's, else auto).")
+@click.option("--block-size", type=int, default=None, help="Block size (1 = plain decoding; default: the profile's).")
+@click.option("--thinking/--no-thinking", default=None, help="Thinking for the first turn (ctrl+t toggles it).")
+@click.option("--resume", "resume_id", metavar="ID", help="Continue a recorded session (`dflash sessions list`).")
+@click.option("--plain", is_flag=True, help="The plain prompt-toolkit REPL instead of the full-screen TUI.")
+@click.option("--max-new-tokens", type=int, default=None, help="Answer length cap (default: the profile's).")
+def chat(profile, engine, block_size, thinking, resume_id, plain, max_new_tokens) -> None:
+    """Chat with a target and its DFlash draft; drafted tokens are coloured as they stream.
+
+    Keys: enter send, ctrl+j newline, ctrl+t thinking, ctrl+g ghosts, ctrl+k block size, escape stop,
+    ctrl+n new session, ctrl+o sessions, ctrl+r replay, ctrl+p palette, f1 help, ctrl+q quit.
+    Every turn is saved as it completes (`dflash sessions list`).
+    """
+    if block_size is not None and block_size < 1:
+        fail(UserError(f"Block size {block_size} is out of range; choose 1 or more (1 = plain decoding)."))
+    session = None
+    try:
+        if resume_id:
+            session = store.load_session(resume_id)
+            if profile is None:
+                profile = profile_from_session(session)
+    except UserError as exc:
+        fail(exc)
+    if plain or not sys.stdin.isatty() or not sys.stdout.isatty():
+        from .repl import run_repl
+
+        try:
+            code = run_repl(profile, engine, block_size, thinking, session, max_new_tokens)
+        except UserError as exc:
+            fail(exc)
+        sys.exit(code)
+    from .app import DflashApp
+
+    app = DflashApp(profile=profile, engine=engine, block_size=block_size, thinking=thinking, resume=session,
+                    max_new_tokens=max_new_tokens)
+    app.run()
+    if app.conversation is not None and app.conversation.session_id:
+        click.echo(f"session {app.conversation.session_id} · {app.conversation.writer.path}")
+    if app.loading:
+        # A load still running in its thread would hold the exit until it finishes; nothing is unsaved.
+        sys.stdout.flush()
+        os._exit(0)
+    if app.return_code:
+        sys.exit(app.return_code)
+
+
+@click.group("sessions")
+def sessions_group() -> None:
+    """Recorded chat sessions: list, show, export, delete."""
+
+
+@sessions_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per session.")
+def sessions_list(as_json: bool) -> None:
+    """Sessions, newest first."""
+    found = store.list_sessions()
+    if as_json:
+        rows = [{"id": s.id, "created": s.created, "profile": s.profile_name, "turns": len(s.turns),
+                 "engine": s.header.get("engine"), "title": s.title, "path": str(s.path)} for s in found]
+        click.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+        return
+    if not found:
+        click.echo(f"No sessions yet in {store.sessions_dir()}.")
+        return
+    click.echo(f"{'id':<22} {'created':<17} {'profile':<14} {'turns':>5}  first prompt")
+    for s in found:
+        click.echo(f"{s.id:<22} {s.created[:16].replace('T', ' '):<17} {(s.profile_name or '?')[:14]:<14} "
+                   f"{len(s.turns):>5}  {s.title[:50]}")
+
+
+@sessions_group.command("show")
+@click.argument("session_id", metavar="ID")
+def sessions_show(session_id: str) -> None:
+    """A session's turns as Markdown, with its figures."""
+    try:
+        session = store.load_session(session_id)
+    except UserError as exc:
+        fail(exc)
+    for warning in session.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo(store.to_markdown(session))
+
+
+@sessions_group.command("export")
+@click.argument("session_id", metavar="ID")
+@click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
+def sessions_export(session_id: str, fmt: str, output: Optional[str]) -> None:
+    """Export a session as Markdown or JSON."""
+    try:
+        session = store.load_session(session_id)
+    except UserError as exc:
+        fail(exc)
+    for warning in session.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    text = store.to_markdown(session) if fmt == "md" else json.dumps(store.to_json(session), indent=2,
+                                                                      ensure_ascii=False)
+    if output:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        click.echo(f"Wrote {output}.", err=True)
+    else:
+        click.echo(text)
+
+
+@sessions_group.command("delete")
+@click.argument("session_id", metavar="ID")
+def sessions_delete(session_id: str) -> None:
+    """Delete a session file."""
+    try:
+        path = store.delete_session(session_id)
+    except UserError as exc:
+        fail(exc)
+    click.echo(f"Deleted {path.stem}.")
+
+
+sessions = sessions_group  # `main.add_command(sessions)`

@@ -1,0 +1,252 @@
+"""`dflash chat --plain`: a prompt-toolkit REPL for SSH sessions and small terminals.
+
+Same engines, same conversation controller, same sessions as the TUI. Interactive: a history file in
+the data dir, enter sends, ctrl+j (or escape enter) adds a line, ctrl+t toggles thinking, ctrl+c stops
+an answer. With stdin not a terminal it reads one prompt per line and prints each answer (scriptable).
+Streaming text is coloured by origin unless NO_COLOR is set or stdout is not a terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Optional, TextIO
+
+from engines.errors import UserError
+
+from . import sessions
+from .conversation import ChatSettings, Conversation, printable, thinking_layout
+
+ANSI = {"draft": "\033[1;32m", "target": "\033[36m", "ghost": "\033[2;9;31m", "dim": "\033[2m", "reset": "\033[0m",
+        "think": "\033[2;3m", "warn": "\033[33m"}
+HELP = """commands:
+  /thinking [on|off]  thinking for the next turns (also ctrl+t)
+  /block N            block size (1 = plain decoding)
+  /ghosts             show rejected draft tokens
+  /stats              the last turn's figures
+  /system TEXT        set the system prompt (/system alone clears it)
+  /new                start a new session
+  /quit               leave (also ctrl+d)"""
+
+
+def use_colour(stream: TextIO) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+class Repl:
+    def __init__(self, conversation: Conversation, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+                 colour: Optional[bool] = None):
+        self.conv = conversation
+        self.out, self.err = out, err
+        self.colour = use_colour(out) if colour is None else colour
+        self.ghosts = False
+        self.quit = False
+
+    # -- output ----------------------------------------------------------------------------------
+    def paint(self, text: str, kind: str) -> str:
+        text = printable(text)
+        if not self.colour or kind not in ANSI or not text:
+            return text
+        return f"{ANSI[kind]}{text}{ANSI['reset']}"
+
+    def info(self, text: str) -> None:
+        self.err.write(self.paint(text, "dim") + "\n")
+        self.err.flush()
+
+    def status(self) -> str:
+        s = self.conv.settings
+        return f"block {s.block_size} · thinking {'ON' if s.thinking else 'OFF'} · ghosts {'on' if self.ghosts else 'off'}"
+
+    # -- commands --------------------------------------------------------------------------------
+    def command(self, line: str) -> None:
+        name, _, arg = line[1:].partition(" ")
+        arg = arg.strip()
+        if name in ("quit", "exit", "q"):
+            self.quit = True
+        elif name == "thinking":
+            on = (not self.conv.settings.thinking) if not arg else arg.lower() in ("on", "1", "true", "yes")
+            warning = self.conv.set_thinking(on)
+            if warning:
+                self.info(warning)
+            self.info(f"thinking {'ON' if on else 'OFF'}")
+        elif name == "block":
+            try:
+                self.conv.set_block(int(arg))
+                self.info(f"block size {self.conv.settings.block_size}")
+            except ValueError:
+                self.info("usage: /block N (1 = plain decoding)")
+            except UserError as exc:
+                self.info(str(exc))
+        elif name == "ghosts":
+            self.ghosts = not self.ghosts
+            self.info(f"ghosts {'on' if self.ghosts else 'off'}")
+        elif name == "stats":
+            self.info(self.stats_text())
+        elif name == "system":
+            self.conv.settings.system_prompt = arg
+            self.info("system prompt set" if arg else "system prompt cleared")
+        elif name == "new":
+            self.conv.new_session()
+            self.info("new session")
+        elif name in ("help", "?"):
+            self.info(HELP)
+        else:
+            self.info(f"unknown command /{name}; /help lists them")
+
+    def stats_text(self) -> str:
+        turn = self.conv.turns[-1] if self.conv.turns else None
+        if not turn or not turn.summary:
+            return f"no turns yet · {self.status()}"
+        m = turn.summary
+        steps = len(m.get("acceptance_lengths", []))
+        speed, kind = self.conv.speedup(m["decode_tokens_per_s"], m["mean_acceptance_length"], m["draft_s"],
+                                        m["verify_s"], steps, m["block_size"])
+        total = m["draft_s"] + m["verify_s"]
+        split = f"draft {m['draft_s'] / total * 100:.0f}% · verify {m['verify_s'] / total * 100:.0f}%" if total else ""
+        hist = " ".join(f"{n + 1}:{c}" for n, c in enumerate(m.get("histogram", [])) if c)
+        lines = [
+            f"{m['generated_tokens']} tokens · {m['decode_tokens_per_s']:.1f} tok/s · "
+            + (f"{speed:.2f}x vs block 1 ({kind})" if speed else "speedup –"),
+            f"tau {m['mean_acceptance_length']:.2f} (session {self.conv.session_tau():.2f}) · acceptance {hist}",
+            f"{split} · peak {m['peak_memory_bytes'] / 2**20:.0f} MB ({m['peak_memory_kind']}) · "
+            f"context {m['prompt_tokens'] + m['generated_tokens']}",
+            f"{m['engine']} · {m['device']} · {m['dtype']} · {self.status()}",
+        ]
+        return "\n".join(lines)
+
+    # -- a turn ----------------------------------------------------------------------------------
+    def send(self, text: str) -> None:
+        try:
+            active = self.conv.begin(text)
+        except UserError as exc:
+            self.info(str(exc))
+            return
+        previous = None
+        if threading_main():
+            previous = signal.signal(signal.SIGINT, lambda *_: active.cancel())
+        raw = ""
+        thinking = active.request.thinking
+        try:
+            for event in self.conv.stream(active):
+                for piece, origin in event.pieces:
+                    start, end, _ = thinking_layout(raw + piece, thinking)
+                    in_think = start < end and len(raw) < end
+                    raw += piece
+                    self.out.write(self.paint(piece, "think" if in_think and self.colour else origin))
+                if self.ghosts and event.rejected_text:
+                    self.out.write(self.paint(event.rejected_text, "ghost") if self.colour
+                                   else f"[{printable(event.rejected_text)}]")
+                self.out.flush()
+        except UserError as exc:
+            self.info(str(exc))
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        self.out.write("\n")
+        self.out.flush()
+        turn = active.turn
+        if turn is not None:
+            m = turn.summary or {}
+            mark = " · cancelled" if turn.cancelled else ""
+            self.info(f"[{m.get('generated_tokens', 0)} tokens · {m.get('decode_tokens_per_s', 0):.1f} tok/s · "
+                      f"tau {m.get('mean_acceptance_length', 0):.2f} · block {active.block_size}{mark}]")
+
+    def handle(self, line: str) -> None:
+        if line.startswith("/"):
+            self.command(line.strip())
+        elif line.strip():
+            self.send(line)
+
+    # -- loops -----------------------------------------------------------------------------------
+    def run_piped(self, stdin: TextIO) -> None:
+        for line in stdin:
+            self.handle(line.rstrip("\n"))
+            if self.quit:
+                break
+
+    def run_interactive(self) -> None:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.history import FileHistory
+        from prompt_toolkit.key_binding import KeyBindings
+
+        path = sessions.data_dir() / "repl_history"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600, exist_ok=True)
+        kb = KeyBindings()
+
+        @kb.add("c-t")
+        def _(event):
+            warning = self.conv.set_thinking(not self.conv.settings.thinking)
+            if warning:
+                self.info(warning)
+            event.app.invalidate()
+
+        @kb.add("c-j")
+        @kb.add("escape", "enter")
+        def _(event):
+            event.current_buffer.insert_text("\n")
+
+        session = PromptSession(history=FileHistory(str(path)), key_bindings=kb, multiline=False,
+                                bottom_toolbar=lambda: f" {self.status()} · ctrl+t thinking · ctrl+j newline · /help ",
+                                prompt_continuation="… ")
+        self.info(f"dflash · {self.conv.engine_name} on {self.conv.engine.device} · /help for commands · ctrl+d quits")
+        while not self.quit:
+            try:
+                line = session.prompt("you> ")
+            except KeyboardInterrupt:
+                continue
+            except EOFError:
+                break
+            self.handle(line)
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optional[int] = None,
+             thinking: Optional[bool] = None, resume: Optional[sessions.Session] = None,
+             max_new_tokens: Optional[int] = None, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout,
+             err: TextIO = sys.stderr) -> int:
+    from engines import load_engine
+
+    from .app import engine_config_for, load_profile, quiet_loaders, resolved_profile
+
+    quiet_loaders()
+    profile = load_profile(profile_ref)
+    config = engine_config_for(profile, engine, block_size)
+    err.write(f"loading {config.target}" + (f" + {config.draft}" if config.draft else "") + "…\n")
+    err.flush()
+    loaded = load_engine(config)
+    for warning in loaded.warnings:
+        err.write(f"note: {warning}\n")
+    profile = resolved_profile(profile, loaded.name)
+    settings = ChatSettings.from_profile(profile, block_size, thinking)
+    if max_new_tokens:
+        settings.max_new_tokens = max_new_tokens
+    conv = Conversation(loaded, settings, profile=profile,
+                        profile_block_size=getattr(profile, "block_size", None) or loaded.block_size,
+                        engine_name=loaded.name)
+    repl = Repl(conv, out=out, err=err)
+    conv.on_notice = repl.info
+    if settings.thinking:
+        warning = conv.set_thinking(True)
+        if warning:
+            repl.info(warning)
+    if resume is not None:
+        for warning in resume.warnings:
+            repl.info(warning)
+        conv.restore(resume)
+        repl.info(f"resumed session {resume.id} ({len(resume.turns)} turns)")
+    if stdin.isatty() and out.isatty():
+        repl.run_interactive()
+    else:
+        repl.run_piped(stdin)
+    if conv.session_id:
+        repl.info(f"session {conv.session_id}")
+    return 0

@@ -1,0 +1,293 @@
+"""Sessions: one append-only JSONL file per chat, so a turn once answered is never lost.
+
+Line 1 is the header (format version, created, profile snapshot, engine, device, dtype, target and
+draft with their revisions, chat template hash); every later line is one turn, completed or cancelled
+(marked): the messages sent, the settings, the prompt ids, the emitted ids, the per-step drafted and
+accepted counts and the Summary. Each line is written whole, flushed and fsynced; files are mode 0600.
+A torn last line (the process died while writing it) is skipped with a warning. Nothing is rewritten
+in place: resuming a session appends to the same file.
+
+Location: `platformdirs.user_data_dir("dflash")/sessions`, or `$DFLASH_DATA_DIR/sessions`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Optional
+
+from engines.errors import UserError
+
+FORMAT_VERSION = 1
+SUFFIX = ".jsonl"
+
+
+def data_dir() -> Path:
+    """The dflash data directory (sessions, REPL history); `DFLASH_DATA_DIR` overrides it."""
+    override = os.environ.get("DFLASH_DATA_DIR")
+    if override:
+        return Path(override).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("dflash", appauthor=False))
+
+
+def sessions_dir() -> Path:
+    return data_dir() / "sessions"
+
+
+def new_session_id(now: Optional[float] = None) -> str:
+    """Sortable and short: `20261129-194200-3fa9`."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
+    return f"{stamp}-{secrets.token_hex(2)}"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def template_hash(tokenizer) -> Optional[str]:
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return None
+    if not isinstance(template, str):
+        template = json.dumps(template, sort_keys=True)
+    return "sha256:" + hashlib.sha256(template.encode()).hexdigest()[:16]
+
+
+def revision_of(path) -> Optional[str]:
+    """The hub commit of a checkpoint in the HF cache (`.../snapshots/<sha>`), else None."""
+    if path is None:
+        return None
+    parts = Path(str(path)).parts
+    if "snapshots" in parts[:-1]:
+        return parts[parts.index("snapshots") + 1]
+    return None
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+
+class SessionWriter:
+    """Appends turns to one session file. The file is created (header first) with the first turn, so
+    a chat that never sends anything leaves no empty session behind."""
+
+    def __init__(self, header: dict, session_id: Optional[str] = None, path: Optional[Path] = None,
+                 existing: bool = False):
+        self.id = session_id or header.get("id") or new_session_id()
+        self.header = {"type": "header", "format": FORMAT_VERSION, "id": self.id, "created": now_iso(), **header}
+        self.header["id"] = self.id
+        self.path = path or sessions_dir() / f"{self.id}{SUFFIX}"
+        self.turns_written = 0
+        self._exists = existing
+
+    @classmethod
+    def resume(cls, session: "Session") -> "SessionWriter":
+        writer = cls(session.header, session.id, session.path, existing=True)
+        writer.header = session.header
+        writer.turns_written = len(session.turns)
+        return writer
+
+    @property
+    def exists(self) -> bool:
+        return self._exists
+
+    def _append(self, records: Iterable[dict]) -> None:
+        data = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.chmod(self.path.parent, 0o700)
+        except OSError:
+            pass
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            if self._needs_newline(fd):
+                data = "\n" + data  # never glue a turn onto a torn line left by a killed process
+            os.write(fd, data.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _needs_newline(self, fd: int) -> bool:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return False
+        with open(self.path, "rb") as f:
+            f.seek(size - 1)
+            return f.read(1) != b"\n"
+
+    def append_turn(self, turn: dict) -> None:
+        record = {"type": "turn", **turn}
+        if self._exists:
+            self._append([record])
+        else:
+            self._append([self.header, record])
+            self._exists = True
+        self.turns_written += 1
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    id: str
+    path: Path
+    header: dict
+    turns: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def created(self) -> str:
+        return self.header.get("created", "")
+
+    @property
+    def profile_name(self) -> str:
+        profile = self.header.get("profile") or {}
+        return profile.get("name", "") if isinstance(profile, dict) else str(profile)
+
+    @property
+    def title(self) -> str:
+        for turn in self.turns:
+            text = (turn.get("user") or "").strip().splitlines()
+            if text:
+                return text[0]
+        return ""
+
+    def history(self) -> list[dict]:
+        """(user, answer, status) per turn, as the chat shows and resends them."""
+        return [{"user": t.get("user", ""), "answer": t.get("answer", ""), "status": t.get("status", "completed"),
+                 "thinking": t.get("settings", {}).get("thinking"), "summary": t.get("summary")}
+                for t in self.turns]
+
+    def last_settings(self) -> dict:
+        return dict(self.turns[-1].get("settings", {})) if self.turns else dict(self.header.get("settings", {}))
+
+
+def read_session(path: Path) -> Session:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"Session file {path} cannot be read ({exc.strerror}).") from None
+    lines = raw.split(b"\n")
+    torn_tail = not raw.endswith(b"\n")
+    header: Optional[dict] = None
+    turns: list[dict] = []
+    warnings: list[str] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            if last and torn_tail:
+                warnings.append(f"{path.name}: the last line is incomplete (the process stopped while writing it); skipped.")
+            else:
+                warnings.append(f"{path.name}: line {number} is not valid JSON; skipped.")
+            continue
+        if record.get("type") == "header" and header is None:
+            header = record
+        elif record.get("type") == "turn":
+            turns.append(record)
+    if header is None:
+        raise UserError(f"Session file {path} has no header line; it is not a dflash session.")
+    if header.get("format", 0) > FORMAT_VERSION:
+        warnings.append(f"{path.name} was written by a newer dflash (format {header['format']}); some fields may be ignored.")
+    return Session(id=header.get("id") or path.stem, path=path, header=header, turns=turns, warnings=warnings)
+
+
+def session_paths() -> list[Path]:
+    folder = sessions_dir()
+    if not folder.is_dir():
+        return []
+    return sorted(folder.glob(f"*{SUFFIX}"))
+
+
+def list_sessions() -> list[Session]:
+    """Every readable session, newest first (unreadable files are left out)."""
+    out = []
+    for path in session_paths():
+        try:
+            out.append(read_session(path))
+        except UserError:
+            continue
+    out.sort(key=lambda s: (s.created, s.id), reverse=True)
+    return out
+
+
+def resolve(session_id: str) -> Path:
+    """The file of a session id (or an unambiguous prefix of one, or a path to a session file)."""
+    given = Path(session_id).expanduser()
+    if session_id.endswith(SUFFIX) and given.is_file():
+        return given
+    paths = session_paths()
+    exact = [p for p in paths if p.stem == session_id]
+    if exact:
+        return exact[0]
+    matches = [p for p in paths if p.stem.startswith(session_id)] if session_id else []
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise UserError(f"Session id '{session_id}' matches {len(matches)} sessions; give more of the id (`dflash sessions list`).")
+    raise UserError(f"No session '{session_id}' in {sessions_dir()}; `dflash sessions list` shows the ids.")
+
+
+def load_session(session_id: str) -> Session:
+    return read_session(resolve(session_id))
+
+
+def delete_session(session_id: str) -> Path:
+    path = resolve(session_id)
+    path.unlink()
+    return path
+
+
+# -- export ----------------------------------------------------------------------------------------
+
+
+def to_json(session: Session) -> dict:
+    return {"id": session.id, "header": session.header, "turns": session.turns, "warnings": session.warnings}
+
+
+def to_markdown(session: Session) -> str:
+    header = session.header
+    profile = session.profile_name or "?"
+    lines = [f"# dflash session {session.id}", ""]
+    lines.append(f"- created: {session.created}")
+    lines.append(f"- profile: {profile}")
+    lines.append(f"- engine: {header.get('engine', '?')} on {header.get('device', '?')} · {header.get('dtype', '?')}")
+    lines.append(f"- target: {header.get('target', '?')}")
+    lines.append(f"- draft: {header.get('draft', '?')}")
+    lines.append("")
+    for number, turn in enumerate(session.turns, 1):
+        settings = turn.get("settings", {})
+        summary = turn.get("summary") or {}
+        lines.append(f"## Turn {number}")
+        lines.append("")
+        lines.append("**You**")
+        lines.append("")
+        lines.append(turn.get("user", ""))
+        lines.append("")
+        mark = " (cancelled)" if turn.get("status") == "cancelled" else ""
+        lines.append(f"**dflash**{mark}")
+        lines.append("")
+        lines.append(turn.get("answer", ""))
+        lines.append("")
+        facts = [f"block {settings.get('block_size', '?')}", f"thinking {'on' if settings.get('thinking') else 'off'}"]
+        if summary:
+            facts.append(f"{summary.get('generated_tokens', 0)} tokens")
+            facts.append(f"{summary.get('decode_tokens_per_s', 0):.1f} tok/s")
+            facts.append(f"tau {summary.get('mean_acceptance_length', 0):.2f}")
+        lines.append(f"_{' · '.join(facts)}_")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""Messages in the conversation. An answer is coloured by origin (accepted draft tokens vs the
+target's own), may show rejected proposals as ghosts, and puts its thinking text in a dimmed,
+collapsible block above the answer."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.message import Message
+from textual.widgets import Collapsible, Static
+
+from ..conversation import THINK_CLOSE, printable, thinking_layout
+from .stats import DRAFT_STYLE, GHOST_STYLE, TARGET_STYLE
+
+STYLES = {"draft": DRAFT_STYLE, "target": TARGET_STYLE, "ghost": GHOST_STYLE, "plain": ""}
+
+
+class UserMessage(Static):
+    def __init__(self, text: str) -> None:
+        t = Text()
+        t.append("you  ", style="bold")
+        t.append(printable(text))
+        super().__init__(t)
+
+
+class NoticeLine(Static):
+    """A one-line notice in the conversation (context trimmed, engine warnings, reloads)."""
+
+
+class AnswerView(Vertical):
+    class Selected(Message):
+        def __init__(self, answer: "AnswerView") -> None:
+            super().__init__()
+            self.answer = answer
+
+    def __init__(self, thinking: bool, ghosts: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.thinking = thinking
+        self.ghosts = ghosts
+        self.segments: list[tuple[str, str]] = []
+        self.raw = ""
+        self.think_tokens = 0
+        self.status = "streaming"
+
+    def compose(self) -> ComposeResult:
+        with Collapsible(title="thinking", collapsed=False, classes="thinking"):
+            yield Static(classes="thinking-text")
+        yield Static(classes="answer-text")
+        yield Static(classes="answer-footer")
+
+    def on_mount(self) -> None:
+        self.query_one(Collapsible).display = False
+        self.render_text()
+
+    # -- streaming -------------------------------------------------------------------------------
+    def add_events(self, events: Iterable) -> None:
+        for event in events:
+            if self.thinking and THINK_CLOSE not in self.raw:
+                self.think_tokens += len(event.emitted)
+            for text, origin in event.pieces:
+                self.segments.append((text, origin))
+                self.raw += text
+            if event.rejected_text:
+                self.segments.append((event.rejected_text, "ghost"))
+
+    def set_text(self, text: str) -> None:
+        """A recorded answer (no origins kept): shown plain."""
+        self.segments = [(text, "plain")]
+        self.raw = text
+
+    def set_ghosts(self, on: bool) -> None:
+        if on != self.ghosts:
+            self.ghosts = on
+            self.render_text()
+
+    @property
+    def answer_text(self) -> str:
+        _, _, answer = thinking_layout(self.raw, self.thinking)
+        return self.raw[answer:]
+
+    @property
+    def thinking_text(self) -> str:
+        start, end, _ = thinking_layout(self.raw, self.thinking)
+        return self.raw[start:end]
+
+    def render_text(self) -> None:
+        start, end, answer_at = thinking_layout(self.raw, self.thinking)
+        think, answer = Text(), Text()
+        pos = 0
+        for text, kind in self.segments:
+            style = STYLES.get(kind, "")
+            if kind == "ghost":
+                if self.ghosts:
+                    if start <= pos < end or (pos == end and answer_at > end and pos < answer_at):
+                        think.append(printable(text), style=style)
+                    elif pos >= answer_at:
+                        answer.append(printable(text), style=style)
+                continue
+            stop = pos + len(text)
+            if start < end and pos < end and stop > start:
+                think.append(printable(text[max(start - pos, 0):min(end, stop) - pos]), style=style)
+            if stop > answer_at:
+                answer.append(printable(text[max(answer_at - pos, 0):]), style=style)
+            pos = stop
+        collapsible = self.query_one(Collapsible)
+        has_thinking = start < end or (start == end == len(self.raw) and start > 0)
+        collapsible.display = has_thinking
+        if has_thinking:
+            count = f" · {self.think_tokens} tokens" if self.think_tokens else ""
+            collapsible.title = f"thinking{count}" + ("" if end < len(self.raw) or self.status != "streaming" else " …")
+            self.query_one(".thinking-text", Static).update(think)
+        if not answer and self.status == "streaming":
+            answer = Text("…", style="dim")
+        self.query_one(".answer-text", Static).update(answer)
+
+    def finish(self, status: str, footer: Optional[str] = None) -> None:
+        self.status = status
+        self.render_text()
+        t = Text()
+        if status == "cancelled":
+            t.append("⏹ cancelled", style="bold yellow")
+            if footer:
+                t.append(" · ")
+        elif status == "error":
+            t.append("✗ failed", style="bold red")
+            if footer:
+                t.append(" · ")
+        if footer:
+            t.append(footer, style="dim")
+        self.query_one(".answer-footer", Static).update(t)
+        self.add_class(f"-{status}")
+
+    def on_click(self) -> None:
+        if self.status != "streaming":
+            self.post_message(self.Selected(self))

@@ -1,0 +1,71 @@
+"""The message box: enter sends, ctrl+j (or shift+enter where reported) inserts a newline, up on the
+first line recalls earlier prompts, down walks back."""
+
+from __future__ import annotations
+
+from textual import events
+from textual.message import Message
+from textual.widgets import TextArea
+
+NEWLINE_KEYS = ("ctrl+j", "shift+enter")
+
+
+class PromptInput(TextArea):
+    class Submitted(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
+        self.prompt_history: list[str] = []
+        self._recall_index: int | None = None
+        self._draft = ""
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            text = self.text
+            if text.strip():
+                self.remember(text)
+                self.clear()
+                self.post_message(self.Submitted(text))
+            return
+        if event.key in NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        await super()._on_key(event)
+
+    def remember(self, text: str) -> None:
+        if not self.prompt_history or self.prompt_history[-1] != text:
+            self.prompt_history.append(text)
+        self._recall_index = None
+
+    def _show(self, text: str) -> None:
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+
+    def action_cursor_up(self, select: bool = False) -> None:
+        if not select and self.cursor_location[0] == 0 and self.prompt_history:
+            if self._recall_index is None:
+                self._draft, self._recall_index = self.text, len(self.prompt_history)
+            if self._recall_index > 0:
+                self._recall_index -= 1
+                self._show(self.prompt_history[self._recall_index])
+            return
+        super().action_cursor_up(select)
+
+    def action_cursor_down(self, select: bool = False) -> None:
+        last_row = self.document.line_count - 1
+        if not select and self._recall_index is not None and self.cursor_location[0] == last_row:
+            self._recall_index += 1
+            if self._recall_index >= len(self.prompt_history):
+                self._recall_index = None
+                self._show(self._draft)
+            else:
+                self._show(self.prompt_history[self._recall_index])
+            return
+        super().action_cursor_down(select)

@@ -1,0 +1,124 @@
+"""The live stats: a side panel, folded into one line under the header on small terminals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from rich.text import Text
+from textual.widgets import Static
+
+DRAFT_STYLE = "bold #56d364"
+TARGET_STYLE = "#79c0ff"
+GHOST_STYLE = "dim strike #f85149"
+BAR = " ▏▎▍▌▋▊▉█"
+
+
+@dataclass
+class StatsData:
+    tokens_per_s: float = 0.0
+    tokens: int = 0
+    tau: float = 0.0
+    session_tau: float = 0.0
+    histogram: list = field(default_factory=list)
+    block_size: int = 1
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    speedup: Optional[float] = None
+    speedup_kind: str = "est."
+    peak_bytes: int = 0
+    peak_kind: str = "device"
+    context_tokens: int = 0
+    context_limit: Optional[int] = None
+    engine: str = "?"
+    device: str = "?"
+    dtype: str = "?"
+    thinking: bool = True
+    ghosts: bool = False
+    state: str = "idle"  # idle, loading, generating, done, cancelled
+
+
+def human_bytes(n: int) -> str:
+    if not n:
+        return "–"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit in ("B", "KB", "MB") else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def bar(fraction: float, width: int) -> str:
+    cells = max(0.0, min(1.0, fraction)) * width
+    full = int(cells)
+    part = int((cells - full) * 8)
+    return ("█" * full + (BAR[part] if part and full < width else "")).ljust(width)
+
+
+def split(d: StatsData) -> tuple[float, float]:
+    total = d.draft_s + d.verify_s
+    return (d.draft_s / total, d.verify_s / total) if total > 0 else (0.0, 0.0)
+
+
+def speedup_text(d: StatsData) -> str:
+    if d.speedup is None:
+        return "–x vs block 1"
+    return f"{d.speedup:.1f}x vs block 1 ({d.speedup_kind})"
+
+
+def memory_text(d: StatsData) -> str:
+    label = "peak" if d.peak_kind == "device" else "peak RSS"
+    return f"{label} {human_bytes(d.peak_bytes)}"
+
+
+class StatsPanel(Static):
+    """The side panel (wide terminals)."""
+
+    def show(self, d: StatsData) -> None:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(f"{d.tokens_per_s:7.1f} tok/s", style="bold")
+        t.append(f"  {d.tokens} tok\n")
+        t.append(speedup_text(d) + "\n")
+        t.append(f"tau {d.tau:.2f}", style="bold")
+        t.append(f"   (session {d.session_tau:.2f})\n\n")
+        t.append("acceptance length\n", style="underline")
+        hist = d.histogram or [0] * max(d.block_size, 1)
+        total = sum(hist) or 1
+        rows = [i for i, c in enumerate(hist) if c or i in (0, len(hist) - 1)]
+        for i in rows:
+            share = hist[i] / total
+            t.append(f"{i + 1:>3} ")
+            t.append(bar(share, 12), style=DRAFT_STYLE if i else TARGET_STYLE)
+            t.append(f" {share * 100:4.0f}%\n")
+        draft, verify = split(d)
+        t.append(f"\ndraft {draft * 100:.0f}% · verify {verify * 100:.0f}%\n")
+        ctx = f"{d.context_tokens}" + (f"/{d.context_limit}" if d.context_limit else "")
+        t.append(f"{memory_text(d)} · context {ctx}\n\n")
+        t.append(f"{d.engine} · {d.device} · {d.dtype}\n")
+        t.append(f"block {d.block_size} · thinking ")
+        t.append("ON" if d.thinking else "OFF", style="bold")
+        t.append("\n\n")
+        t.append("■", style=DRAFT_STYLE)
+        t.append(" accepted draft  ")
+        t.append("■", style=TARGET_STYLE)
+        t.append(" target\n")
+        t.append("░ rejected", style=GHOST_STYLE)
+        t.append(f" (ctrl+g {'on' if d.ghosts else 'off'})")
+        self.update(t)
+
+
+class StatsLine(Static):
+    """The same figures in one line (small terminals)."""
+
+    def show(self, d: StatsData) -> None:
+        draft, _ = split(d)
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(f"{d.tokens_per_s:.0f} tok/s", style="bold")
+        s = f"{d.speedup:.1f}x {d.speedup_kind}" if d.speedup is not None else "–x"
+        t.append(f" · {s} · tau {d.tau:.2f} ({d.session_tau:.2f}) · draft {draft * 100:.0f}%")
+        t.append(f" · {memory_text(d)} · ctx {d.context_tokens} · ")
+        t.append("■", style=DRAFT_STYLE)
+        t.append("draft ")
+        t.append("■", style=TARGET_STYLE)
+        t.append("target")
+        self.update(t)
