@@ -15,6 +15,7 @@ Nothing here prints: progress goes to a callback (the CLI draws the bar).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -256,6 +257,8 @@ class Trainer:
         self.gamma = cfg.gamma if cfg.gamma is not None else default_gamma(cfg.block_size)
         self.device = _pick_device(cfg.device)
         self.cuda = self.device.type == "cuda"
+        if self.cuda:
+            torch.backends.cuda.matmul.allow_tf32 = True
         self.target = Target(self.info, self.device, torch.bfloat16 if self.cuda else torch.float32, self.layer_ids)
         self.target.model.requires_grad_(False)
         self.vocab_rows = self.target.embed.weight.shape[0]
@@ -476,9 +479,9 @@ class Trainer:
 
         feats = self.features(ids)  # [S, T, n*H]
         offsets = torch.arange(B, device=dev)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.cuda):
-            hidden = self.block_hiddens(ids, feats, anchors)[:, :, 1:]  # predictions for anchor+1..anchor+B-1
-            logits = self.target.lm_head(hidden.to(self.target.lm_head.weight.dtype)).float()
+        # The draft trains in float32; a bf16 target (CUDA) gives float32 features and takes bf16 into lm_head.
+        hidden = self.block_hiddens(ids, feats, anchors)[:, :, 1:]  # predictions for anchor+1..anchor+B-1
+        logits = self.target.lm_head(hidden.to(self.target.lm_head.weight.dtype)).float()
         label_pos = anchors[:, :, None] + offsets[1:]  # [S, N, B-1]
         valid = anchor_ok[:, :, None] & (label_pos < lengths[:, None, None])
         labels = ids.gather(1, label_pos.clamp(max=T - 1).reshape(S, -1)).view(S, N, B - 1)
@@ -520,17 +523,22 @@ class Trainer:
         max_new = max_new or self.cfg.val_max_new
         was_training = self.draft.training
         self.draft.eval()
+        target_dtype = self.target.lm_head.weight.dtype
+        # Decode with the draft in the target's dtype, as the engine loads it.
+        draft = self.draft
+        if target_dtype != torch.float32:
+            draft = copy.deepcopy(self.draft).to(target_dtype)
+            draft.rotary = self.draft.rotary  # rotary frequencies stay float32, as in DFlashDraft.load
         lengths: list[int] = []
         sampler = Sampler(SamplingParams(), self.device)
         try:
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.cuda):
-                for prompt in prompts:
-                    room = min(max_new, (self.info.max_positions or 1 << 30) - len(prompt))
-                    for step in speculative_decode(self.target, self.draft, prompt, block, room, sampler):
-                        if not step.prefill:
-                            lengths.append(step.accepted + 1)
-                        if any(t in self.eos for t in step.emitted):
-                            break
+            for prompt in prompts:
+                room = min(max_new, (self.info.max_positions or 1 << 30) - len(prompt))
+                for step in speculative_decode(self.target, draft, prompt, block, room, sampler):
+                    if not step.prefill:
+                        lengths.append(step.accepted + 1)
+                    if any(t in self.eos for t in step.emitted):
+                        break
         finally:
             self.draft.train(was_training)
         return sum(lengths) / len(lengths) if lengths else 0.0

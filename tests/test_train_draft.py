@@ -1,0 +1,278 @@
+"""`dflash train-draft` (engines/cuda/train.py): the batched objective matches the decoding loop, a few
+seeded steps lower the loss and raise the measured acceptance length, the saved draft reloads in both
+engines and stays lossless, an interrupted run resumes where it stopped, and bad input exits 2.
+
+The target is a tiny Qwen3 trained here for a few dozen steps to continue the alphabet after a user's
+letter, so its greedy responses are predictable and a draft can learn them (self-distillation).
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from engines import EngineConfig, GenerationRequest, load_engine
+from engines.cuda.train import (Interrupted, TrainConfig, Trainer, default_gamma, given_response_ids,
+                                load_conversations)
+from tests import tiny
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+NEW = 40
+
+
+def alphabet(start: str, n: int) -> str:
+    i = LETTERS.index(start)
+    return "".join(LETTERS[(i + k) % 26] for k in range(n))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def counting(tmp_path_factory):
+    """(target dir, data file): a tiny target that continues the alphabet, and 40 one-letter prompts."""
+    import transformers
+
+    root = tmp_path_factory.mktemp("counting")
+    out = root / "target"
+    tok = tiny.make_tokenizer(out)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    config = transformers.Qwen3Config(
+        vocab_size=tiny.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=False, eos_token_id=eos)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(60):
+        batch = []
+        for _ in range(16):
+            s = LETTERS[int(torch.randint(26, (1,), generator=g))]
+            prompt = tok.apply_chat_template([{"role": "user", "content": s}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=False)
+            batch.append(list(prompt) + tok.encode(alphabet(s, 60)[1:], add_special_tokens=False))
+        n = min(len(b) for b in batch)
+        ids = torch.tensor([b[:n] for b in batch])
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(str(out))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos], "do_sample": False}))
+    data = root / "data.jsonl"
+    lines = [{"turns": [LETTERS[i % 26]]} for i in range(34)]
+    lines += [{"messages": [{"role": "user", "content": LETTERS[i]}], "thinking": False} for i in range(3, 9)]
+    data.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return out, data
+
+
+def config(counting, out, **kw) -> TrainConfig:
+    target, data = counting
+    base = dict(target=str(target), data=str(data), out=str(out), block_size=8, max_len=64, max_new_tokens=NEW,
+                batch_size=4, epochs=50, val_prompts=4, val_max_new=NEW, seed=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def trained(counting, tmp_path_factory):
+    """One seeded 80-step run: (trainer, result, tau of the untrained draft, losses per step)."""
+    out = tmp_path_factory.mktemp("trained") / "draft"
+    trainer = Trainer(config(counting, out, max_steps=80))
+    train, held = trainer.split()
+    tau0 = trainer.estimate_tau(trainer.val_prompts(held))
+    losses = []
+    result = trainer.run(on_step=lambda p: losses.append(p.loss) if p.kind == "step" else None)
+    return trainer, result, tau0, losses
+
+
+def test_batched_blocks_match_the_decoding_loop(counting, tmp_path):
+    """Many anchors in one masked pass give the same block hidden states as the loop's DraftCache
+    (context strictly before the anchor, bidirectional block), including a draft reading the last layer."""
+    from transformers import DynamicCache
+
+    from engines.cuda.draft import DraftCache
+
+    trainer = Trainer(config(counting, tmp_path / "d", target_layer_ids="1,3"))
+    tok = trainer.tokenizer
+    seq = tok.apply_chat_template([{"role": "user", "content": "k"}], add_generation_prompt=True, tokenize=True,
+                                  return_dict=False)
+    seq = list(seq) + tok.encode(alphabet("k", 30)[1:], add_special_tokens=False)
+    ids = torch.tensor([seq])
+    anchors = torch.tensor([[5, 9, 14, 20]])
+    with torch.no_grad():
+        batched = trainer.block_hiddens(ids, trainer.features(ids), anchors)
+        _, features = trainer.target.forward(ids, 0, DynamicCache(config=trainer.target.model.config),
+                                             last_only=False, capture=True)
+        for j, a in enumerate(anchors[0].tolist()):
+            cache = DraftCache(trainer.draft, None)
+            cache.append(features[:, :a])
+            block = torch.full((1, 8), trainer.mask_id)
+            block[0, 0] = seq[a]
+            positions = torch.arange(a, a + 8).unsqueeze(0)
+            expected = trainer.draft.block_hidden(trainer.target.embed(block), cache.keys, cache.values, positions)
+            torch.testing.assert_close(batched[0, j], expected[0], atol=1e-4, rtol=1e-4)
+
+
+def test_training_lowers_loss_and_raises_acceptance(trained):
+    trainer, result, tau0, losses = trained
+    assert result.steps == 80 and len(losses) == 80
+    assert losses[-1] < 0.5 * losses[0]
+    assert tau0 < 1.5
+    assert result.tau > tau0 + 1.5, (tau0, result.taus)
+    print(f"tau {tau0:.2f} -> {result.tau:.2f} at block 8 in 80 steps; {result.steps_per_s:.1f} step/s, "
+          f"{result.tokens_per_s:.0f} tok/s")
+    out = Path(result.out)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["block_size"] == 8 and cfg["dflash_config"]["mask_token_id"] == tok_id(trainer, "<|mask|>")
+    assert cfg["architectures"] == ["DFlashDraftModel"] and "rope_theta" in cfg
+    assert (out / "model.safetensors").is_file() and (out / "responses.jsonl").is_file()
+
+
+def tok_id(trainer, token):
+    return trainer.tokenizer.convert_tokens_to_ids(token)
+
+
+def greedy_reference(target_dir, prompt_ids, max_new):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new, do_sample=False, eos_token_id=None,
+                         pad_token_id=0, min_new_tokens=max_new)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def engines_available():
+    names = ["cuda"]
+    try:
+        import engines.mlx.engine  # noqa: F401
+        import mlx_lm  # noqa: F401
+        names.append("mlx")
+    except ImportError:
+        pass
+    return names
+
+
+@pytest.mark.parametrize("engine", ["cuda", "mlx"])
+def test_saved_draft_reloads_and_stays_lossless(counting, trained, engine):
+    if engine not in engines_available():
+        pytest.skip("the MLX engine (engines.mlx.engine with mlx-lm) is not available in this build")
+    target, _ = counting
+    _, result, _, _ = trained
+    eng = load_engine(EngineConfig(target=str(target), draft=result.out, engine=engine))
+    taus = []
+    for letter in "qz":
+        ids = eng.prepare(GenerationRequest(messages=[{"role": "user", "content": letter}]))
+        expected = greedy_reference(target, ids, NEW)
+        for block in (1, 4, 16):
+            list(eng.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=block,
+                                                stop_ids=[])))
+            assert eng.last_summary.token_ids == expected, f"{engine} block {block} letter {letter}"
+            if block == 4:
+                taus.append(eng.last_summary.mean_acceptance_length)
+    print(engine, taus)
+    assert min(taus) > 2.0, taus  # the trained draft's proposals are accepted in the real engine too
+
+
+def run_cli(args):
+    from dflash_tui.cli import main
+
+    return CliRunner().invoke(main, ["train-draft", *args])
+
+
+def cli_args(counting, out, *extra):
+    target, data = counting
+    return ["--target", str(target), "--data", str(data), "--out", str(out), "--block-size", "4", "--max-len", "48",
+            "--max-new-tokens", "24", "--batch-size", "4", "--val-prompts", "2", "--val-max-new", "16",
+            "--anchors-per-seq", "4", "--epochs", "20", *extra]
+
+
+def test_cli_resumes_where_it_stopped(counting, tmp_path):
+    out = tmp_path / "draft"
+    first = run_cli(cli_args(counting, out, "--max-steps", "6", "--dtype", "float16"))
+    assert first.exit_code == 0, first.output
+    assert first.output.strip().splitlines()[-1].startswith("tau ")
+    assert torch.load(out / "train_state.pt", weights_only=True)["step"] == 6
+    responses = (out / "responses.jsonl").read_text()
+    second = run_cli(cli_args(counting, out, "--max-steps", "12", "--dtype", "float16"))
+    assert second.exit_code == 0, second.output
+    assert "resuming at step 6" in second.output
+    assert torch.load(out / "train_state.pt", weights_only=True)["step"] == 12
+    assert (out / "responses.jsonl").read_text() == responses  # generated once, reused
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float16"
+    changed = run_cli(cli_args(counting, out, "--max-steps", "12", "--lr", "0.01"))
+    assert changed.exit_code == 2 and "--fresh" in changed.output
+
+
+def test_interrupt_saves_state_and_resumes(counting, tmp_path):
+    out = tmp_path / "draft"
+
+    def interrupt(p):
+        if p.kind == "step" and p.done == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted) as info:
+        Trainer(config(counting, out, max_steps=10)).run(on_step=interrupt)
+    assert info.value.step == 5
+    assert torch.load(out / "train_state.pt", weights_only=True)["step"] == 5
+    seen = []
+    result = Trainer(config(counting, out, max_steps=10)).run(on_step=lambda p: seen.append((p.kind, p.done)))
+    assert ("info", 5) in seen and [d for k, d in seen if k == "step"] == [6, 7, 8, 9, 10]
+    assert result.steps == 10
+
+
+def test_given_responses_and_data_formats(counting, tmp_path):
+    target, _ = counting
+    data = tmp_path / "given.jsonl"
+    data.write_text(json.dumps({"turns": ["b", "cdefghijklmnop", "x", "yzabcdefgh"]}) + "\n"
+                    + json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "c"},
+                                               {"role": "assistant", "content": "defghijk"}], "thinking": False}) + "\n")
+    convs = load_conversations(str(data))
+    assert [len(c.messages) for c in convs] == [4, 3] and [c.thinking for c in convs] == [True, False]
+    trainer = Trainer(config(counting, tmp_path / "d", data=str(data), responses="given"))
+    samples = trainer.samples(convs)
+    assert len(samples) == 3
+    eos = trainer.eos
+    for s in samples:
+        assert s.response[-1] in eos
+    assert trainer.tokenizer.decode(samples[0].response[:-1]).strip() == "cdefghijklmnop"
+    assert given_response_ids(trainer.tokenizer, [{"role": "user", "content": "b"}], "cd", True, eos)[-1] in eos
+    assert default_gamma(16) == 7 and default_gamma(8) == 4
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--block-size", "1"], "block size"),
+    (["--block-size", "100"], "block size"),
+    (["--target-layer-ids", "0,7"], "outside"),
+    (["--target-layer-ids", "1,x"], "comma-separated"),
+    (["--target-layer-ids", "1,1"], "repeats"),
+    (["--mask-token", "no such token at all"], "mask-token"),
+])
+def test_bad_options_exit_2(counting, tmp_path, extra, needle):
+    target, data = counting
+    result = run_cli(["--target", str(target), "--data", str(data), "--out", str(tmp_path / "o"), *extra])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output.lower() and len(result.output.strip().splitlines()) == 1
+
+
+def test_bad_data_exits_2_naming_file_and_line(counting, tmp_path):
+    target, _ = counting
+    missing = run_cli(["--target", str(target), "--data", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o")])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"turns": ["a"]}) + "\n{not json\n")
+    result = run_cli(["--target", str(target), "--data", str(bad), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and f"{bad}:2" in result.output, result.output
+    bad.write_text(json.dumps({"turns": ["a"]}) + "\n" + json.dumps({"turns": "a"}) + "\n")
+    result = run_cli(["--target", str(target), "--data", str(bad), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and f"{bad}:2" in result.output
+    result = run_cli(["--target", str(tmp_path / "nowhere"), "--data", str(counting[1]), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "nowhere" in result.output
