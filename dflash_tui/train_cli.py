@@ -26,7 +26,7 @@ def _progress_bar():
 @click.option("--data", required=True, help='JSONL conversations: {"turns": [user, assistant, ...]} or {"messages": [...]}; '
               'optional "thinking": true/false per line.')
 @click.option("--out", required=True, help="Output directory: config.json + model.safetensors (public DFlash layout), "
-              "plus responses.jsonl and train_state.pt for reruns.")
+              "written when training ends; also responses.jsonl and train_state.pt unless --work-dir.")
 @click.option("--block-size", type=int, default=16, show_default=True, help="Block size the draft is trained for (2-64).")
 @click.option("--draft-layers", type=int, default=2, show_default=True, help="Draft decoder layers.")
 @click.option("--target-layer-ids", default=None,
@@ -51,6 +51,11 @@ def _progress_bar():
 @click.option("--val-max-new", type=int, default=96, show_default=True, help="Tokens generated per held-out prompt.")
 @click.option("--max-new-tokens", type=int, default=None, help="Longest response the target writes [default: up to --max-len].")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--gen-batch", type=int, default=1, show_default=True,
+              help="Responses the target writes at once: 1 = one by one through the real decoding loop; more = "
+                   "batched transformers generate (faster; greedy, may differ at near-ties).")
+@click.option("--work-dir", default=None, help="Where responses.jsonl and train_state.pt live [default: OUT]; keep them "
+              "out of a directory you publish.")
 @click.option("--fresh", is_flag=True, help="Start over even if OUT/train_state.pt exists.")
 def train_draft(**options) -> None:
     """Train a DFlash draft for TARGET on conversations (self-distillation by default).

@@ -229,6 +229,17 @@ def test_interrupt_saves_state_and_resumes(counting, tmp_path):
     assert result.steps == 10
 
 
+def test_batched_generation_matches_the_loop_and_work_dir(counting, tmp_path):
+    one = Trainer(config(counting, tmp_path / "a", max_new_tokens=24))
+    many = Trainer(config(counting, tmp_path / "b", max_new_tokens=24, gen_batch=8, work_dir=str(tmp_path / "w")))
+    convs = one.conversations[:6] + one.conversations[-2:]  # both thinking modes
+    a, b = one.samples(convs), many.samples(convs)
+    assert [s.response for s in a] == [s.response for s in b]
+    assert all(1 <= len(s.response) <= 24 for s in a) and sum(len(s.response) for s in a) > 100
+    assert (tmp_path / "w" / "responses.jsonl").is_file() and not (tmp_path / "b").exists()
+    assert [s.response for s in many.samples(convs)] == [s.response for s in b]  # read back from the cache
+
+
 def test_given_responses_and_data_formats(counting, tmp_path):
     target, _ = counting
     data = tmp_path / "given.jsonl"

@@ -73,6 +73,8 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     fresh: bool = False  # ignore a saved train_state.pt
+    gen_batch: int = 1  # responses written per batch; 1 = one at a time through the real decoding loop
+    work_dir: Optional[str] = None  # where responses.jsonl and train_state.pt live; None: out
     save_every_s: float = 300.0  # write train_state.pt this often during training
 
 
@@ -242,6 +244,7 @@ class Trainer:
         self.cfg = cfg
         self.progress = progress or (lambda p: None)
         self.out = Path(cfg.out).expanduser()
+        self.work = Path(cfg.work_dir).expanduser() if cfg.work_dir else self.out
         self._check_args()
         self.conversations = load_conversations(cfg.data)  # bad data fails before any weight loads
         self.info = TargetInfo.read(cfg.target)
@@ -292,6 +295,7 @@ class Trainer:
             (c.anchors_per_seq >= 1, f"--anchors-per-seq {c.anchors_per_seq} must be at least 1"),
             (c.max_steps is None or c.max_steps >= 1, f"--max-steps {c.max_steps} must be at least 1"),
             (c.responses in ("generate", "given"), f"--responses {c.responses} is unknown (use generate or given)"),
+            (c.gen_batch >= 1, f"--gen-batch {c.gen_batch} must be at least 1"),
             (c.dtype in SAVE_DTYPES, f"--dtype {c.dtype} is unknown (use float32, float16 or bfloat16)"),
         ]
         for ok, what in checks:
@@ -356,14 +360,38 @@ class Trainer:
                 prompts.append(ids)
         return prompts
 
-    def _generate(self, prompt: list[int], max_new: int) -> list[int]:
-        sampler = Sampler(SamplingParams(), self.device)
-        out: list[int] = []
-        for step in speculative_decode(self.target, None, prompt, 1, max_new, sampler):
-            out += step.emitted
-            if step.emitted[-1] in self.eos:
-                break
-        return out[:max_new]
+    def _max_new(self, prompt: list[int]) -> int:
+        room = self.cfg.max_len - len(prompt)
+        return min(room, self.cfg.max_new_tokens or room)
+
+    def _generate(self, prompts: list[list[int]]) -> list[list[int]]:
+        """The target's greedy responses, each up to and including its first stop id. One at a time
+        through the real loop at block size 1, or batched through transformers' generate (--gen-batch)."""
+        if len(prompts) == 1 or self.cfg.gen_batch <= 1:
+            out = []
+            for prompt in prompts:
+                ids: list[int] = []
+                for step in speculative_decode(self.target, None, prompt, 1, self._max_new(prompt),
+                                               Sampler(SamplingParams(), self.device)):
+                    ids += step.emitted
+                    if step.emitted[-1] in self.eos:
+                        break
+                out.append(ids)
+            return out
+        width = max(len(p) for p in prompts)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        with torch.inference_mode():
+            out = self.target.model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=max(self._max_new(p) for p in prompts),
+                do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=self.eos or None,
+                pad_token_id=pad)
+        written = []
+        for row, prompt in zip(out[:, width:].tolist(), prompts):
+            end = next((i for i, t in enumerate(row) if t in self.eos), None)
+            written.append(row[: end + 1 if end is not None else len(row)][: self._max_new(prompt)])
+        return written
 
     def _target_key(self) -> str:
         h = hashlib.sha256((Path(self.info.path) / "config.json").read_bytes())
@@ -384,7 +412,7 @@ class Trainer:
                         response = given_response_ids(tok, conv.messages[:i], m["content"], conv.thinking, self.eos)
                         samples.append(Sample(prompt, response))
             return self._fit(samples)
-        cache_file = self.out / RESPONSES_FILE
+        cache_file = self.work / RESPONSES_FILE
         cached: dict[str, list[list[int]]] = {}
         if cache_file.is_file():
             for text in cache_file.read_text().splitlines():
@@ -394,42 +422,65 @@ class Trainer:
                 except (json.JSONDecodeError, KeyError, TypeError):
                     continue  # a torn last line from an interrupted run
         target_key = self._target_key()
-        self.out.mkdir(parents=True, exist_ok=True)
-        todo = sum(sum(1 for m in conv.messages if m["role"] == "user") for conv in train)
-        done = 0
-        self.progress(Progress("generate", 0, todo, message="target writes responses"))
-        with open(cache_file, "a") as fh:
-            for conv in train:
-                key = hashlib.sha256(f"{target_key}|{c.max_len}|{c.max_new_tokens}|{conv.thinking}|{conv.raw}".encode()).hexdigest()[:24]
-                history: list[dict] = []
-                responses = cached.get(key)
-                fresh = responses is None
-                responses = responses or []
-                turn = 0
-                for m in conv.messages:
-                    if m["role"] == "assistant":
-                        continue  # the target writes its own
-                    history.append(m)
-                    if m["role"] != "user":
-                        continue
-                    prompt = chat_ids(tok, history, conv.thinking)
-                    room = c.max_len - len(prompt)
-                    if room < 2:
-                        break
-                    if turn >= len(responses):
-                        max_new = min(room, c.max_new_tokens or room)
-                        responses.append(self._generate(prompt, max_new))
-                    response = responses[turn]
-                    samples.append(Sample(prompt, response))
-                    text = tok.decode([t for t in response if t not in self.eos], skip_special_tokens=False)
-                    history.append({"role": "assistant", "content": text})
-                    turn += 1
-                    done += 1
-                    self.progress(Progress("generate", done, todo))
-                if fresh:
-                    fh.write(json.dumps({"key": key, "line": conv.line, "responses": responses}) + "\n")
+        keys = [hashlib.sha256(f"{target_key}|{c.max_len}|{c.max_new_tokens}|{conv.thinking}|{conv.raw}".encode())
+                .hexdigest()[:24] for conv in train]
+        todo_convs = [(conv, key) for conv, key in zip(train, keys) if key not in cached]
+        todo = sum(sum(1 for m in conv.messages if m["role"] == "user") for conv, _ in todo_convs)
+        if todo_convs:
+            self.work.mkdir(parents=True, exist_ok=True)
+            self.progress(Progress("generate", 0, todo, message="target writes responses"))
+            done = 0
+            group = max(1, c.gen_batch)
+            with open(cache_file, "a") as fh:
+                for g in range(0, len(todo_convs), group):
+                    chunk = todo_convs[g: g + group]
+                    talks = [self._dialogue(conv) for conv, _ in chunk]
+                    responses: list[list[list[int]]] = [[] for _ in chunk]
+                    prompts = [next(t, None) for t in talks]
+                    while any(p is not None for p in prompts):
+                        live = [i for i, p in enumerate(prompts) if p is not None]
+                        written = self._generate([prompts[i] for i in live])
+                        for i, response in zip(live, written):
+                            responses[i].append(response)
+                            try:
+                                prompts[i] = talks[i].send(response)
+                            except StopIteration:
+                                prompts[i] = None
+                        done += len(live)
+                        self.progress(Progress("generate", done, todo))
+                    for (conv, key), written in zip(chunk, responses):
+                        cached[key] = written
+                        fh.write(json.dumps({"key": key, "line": conv.line, "responses": written}) + "\n")
                     fh.flush()
+        for conv, key in zip(train, keys):
+            talk = self._dialogue(conv)
+            prompt = next(talk, None)
+            for response in cached[key]:
+                if prompt is None:
+                    break
+                samples.append(Sample(prompt, response))
+                try:
+                    prompt = talk.send(response)
+                except StopIteration:
+                    prompt = None
         return self._fit(samples)
+
+    def _dialogue(self, conv: Conversation):
+        """A generator over a conversation whose assistant turns the target writes: yields each prompt
+        (chat template, the record's thinking mode) and receives the response ids written for it."""
+        history: list[dict] = []
+        for m in conv.messages:
+            if m["role"] == "assistant":
+                continue  # the target writes its own
+            history.append(m)
+            if m["role"] != "user":
+                continue
+            prompt = chat_ids(self.tokenizer, history, conv.thinking)
+            if self.cfg.max_len - len(prompt) < 2:
+                return
+            response = yield prompt
+            text = self.tokenizer.decode([t for t in response if t not in self.eos], skip_special_tokens=False)
+            history.append({"role": "assistant", "content": text})
 
     def _fit(self, samples: list[Sample]) -> list[Sample]:
         out = []
@@ -545,8 +596,8 @@ class Trainer:
 
     # -- state ---------------------------------------------------------------------------------
     def save_state(self, step: int, optimizer, taus: list[float]) -> Path:
-        self.out.mkdir(parents=True, exist_ok=True)
-        path = self.out / STATE_FILE
+        self.work.mkdir(parents=True, exist_ok=True)
+        path = self.work / STATE_FILE
         tmp = path.with_suffix(".tmp")
         torch.save({"version": 1, "key": self.key(), "step": step, "taus": taus,
                     "model": self.draft.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
@@ -554,7 +605,7 @@ class Trainer:
         return path
 
     def load_state(self, optimizer) -> tuple[int, list[float]]:
-        path = self.out / STATE_FILE
+        path = self.work / STATE_FILE
         if self.cfg.fresh or not path.is_file():
             return 0, []
         try:
@@ -627,19 +678,19 @@ class Trainer:
                 elapsed = max(time.perf_counter() - started, 1e-9)
                 report(Progress("step", step, horizon, loss=loss_avg, lr=lr_at(step - 1), epoch=epoch,
                                 tokens_per_s=tokens_done / elapsed, steps_per_s=(step - first_step) / elapsed))
-                if step % per_epoch == 0 and step < horizon:  # an epoch ended: estimate tau, keep a copy
+                if step % per_epoch == 0 and step < horizon:  # an epoch ended: estimate tau
+                    paused_at = time.perf_counter()
                     tau = self.estimate_tau(prompts)
                     taus.append(tau)
                     report(Progress("validate", step, horizon, tau=tau, epoch=epoch + 1))
-                    self.save_draft()
                     self.save_state(step, optimizer, taus)
                     last_save = time.perf_counter()
+                    started += last_save - paused_at  # validation is not training time
                 elif time.perf_counter() - last_save > c.save_every_s:
                     self.save_state(step, optimizer, taus)
                     last_save = time.perf_counter()
         except KeyboardInterrupt:
-            path = self.save_state(step, optimizer, taus)
-            self.save_draft()
+            path = self.save_state(step, optimizer, taus)  # the draft itself is written when training ends
             raise Interrupted(step, path) from None
         elapsed = max(time.perf_counter() - started, 1e-9)
         tau = self.estimate_tau(prompts)
