@@ -106,6 +106,51 @@ def test_cache_lengths_and_acceptance_with_a_mostly_right_draft(qwen3, block, wi
     assert max(accepted) >= min(3, block - 1) and sum(accepted) > len(accepted) // 2
 
 
+# -- targets in other forms mlx-lm loads: 4-bit quantized (mlx_lm.convert), tied embeddings ------------
+
+@pytest.fixture(scope="module")
+def variant(pairs, tmp_path_factory):
+    built = {}
+
+    def get(kind):
+        if kind not in built:
+            target, draft = pairs("qwen3")
+            out = tmp_path_factory.mktemp(kind) / "target"
+            if kind == "q4":
+                from mlx_lm.convert import convert
+
+                convert(str(target), str(out), quantize=True, q_group_size=32, q_bits=4)
+            else:  # tied: mlx-lm drops lm_head.weight and uses embed_tokens.as_linear
+                edited_copy(target, out, tie_word_embeddings=True)
+            built[kind] = (out, draft)
+        return built[kind]
+
+    return get
+
+
+@pytest.mark.parametrize("kind", ["q4", "tied"])
+def test_quantized_and_tied_targets_match_mlx_lm(variant, kind):
+    target, draft = variant(kind)
+    engine = mlx_engine(target, draft)
+    assert type(engine.target.lm_head).__name__ == ("QuantizedLinear" if kind == "q4" else "method")
+    ids = engine.prepare(GenerationRequest(prompt=PROMPTS[0]))
+    expected = mlx_lm_greedy(target, ids, NEW)
+    for block in (1, 4, 16):
+        summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=block, stop_ids=[])[1]
+        assert summary.token_ids == expected, f"block {block}"
+    assert summary.dtype == "float32"  # the activations' dtype: the quantization scales' here
+
+
+def test_dtype_setting_converts_target_and_draft(pairs):
+    target, draft = pairs("qwen3")
+    engine = mlx_engine(target, draft, dtype="bfloat16")
+    assert engine.dtype == "bfloat16" and engine.draft.fc.weight.dtype == mx.bfloat16
+    summary = run(engine, prompt=PROMPTS[0], max_new_tokens=12, temperature=0, block_size=4, stop_ids=[])[1]
+    assert summary.generated_tokens == 12 and summary.dtype == "bfloat16"
+    with pytest.raises(UserError, match="dtype 'float8'"):
+        mlx_engine(target, draft, dtype="float8")
+
+
 # -- a hybrid target (gated delta net + attention): recurrent states restored, not trimmed -----------
 
 def make_qwen3_5_target(out, seed=0):
