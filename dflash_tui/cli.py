@@ -47,3 +47,4 @@ main.add_command(generate)
 from .profile_cli import profile; main.add_command(profile)  # noqa: E402,E702
 from .train_cli import train_draft; main.add_command(train_draft)  # noqa: E402,E702
 from .chat_cli import chat, sessions; main.add_command(chat); main.add_command(sessions)  # noqa: E402,E702
+from .replay_cli import bench, replay, tune; main.add_command(replay); main.add_command(bench); main.add_command(tune)  # noqa: E402,E702

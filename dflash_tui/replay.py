@@ -1,0 +1,574 @@
+"""Replay a recorded session across block sizes (no UI framework here; the CLI and the TUI show it).
+
+Every recorded turn that completed is re-run with its recorded prompt ids (so every block size sees the
+identical prompt, history included) once per block size, on one engine loaded once. Block 1 (plain
+decoding) is always part of the run: it is the baseline of the speedup column. At temperature 0 the
+outputs must equal the recording (same target) and each other; any difference is reported with the turn,
+the first differing position and the target's top-2 logit margin there (a margin within numerical noise
+means a bf16 reduction-order tie, not a bug). A replay whose target is not the recorded one (another
+engine's profile override, such as a quantized MLX build) is marked "different target" and compared
+across block sizes only.
+
+The comparison is saved next to the session as `<session>.replay-<YYYYmmdd-HHMMSS>.json`:
+
+    {
+      "schema": "dflash-replay/1",
+      "session": "20261129-194200-3fa9",       "session_path": ".../20261129-194200-3fa9.jsonl",
+      "created": "2026-11-29T20:10:00+00:00",
+      "engine": "cuda", "device": "cpu", "dtype": "float32",
+      "target": "/path/of/replayed/target",    "recorded_target": "/path/of/recorded/target",
+      "recorded_engine": "cuda",               "same_target": true,
+      "temperature": 0.0,                       "greedy": true,
+      "block_sizes": [1, 2, 4, 8, 16],
+      "turns": [{"index": 0, "user": "What is 48 + 75?", "prompt_tokens": 21, "recorded_tokens": 40,
+                 "recorded_block_size": 16}],
+      "rows": [{                                 # one per block size, in block_sizes order
+        "block_size": 4,
+        "generated_tokens": 40, "steps": 14,     # verify steps (the prefill token is not a step)
+        "tau": 2.79,                             # mean acceptance length over all turns
+        "histogram": [3, 2, 4, 5],               # steps with acceptance length 1..block_size
+        "decode_tokens_per_s": 312.0,            # all turns: (tokens - 1 per turn) / decode seconds
+        "speedup": 2.1,                          # decode_tokens_per_s / block 1's (block 1 row: 1.0)
+        "ttft_s": 0.012,                         # mean time to first token
+        "peak_memory_bytes": 123456, "peak_memory_kind": "device" | "process-lifetime-rss",
+        "identical_to_recording": true | false | null,     # null: sampled, or a different target
+        "identical_across_block_sizes": true | false | null,  # vs the block 1 row; null when sampled
+        "turns": [{"index": 0, "token_ids": [...], "pieces": [["Hel", "draft"], ["lo", "target"]],
+                   "acceptance_lengths": [...], "generated_tokens": 40, "decode_tokens_per_s": 300.0,
+                   "ttft_s": 0.01, "finish_reason": "stop"}]
+      }],
+      "differences": [{"turn": 0, "block_size": 8, "against": "recording" | "block 1", "position": 17,
+                       "expected": 42, "got": 43, "margin": 0.0012, "top2": [42, 43]}],
+      "warnings": ["..."]
+    }
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from engines.config import MAX_BLOCK_SIZE, EngineConfig, GenerationRequest
+from engines.errors import UserError
+
+from . import sessions
+
+SCHEMA = "dflash-replay/1"
+DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 16)
+ProgressFn = Callable[[int, int, str], None]  # (done, total, what is running now)
+
+
+class ReplayCancelled(Exception):
+    """The person stopped the replay (the TUI's escape)."""
+
+
+# -- input -----------------------------------------------------------------------------------------
+
+
+def parse_block_sizes(text, add_one: bool = True) -> list[int]:
+    """'1,2,4,8,16' -> [1, 2, 4, 8, 16] (sorted, unique; block 1 added as the speedup baseline)."""
+    if isinstance(text, (list, tuple)):
+        parts = [str(p) for p in text]
+    else:
+        parts = [p.strip() for p in str(text).replace(" ", ",").split(",") if p.strip()]
+    if not parts:
+        raise UserError("--block-sizes is empty; give a comma-separated list such as 1,2,4,8,16.")
+    sizes = set()
+    for part in parts:
+        try:
+            value = int(part)
+        except ValueError:
+            raise UserError(f"Block size '{part}' is not a whole number; give a comma-separated list such as "
+                            "1,2,4,8,16.") from None
+        if not 1 <= value <= MAX_BLOCK_SIZE:
+            raise UserError(f"Block size {value} is out of range; choose block sizes from 1 to {MAX_BLOCK_SIZE}.")
+        sizes.add(value)
+    if add_one:
+        sizes.add(1)
+    return sorted(sizes)
+
+
+@dataclass
+class RecordedTurn:
+    index: int
+    user: str
+    prompt_ids: list[int]
+    recorded_ids: list[int]
+    settings: dict
+
+    def request(self, block_size: int, temperature: Optional[float] = None,
+                cancel: Optional[threading.Event] = None) -> GenerationRequest:
+        s = self.settings
+        request = GenerationRequest(
+            prompt_ids=list(self.prompt_ids), block_size=block_size,
+            max_new_tokens=int(s.get("max_new_tokens") or max(len(self.recorded_ids), 1)),
+            temperature=s.get("temperature") if temperature is None else temperature,
+            top_p=s.get("top_p"), top_k=s.get("top_k"), min_p=s.get("min_p"), seed=int(s.get("seed") or 0),
+            thinking=bool(s.get("thinking", True)),
+        )
+        if cancel is not None:
+            request.cancel = cancel
+        return request
+
+
+def recorded_turns(session: sessions.Session) -> list[RecordedTurn]:
+    """The turns that completed (cancelled and failed ones are not replayed)."""
+    out = []
+    for position, turn in enumerate(session.turns):
+        if turn.get("status", "completed") != "completed" or not turn.get("prompt_ids"):
+            continue
+        out.append(RecordedTurn(index=int(turn.get("index", position)), user=turn.get("user", ""),
+                                prompt_ids=[int(i) for i in turn["prompt_ids"]],
+                                recorded_ids=[int(i) for i in turn.get("emitted_ids") or []],
+                                settings=dict(turn.get("settings") or {})))
+    if not out:
+        raise UserError(f"Session {session.id} has no completed turn to replay (cancelled turns are skipped); "
+                        "pick another with `dflash sessions list`.")
+    return out
+
+
+def engine_config_for(session: sessions.Session, engine: Optional[str] = None, device: Optional[str] = None,
+                      dtype: Optional[str] = None) -> EngineConfig:
+    """What to load for a replay: on the recorded engine, the recorded target and draft (exactly); on
+    another engine, the session's profile resolved for that engine (its [engines.<name>] overrides may
+    name another target, e.g. a quantized MLX build)."""
+    from engines import choose_engine
+
+    header = session.header
+    snapshot = header.get("profile") or {}
+    recorded_engine = header.get("engine")
+    chosen = choose_engine(engine or recorded_engine or "auto")
+    flags = {"device": device, "dtype": dtype}
+    if chosen != recorded_engine and snapshot.get("path") and Path(snapshot["path"]).is_file():
+        from .profiles import load_profile
+
+        return load_profile(snapshot["path"]).engine_config(chosen, **flags)
+    target = header.get("target_path") or header.get("target")
+    if not target:
+        raise UserError(f"Session {session.id} does not record its target; it cannot be replayed.")
+    draft = header.get("draft_path") or header.get("draft")
+    recorded_dtype = header.get("dtype")
+    if recorded_dtype not in ("float32", "float16", "bfloat16") or chosen != recorded_engine:
+        recorded_dtype = snapshot.get("dtype") or "auto"
+    return EngineConfig(
+        target=str(target), draft=str(draft) if draft else None, engine=chosen, device=device or "auto",
+        dtype=dtype or recorded_dtype, draft_window=snapshot.get("draft_window"),
+        source=f"session {session.id}",
+    )
+
+
+def _same_path(a, b) -> bool:
+    if not a or not b:
+        return False
+    try:
+        return Path(str(a)).resolve() == Path(str(b)).resolve()
+    except OSError:
+        return str(a) == str(b)
+
+
+def same_target(session: sessions.Session, engine) -> bool:
+    """Whether `engine` runs the target the session was recorded with (same checkpoint)."""
+    header = session.header
+    path = getattr(getattr(engine, "target_info", None), "path", None)
+    if _same_path(path, header.get("target_path")):
+        return True
+    config = getattr(engine, "config", None)
+    return bool(getattr(config, "target", None)) and config.target == header.get("target") and \
+        not header.get("target_path")
+
+
+# -- the target's top-2 margin ----------------------------------------------------------------------
+
+
+def top2_margin(engine, ids: list[int]) -> tuple[Optional[float], list[int]]:
+    """(logit of the best minus the second best, [best id, second id]) of the target's next token after
+    `ids`, from one plain forward pass of the engine's target; (None, []) when the engine has none."""
+    name = getattr(engine, "name", "")
+    try:
+        if name == "cuda":
+            import torch
+
+            model = engine.target.model
+            device = getattr(engine.target, "device", None) or next(model.parameters()).device
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, -1].float()
+            values, top = torch.topk(logits, 2)
+            return float(values[0] - values[1]), [int(t) for t in top.tolist()]
+        if name == "mlx":
+            import mlx.core as mx
+
+            logits = engine.model(mx.array([ids]))[0, -1].astype(mx.float32)
+            order = mx.argsort(-logits)[:2]
+            values = logits[order]
+            return float((values[0] - values[1]).item()), [int(t) for t in order.tolist()]
+    except Exception:  # noqa: BLE001 - a margin is a diagnostic; never fail the replay for it
+        return None, []
+    return None, []
+
+
+# -- running ---------------------------------------------------------------------------------------
+
+
+def _merge_pieces(pieces: list) -> list[list[str]]:
+    merged: list[list[str]] = []
+    for text, origin in pieces:
+        if not text:
+            continue
+        if merged and merged[-1][1] == origin:
+            merged[-1][0] += text
+        else:
+            merged.append([text, origin])
+    return merged
+
+
+def run_turn(engine, request: GenerationRequest) -> dict:
+    """One generation; the per-turn record of the comparison."""
+    pieces = []
+    for event in engine.generate(request):
+        pieces += event.pieces
+    summary = engine.last_summary
+    if summary.finish_reason == "cancelled":
+        raise ReplayCancelled()
+    return {
+        "token_ids": list(summary.token_ids), "pieces": _merge_pieces(pieces),
+        "acceptance_lengths": list(summary.acceptance_lengths), "generated_tokens": summary.generated_tokens,
+        "decode_s": summary.decode_s, "decode_tokens_per_s": summary.decode_tokens_per_s, "ttft_s": summary.ttft_s,
+        "peak_memory_bytes": summary.peak_memory_bytes, "peak_memory_kind": summary.peak_memory_kind,
+        "finish_reason": summary.finish_reason, "text": summary.text,
+    }
+
+
+def first_difference(a: list[int], b: list[int]) -> Optional[int]:
+    """The first position where two id lists differ (a length difference counts), else None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def aggregate(block_size: int, turns: list[dict]) -> dict:
+    lengths = [n for t in turns for n in t["acceptance_lengths"]]
+    decode_s = sum(t["decode_s"] for t in turns)
+    counted = sum(max(t["generated_tokens"] - 1, 0) for t in turns)
+    histogram = [0] * block_size
+    for n in lengths:
+        if 1 <= n <= block_size:
+            histogram[n - 1] += 1
+    peaks = [t["peak_memory_bytes"] for t in turns]
+    return {
+        "block_size": block_size, "generated_tokens": sum(t["generated_tokens"] for t in turns), "steps": len(lengths),
+        "tau": sum(lengths) / len(lengths) if lengths else 0.0, "histogram": histogram,
+        "decode_tokens_per_s": counted / decode_s if decode_s > 0 else 0.0, "speedup": None,
+        "ttft_s": sum(t["ttft_s"] for t in turns) / len(turns) if turns else 0.0,
+        "peak_memory_bytes": max(peaks) if peaks else 0,
+        "peak_memory_kind": turns[0]["peak_memory_kind"] if turns else "device",
+        "identical_to_recording": None, "identical_across_block_sizes": None,
+        "turns": [{k: v for k, v in t.items() if k not in ("decode_s", "peak_memory_bytes", "peak_memory_kind",
+                                                            "text")} for t in turns],
+    }
+
+
+def add_speedups(rows: list[dict]) -> None:
+    base = next((r["decode_tokens_per_s"] for r in rows if r["block_size"] == 1), None)
+    for row in rows:
+        if row["block_size"] == 1:
+            row["speedup"] = 1.0
+        elif base:
+            row["speedup"] = row["decode_tokens_per_s"] / base
+
+
+def effective_temperature(engine, turns: list[RecordedTurn], temperature: Optional[float]) -> float:
+    """The temperature the replay samples at (a request's None takes the generation_config's)."""
+    from engines.sampling import resolve_sampling
+
+    values = {resolve_sampling(t.request(1, temperature), getattr(engine, "generation_config", {}) or {}).temperature
+              for t in turns}
+    return max(values)
+
+
+def run_replay(engine, session: sessions.Session, block_sizes: list[int], temperature: Optional[float] = None,
+               progress: Optional[ProgressFn] = None, cancel: Optional[threading.Event] = None,
+               warmup: bool = True) -> dict:
+    """Re-run every completed turn at every block size on `engine`; the comparison dict (module docstring)."""
+    turns = recorded_turns(session)
+    block_sizes = parse_block_sizes(block_sizes)
+    has_draft = getattr(engine, "draft_info", None) is not None
+    warnings = list(session.warnings)
+    if not has_draft and any(b > 1 for b in block_sizes):
+        warnings.append("The replayed target has no draft; only block size 1 runs.")
+        block_sizes = [1]
+    cancel = cancel or threading.Event()
+    temp = effective_temperature(engine, turns, temperature)
+    greedy = temp <= 0
+    matched = same_target(session, engine)
+    total = len(block_sizes) * len(turns) + (len(block_sizes) if warmup else 0)
+    done = 0
+
+    def tick(label: str) -> None:
+        if cancel.is_set():
+            raise ReplayCancelled()
+        if progress:
+            progress(done, total, label)
+
+    results: dict[int, list[dict]] = {}
+    for block in block_sizes:
+        if warmup:  # first calls pay one-time costs (allocations, kernels); keep them out of the timings
+            tick(f"warm-up, block {block}")
+            warm = turns[0].request(block, temperature, cancel)
+            warm.max_new_tokens = min(8, warm.max_new_tokens)
+            run_turn(engine, warm)
+            done += 1
+        results[block] = []
+        for turn in turns:
+            tick(f"block {block} · turn {turn.index + 1}")
+            results[block].append(run_turn(engine, turn.request(block, temperature, cancel)))
+            done += 1
+    if progress:
+        progress(done, total, "comparing")
+
+    rows = [aggregate(b, results[b]) for b in block_sizes]
+    add_speedups(rows)
+    differences = []
+    margins: dict[tuple, tuple] = {}
+
+    def margin_at(turn: RecordedTurn, ids: list[int], position: int):
+        key = (turn.index, tuple(ids[:position]))
+        if key not in margins:
+            margins[key] = top2_margin(engine, turn.prompt_ids + list(ids[:position]))
+        return margins[key]
+
+    if greedy:
+        reference = results[block_sizes[0]]
+        for row, block in zip(rows, block_sizes):
+            same_rec, same_ref = True, True
+            for turn, run, ref in zip(turns, results[block], reference):
+                checks = [("block %d" % block_sizes[0], ref["token_ids"])] if block != block_sizes[0] else []
+                if matched:
+                    checks.insert(0, ("recording", turn.recorded_ids))
+                for against, expected in checks:
+                    pos = first_difference(expected, run["token_ids"])
+                    if pos is None:
+                        continue
+                    if against == "recording":
+                        same_rec = False
+                    else:
+                        same_ref = False
+                    margin, top2 = margin_at(turn, expected, pos)
+                    differences.append({
+                        "turn": turn.index, "block_size": block, "against": against, "position": pos,
+                        "expected": expected[pos] if pos < len(expected) else None,
+                        "got": run["token_ids"][pos] if pos < len(run["token_ids"]) else None,
+                        "margin": margin, "top2": top2,
+                    })
+            row["identical_to_recording"] = same_rec if matched else None
+            row["identical_across_block_sizes"] = same_ref
+    else:
+        warnings.append(f"Sampled at temperature {temp:g}: outputs are not compared (replay with --temperature 0 "
+                        "to check that every block size gives the identical text).")
+    header = session.header
+    return {
+        "schema": SCHEMA, "session": session.id, "session_path": str(session.path), "created": sessions.now_iso(),
+        "engine": getattr(engine, "name", "?"), "device": getattr(engine, "device", "?"),
+        "dtype": getattr(engine, "dtype", "?"),
+        "target": str(getattr(getattr(engine, "target_info", None), "path", "") or ""),
+        "recorded_target": header.get("target_path") or header.get("target"),
+        "recorded_engine": header.get("engine"), "same_target": matched, "temperature": temp, "greedy": greedy,
+        "block_sizes": block_sizes,
+        "turns": [{"index": t.index, "user": t.user, "prompt_tokens": len(t.prompt_ids),
+                   "recorded_tokens": len(t.recorded_ids), "recorded_block_size": t.settings.get("block_size")}
+                  for t in turns],
+        "rows": rows, "differences": differences, "warnings": warnings,
+    }
+
+
+def save_comparison(comparison: dict, session_path: Optional[Path] = None) -> Path:
+    """Write the comparison next to its session file (never touching the session itself)."""
+    session_path = Path(session_path or comparison["session_path"])
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = session_path.with_suffix("")
+    path = base.parent / f"{base.name}.replay-{stamp}.json"
+    n = 1
+    while path.exists():
+        n += 1
+        path = base.parent / f"{base.name}.replay-{stamp}-{n}.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(comparison, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    return path
+
+
+def saved_comparisons(session_path: Path) -> list[Path]:
+    session_path = Path(session_path)
+    return sorted(session_path.parent.glob(f"{session_path.with_suffix('').name}.replay-*.json"))
+
+
+# -- presenting ------------------------------------------------------------------------------------
+
+CHECK, CROSS = "✓", "✗"
+
+
+def format_bytes(n: int) -> str:
+    from .generate_cli import format_bytes as fmt
+
+    return fmt(n)
+
+
+def histogram_text(histogram: list[int], width: int = 16) -> str:
+    """A compact histogram: one block character per acceptance length, height by share of steps."""
+    total = sum(histogram)
+    if not total:
+        return "-"
+    bars = " ▁▂▃▄▅▆▇█"
+    cells = [bars[min(8, round(8 * c / max(histogram)))] if c else "·" for c in histogram]
+    return "".join(cells)
+
+
+def identity_mark(row: dict, comparison: dict) -> str:
+    """✓ / ✗ text for a row: identical to the recording and across block sizes."""
+    if not comparison["greedy"]:
+        return "sampled"
+    parts = []
+    if comparison["same_target"]:
+        parts.append(f"{CHECK if row['identical_to_recording'] else CROSS} recording")
+    else:
+        parts.append("different target")
+    if row["identical_across_block_sizes"] is not None and row["block_size"] != comparison["block_sizes"][0]:
+        parts.append(f"{CHECK if row['identical_across_block_sizes'] else CROSS} block {comparison['block_sizes'][0]}")
+    return " · ".join(parts)
+
+
+def table_rows(comparison: dict) -> tuple[list[str], list[list[str]]]:
+    """Column titles and the cells of the comparison table (shared by the CLI and the TUI)."""
+    titles = ["block", "tau", "acceptance 1..B", "tok/s", "speedup", "TTFT", "peak mem", "identical"]
+    cells = []
+    for row in comparison["rows"]:
+        peak = format_bytes(row["peak_memory_bytes"]) + ("" if row["peak_memory_kind"] == "device" else "*")
+        speedup = f"{row['speedup']:.2f}x" if row["speedup"] is not None else "-"
+        cells.append([str(row["block_size"]), f"{row['tau']:.2f}", histogram_text(row["histogram"]),
+                      f"{row['decode_tokens_per_s']:.1f}", speedup, f"{row['ttft_s'] * 1000:.1f} ms", peak,
+                      identity_mark(row, comparison)])
+    return titles, cells
+
+
+def format_table(comparison: dict, colour: bool = False) -> str:
+    import click
+
+    titles, cells = table_rows(comparison)
+    widths = [max(len(t), *(len(c[i]) for c in cells)) for i, t in enumerate(titles)]
+
+    def line(values: list[str]) -> str:
+        out = []
+        for i, (value, width) in enumerate(zip(values, widths)):
+            text = value.ljust(width) if i in (2, 7) else value.rjust(width)
+            if colour and i == 7:
+                if CROSS in value:
+                    text = click.style(text, fg="red", bold=True)
+                elif CHECK in value:
+                    text = click.style(text, fg="green")
+            out.append(text)
+        return "  ".join(out).rstrip()
+
+    lines = [line(titles), "  ".join("-" * w for w in widths)]
+    lines += [line(c) for c in cells]
+    if any(r["peak_memory_kind"] != "device" for r in comparison["rows"]):
+        lines.append("* process peak RSS over the whole run (no device memory counter on this engine/device)")
+    return "\n".join(lines)
+
+
+def verdict(comparison: dict) -> str:
+    """One sentence: are the outputs identical?"""
+    if not comparison["greedy"]:
+        return f"Sampled at temperature {comparison['temperature']:g}: outputs not compared."
+    n = len(comparison["turns"])
+    blocks = ", ".join(str(b) for b in comparison["block_sizes"])
+    diffs = comparison["differences"]
+    if not diffs:
+        against = "the recording and each other" if comparison["same_target"] else \
+            "each other (different target: not compared to the recording)"
+        return f"{CHECK} All {n} turn{'s' if n != 1 else ''} identical at block sizes {blocks}: equal to {against}."
+    return f"{CROSS} {len(diffs)} difference{'s' if len(diffs) != 1 else ''} found (listed below)."
+
+
+def difference_lines(comparison: dict) -> list[str]:
+    out = []
+    for d in comparison["differences"]:
+        margin = "unknown" if d["margin"] is None else f"{d['margin']:.4g}"
+        out.append(f"turn {d['turn'] + 1}, block {d['block_size']} vs {d['against']}: first differs at token "
+                   f"{d['position']} (expected {d['expected']}, got {d['got']}); target top-2 margin there {margin}")
+    return out
+
+
+def chart(comparison: dict, colour: bool = False, width: int = 80, height: int = 14) -> str:
+    """A plotext bar chart of speedup and tau per block size (a plain-text one without colour)."""
+    labels = [str(r["block_size"]) for r in comparison["rows"]]
+    speedups = [round(r["speedup"] or 0.0, 2) for r in comparison["rows"]]
+    taus = [round(r["tau"], 2) for r in comparison["rows"]]
+    try:
+        text = _plotext_chart(labels, speedups, taus, width, height)
+    except Exception:  # noqa: BLE001 - a chart is a nicety; fall back to text bars
+        return _text_chart(labels, speedups, taus)
+    if not colour:
+        import plotext
+
+        text = plotext.uncolorize(text)
+    return text.rstrip("\n")
+
+
+def _plotext_chart(labels, speedups, taus, width, height) -> str:
+    import plotext as plt
+
+    figure = getattr(plt, "figure", None)
+    if figure is not None and hasattr(figure, "build") and not callable(getattr(plt, "bar", None)):
+        figure.clear()  # plotext 6: the explicit-figure API
+        figure.subplots(1, 2)
+        figure.plot_size(width, height)
+        for col, (values, title) in enumerate(((speedups, "speedup vs block 1"), (taus, "tau (mean acceptance)")), 1):
+            sub = figure.subplot(1, col)
+            sub.draw(sub.bar(labels, values, labeled=True, width=0.6))
+            sub.title(title)
+            sub.label("block size", "x")
+        return str(figure.build())
+    plt.clf()  # plotext 5: the functional API
+    plt.subplots(1, 2)
+    plt.plotsize(width, height)
+    for col, (values, title) in enumerate(((speedups, "speedup vs block 1"), (taus, "tau (mean acceptance)")), 1):
+        plt.subplot(1, col)
+        plt.bar(labels, values)
+        plt.title(title)
+        plt.xlabel("block size")
+    return plt.build()
+
+
+def _text_chart(labels, speedups, taus) -> str:
+    top_s, top_t = max(speedups + [1e-9]), max(taus + [1e-9])
+    lines = ["block  speedup                        tau"]
+    for label, s, t in zip(labels, speedups, taus):
+        lines.append(f"{label:>5}  {'█' * round(20 * s / top_s):<20} {s:5.2f}x  {'█' * round(20 * t / top_t):<20} {t:5.2f}")
+    return "\n".join(lines)
+
+
+def report(comparison: dict, colour: bool = False, width: int = 80) -> str:
+    """The whole human-readable comparison: header, table, chart, verdict and differences."""
+    c = comparison
+    target = "same target as recorded" if c["same_target"] else f"different target ({c['target']})"
+    head = (f"replay of session {c['session']} · {c['engine']} engine on {c['device']} · {c['dtype']} · {target} · "
+            f"temperature {c['temperature']:g} · {len(c['turns'])} turn{'s' if len(c['turns']) != 1 else ''}")
+    parts = [head, "", format_table(c, colour), "", chart(c, colour, width), "", verdict(c)]
+    parts += difference_lines(c)
+    return "\n".join(parts)
+
+
+def load_comparison(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"Replay comparison {path} cannot be read ({exc}).") from None
+    if data.get("schema") != SCHEMA:
+        raise UserError(f"{path} is not a dflash replay comparison (schema {data.get('schema')!r}).")
+    return data
