@@ -11,14 +11,17 @@ from engines.errors import UserError
 
 def _progress_bar():
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-        console=Console(stderr=True), transient=False,
+        TextColumn("{task.description}"), BarColumn(bar_width=16), MofNCompleteColumn(),
+        TextColumn("{task.fields[stats]}"), TextColumn("eta"), TimeRemainingColumn(compact=True),
+        console=Console(stderr=True),
     )
+
+
+def _count(value: float) -> str:
+    return f"{value / 1000:.1f}k" if value >= 1000 else f"{value:.0f}"
 
 
 @click.command("train-draft")
@@ -78,13 +81,13 @@ def train_draft(**options) -> None:
         if p.kind == "validate":
             bar.console.print(f"step {p.done}: tau {p.tau:.2f} at block {cfg.block_size} (epoch {p.epoch})")
             return
-        name = "writing responses" if p.kind == "generate" else "training"
+        name = "responses" if p.kind == "generate" else "training "
         if name not in tasks:
             if not bar.live.is_started:
                 bar.start()
             tasks[name] = bar.add_task(name, total=p.total, completed=p.done, stats="")
         stats = "" if p.kind == "generate" else (
-            f"loss {p.loss:.3f} · {p.steps_per_s:.1f} step/s · {p.tokens_per_s:,.0f} tok/s · lr {p.lr:.1e}")
+            f"loss {p.loss:.3f} {p.steps_per_s:.1f} it/s {_count(p.tokens_per_s)} tok/s")
         bar.update(tasks[name], total=p.total, completed=p.done, stats=stats)
 
     try:

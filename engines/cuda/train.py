@@ -411,6 +411,9 @@ class Trainer:
                         prompt = chat_ids(tok, conv.messages[:i], conv.thinking)
                         response = given_response_ids(tok, conv.messages[:i], m["content"], conv.thinking, self.eos)
                         samples.append(Sample(prompt, response))
+            if not samples:
+                raise UserError(f"{c.data} has no assistant turns to train on with --responses given; add them, or "
+                                "use --responses generate to let the target write them.")
             return self._fit(samples)
         cache_file = self.work / RESPONSES_FILE
         cached: dict[str, list[list[int]]] = {}
