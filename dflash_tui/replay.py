@@ -326,7 +326,7 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
         results[block] = []
         for turn in turns:
             tick(f"block {block} · turn {turn.index + 1}")
-            results[block].append(run_turn(engine, turn.request(block, temperature, cancel)))
+            results[block].append({"index": turn.index, **run_turn(engine, turn.request(block, temperature, cancel))})
             done += 1
     if progress:
         progress(done, total, "comparing")

@@ -192,7 +192,7 @@ def tune(profile, target, draft, engine, device, dtype, block_size, draft_window
     click.echo(tune_mod.format_sweep(result))
     best = result["best"]
     click.echo(f"best: block size {best['block_size']}" + (
-        f", draft window {best['draft_window'] or 'none'}" if windows != [None] else "") +
+        f", draft window {best['draft_window'] or 'none'}" if windows != [None] and best["block_size"] > 1 else "") +
         f" ({best['decode_tokens_per_s']:.1f} tok/s, {best['speedup']:.2f}x vs block 1)")
     if dry_run:
         click.echo("dry run: no profile written", err=True)
@@ -200,7 +200,7 @@ def tune(profile, target, draft, engine, device, dtype, block_size, draft_window
     path, changes = tune_mod.write_best(settings, best, tune_window=windows != [None], engine=loaded.name)
     if changes:
         for change in changes:
-            click.echo(f"changed {change}")
+            click.echo(f"  {change}")
         click.echo(f"wrote {path}")
     else:
         click.echo(f"{path} already has these values; nothing changed")

@@ -165,7 +165,8 @@ def _set(doc, table_path: tuple[str, ...], key: str, value) -> tuple[Optional[ob
 
 
 def write_best(profile, best: dict, tune_window: bool = False, engine: Optional[str] = None) -> tuple[Path, list[str]]:
-    """Write the best block size (and draft window) into the user's copy; (path, what changed)."""
+    """Write the best block size (and draft window) into the user's copy; (path, one sentence per change,
+    empty when the copy already had these values)."""
     target = user_copy_path(profile)
     notes: list[str] = []
     if target.is_file():
@@ -180,7 +181,7 @@ def write_best(profile, best: dict, tune_window: bool = False, engine: Optional[
     overrides = ((doc.get("engines") or {}).get(engine) or {}) if engine else {}
     changes = list(notes)
     values = [("block_size", best["block_size"])]
-    if tune_window:
+    if tune_window and best["block_size"] > 1:  # block 1 has no draft: its window says nothing
         values.append(("draft_window", best.get("draft_window")))
     for key, value in values:
         where = ("engines", engine) if key in overrides else ("dflash",)

@@ -1,0 +1,252 @@
+"""`dflash replay`: a session recorded by the real chat controller, replayed at every block size.
+
+The session is written by `Conversation` + `SessionWriter` on a random tiny pair at temperature 0
+(and on the demo pair when it has been built). No engine is mocked: the identity checks and the top-2
+margins come from real generations and real forward passes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dflash_tui import replay, sessions
+from dflash_tui.cli import main
+from dflash_tui.conversation import ChatSettings, Conversation
+from dflash_tui.profiles import Profile
+from engines import EngineConfig, UserError, load_engine
+
+BLOCKS = [1, 2, 4, 8, 16]
+QUESTIONS = ["What is 48 + 75?", "The quick brown fox"]
+ROW_KEYS = {"block_size", "generated_tokens", "steps", "tau", "histogram", "decode_tokens_per_s", "speedup", "ttft_s",
+            "peak_memory_bytes", "peak_memory_kind", "identical_to_recording", "identical_across_block_sizes", "turns"}
+TOP_KEYS = {"schema", "session", "session_path", "created", "engine", "device", "dtype", "target", "recorded_target",
+            "recorded_engine", "same_target", "temperature", "greedy", "block_sizes", "turns", "rows", "differences",
+            "warnings"}
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "profiles" / "demo"
+
+
+def record_session(engine, profile, questions, block_size: int, max_new_tokens: int = 32) -> str:
+    settings = ChatSettings.from_profile(profile)
+    settings.max_new_tokens = max_new_tokens
+    conv = Conversation(engine, settings, profile=profile)
+    conv.set_block(block_size)
+    for question in questions:
+        active = conv.begin(question)
+        for _ in conv.stream(active):
+            pass
+    return conv.session_id
+
+
+@pytest.fixture(scope="module")
+def recorded(pairs, tmp_path_factory):
+    """(engine, session id, data dir): two turns recorded at block 8, temperature 0."""
+    target, draft = pairs("qwen3")
+    data = tmp_path_factory.mktemp("data")
+    engine = load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu"))
+    profile = Profile(name="tiny", description="", path=None, target=str(target), draft=str(draft), temperature=0.0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DFLASH_DATA_DIR", str(data))
+        session_id = record_session(engine, profile, QUESTIONS, 8)
+    return engine, session_id, data
+
+
+@pytest.fixture
+def data_dir(recorded, monkeypatch):
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(recorded[2]))
+    return recorded[2]
+
+
+def copy_session(data_dir: Path, session_id: str, name: str, edit=None, tail: str = "") -> str:
+    """A copy of the recorded session under a new id, its records passed through `edit`, plus `tail`."""
+    source = sessions.resolve(session_id)
+    lines = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+    lines[0]["id"] = name
+    if edit:
+        lines = edit(lines)
+    path = source.parent / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines) + tail)
+    return name
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_every_block_size_is_identical_and_block_1_is_the_baseline(recorded, data_dir):
+    engine, session_id, _ = recorded
+    session = sessions.load_session(session_id)
+    seen = []
+    comparison = replay.run_replay(engine, session, BLOCKS, progress=lambda done, total, label: seen.append(done))
+    assert comparison["greedy"] and comparison["same_target"]
+    assert [row["block_size"] for row in comparison["rows"]] == BLOCKS
+    assert comparison["differences"] == []
+    for row in comparison["rows"]:
+        assert row["identical_to_recording"] is True and row["identical_across_block_sizes"] is True
+        assert len(row["histogram"]) == row["block_size"] and sum(row["histogram"]) == row["steps"]
+        recorded_ids = [t["emitted_ids"] for t in session.turns]
+        assert [t["token_ids"] for t in row["turns"]] == recorded_ids
+        # the coloured pieces spell the text the recording answered
+        assert ["".join(p[0] for p in t["pieces"]) for t in row["turns"]] == [t["answer"] for t in session.turns]
+    assert comparison["rows"][0]["speedup"] == 1.0
+    assert all(isinstance(row["speedup"], float) for row in comparison["rows"])
+    assert seen == sorted(seen) and seen[-1] == len(BLOCKS) * (len(QUESTIONS) + 1)
+    text = replay.report(comparison, colour=False)
+    assert "✓ All 2 turns identical at block sizes 1, 2, 4, 8, 16" in text
+    assert "\x1b[" not in text  # no colour codes when colour is off (NO_COLOR, not a tty)
+    assert "speedup vs block 1" in text and "tau" in text
+
+
+def test_cli_json_has_the_documented_schema_and_is_saved_next_to_the_session(recorded, data_dir):
+    _, session_id, _ = recorded
+    result = invoke("replay", session_id, "--block-sizes", "4,1,16", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data) == TOP_KEYS and data["schema"] == replay.SCHEMA
+    assert data["block_sizes"] == [1, 4, 16]
+    for row in data["rows"]:
+        assert set(row) == ROW_KEYS
+        assert set(row["turns"][0]) == {"index", "token_ids", "pieces", "acceptance_lengths", "generated_tokens",
+                                        "decode_tokens_per_s", "ttft_s", "finish_reason"}
+        assert row["identical_to_recording"] is True
+    assert data["rows"][0]["speedup"] == 1.0
+    assert set(data["turns"][0]) == {"index", "user", "prompt_tokens", "recorded_tokens", "recorded_block_size"}
+    saved = replay.saved_comparisons(sessions.resolve(session_id))
+    assert saved and replay.load_comparison(saved[-1])["rows"] == data["rows"]
+    assert "saved" in result.stderr and "block 16" in result.stderr  # progress went to stderr
+    # the session itself is untouched and still lists once
+    assert [s.id for s in sessions.list_sessions()].count(session_id) == 1
+
+
+def test_cli_table_marks_identical_outputs(recorded, data_dir):
+    _, session_id, _ = recorded
+    result = invoke("replay", session_id, "-B", "1,8", "--no-save")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "✓ recording · ✓ block 1" in out and "1.00x" in out and "✓ All 2 turns identical" in out
+    assert "saved" not in result.stderr
+
+
+def test_a_torn_last_line_still_replays(recorded, data_dir):
+    engine, session_id, _ = recorded
+    torn = copy_session(data_dir, session_id, "torn-session", tail='{"type": "turn", "index": 2, "user": "Hel')
+    result = invoke("replay", torn, "-B", "1,4", "--json", "--no-save")
+    assert result.exit_code == 0, result.output
+    assert "incomplete" in result.stderr
+    data = json.loads(result.stdout)
+    assert len(data["turns"]) == 2 and all(r["identical_to_recording"] for r in data["rows"])
+
+
+def test_cancelled_turns_are_not_replayed(recorded, data_dir):
+    engine, session_id, _ = recorded
+
+    def cancel_first(lines):
+        lines[1]["status"] = "cancelled"
+        return lines
+
+    name = copy_session(data_dir, session_id, "cancelled-session", cancel_first)
+    comparison = replay.run_replay(engine, sessions.load_session(name), [1, 2], warmup=False)
+    assert [t["index"] for t in comparison["turns"]] == [1]
+
+
+def test_a_difference_is_flagged_with_position_and_top2_margin(recorded, data_dir):
+    engine, session_id, _ = recorded
+
+    def corrupt(lines):
+        ids = lines[1]["emitted_ids"]
+        ids[3] = (ids[3] + 1) % 256
+        return lines
+
+    name = copy_session(data_dir, session_id, "corrupt-session", corrupt)
+    comparison = replay.run_replay(engine, sessions.load_session(name), [1, 4], warmup=False)
+    assert [r["identical_to_recording"] for r in comparison["rows"]] == [False, False]
+    assert [r["identical_across_block_sizes"] for r in comparison["rows"]] == [True, True]
+    diffs = comparison["differences"]
+    assert {(d["turn"], d["position"], d["against"]) for d in diffs} == {(0, 3, "recording")}
+    session = sessions.load_session(session_id)
+    assert diffs[0]["got"] == session.turns[0]["emitted_ids"][3]
+    assert isinstance(diffs[0]["margin"], float) and diffs[0]["margin"] >= 0
+    lines = replay.difference_lines(comparison)
+    assert "turn 1, block 1 vs recording: first differs at token 3" in lines[0] and "margin" in lines[0]
+    assert "✗ recording" in replay.format_table(comparison)
+
+
+def test_another_target_says_different_target(recorded, data_dir):
+    engine, session_id, _ = recorded
+
+    def move_target(lines):
+        lines[0]["target_path"] = lines[0]["target"] = "/elsewhere/quantized-target"
+        return lines
+
+    name = copy_session(data_dir, session_id, "moved-session", move_target)
+    comparison = replay.run_replay(engine, sessions.load_session(name), [1, 2], warmup=False)
+    assert comparison["same_target"] is False
+    assert all(r["identical_to_recording"] is None for r in comparison["rows"])
+    assert comparison["rows"][1]["identical_across_block_sizes"] is True
+    assert "different target" in replay.format_table(comparison) and "different target" in replay.report(comparison)
+
+
+def test_mlx_replay_matches_the_cuda_recording_and_margins_agree(recorded, data_dir):
+    pytest.importorskip("mlx.core")
+    engine, session_id, _ = recorded
+    session = sessions.load_session(session_id)
+    config = replay.engine_config_for(session, engine="mlx")
+    assert config.engine == "mlx" and config.target == session.header["target_path"]
+    mlx_engine = load_engine(config)
+    comparison = replay.run_replay(mlx_engine, session, [1, 4], warmup=False)
+    assert comparison["same_target"] and not comparison["differences"]
+    ids = session.turns[0]["prompt_ids"]
+    cuda_margin, cuda_top = replay.top2_margin(engine, ids)
+    mlx_margin, mlx_top = replay.top2_margin(mlx_engine, ids)
+    assert cuda_top == mlx_top and abs(cuda_margin - mlx_margin) < 1e-3
+
+
+def test_unknown_session_exits_2_in_one_sentence(data_dir):
+    result = invoke("replay", "no-such-session")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: No session 'no-such-session'") and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("sizes", ["0,4", "1,65", "1,x", ""])
+def test_bad_block_sizes_exit_2(recorded, data_dir, sizes):
+    result = invoke("replay", recorded[1], "--block-sizes", sizes)
+    assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+
+
+def test_parse_block_sizes_adds_the_baseline():
+    assert replay.parse_block_sizes("16, 4,4 8") == [1, 4, 8, 16]
+    assert replay.parse_block_sizes("2", add_one=False) == [2]
+    with pytest.raises(UserError, match="out of range"):
+        replay.parse_block_sizes("64,65")
+
+
+def test_first_difference():
+    assert replay.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert replay.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert replay.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_chart_falls_back_to_plain_text_bars():
+    text = replay._text_chart(["1", "8"], [1.0, 2.5], [1.0, 4.2])
+    assert "2.50x" in text and "4.20" in text
+
+
+@pytest.mark.skipif(not (DEMO / "draft" / "model.safetensors").exists() or not (DEMO / "target" / "model.safetensors").exists(),
+                    reason="the demo pair (profiles/demo/) has not been built yet")
+def test_demo_session_replays_identically(tmp_path, monkeypatch):
+    from dflash_tui.settings import load_settings
+
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path))
+    profile, config = load_settings("demo", "cuda", device="cpu")
+    engine = load_engine(config)
+    session_id = record_session(engine, replace(profile, max_new_tokens=96), ["What is 48 + 75?", "hi"], 16, 96)
+    result = invoke("replay", session_id, "--block-sizes", "1,4,8,16", "--no-save")
+    assert result.exit_code == 0, result.output
+    assert "✓ All 2 turns identical at block sizes 1, 4, 8, 16" in result.stdout
+    assert result.stdout.count("✓ recording") == 4
+
