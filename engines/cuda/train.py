@@ -627,6 +627,18 @@ class Trainer:
     def save_draft(self) -> None:
         save_draft(self.draft, self.out, SAVE_DTYPES[self.cfg.dtype])
 
+    def epoch_batches(self, samples: list[Sample], epoch: int) -> list[list[int]]:
+        """ceil(n / batch) batches of sample indices for an epoch: a seeded shuffle, cut into groups of
+        16 batches whose members are sorted by length (little padding), in a seeded random order."""
+        bs = self.cfg.batch_size
+        gen = torch.Generator().manual_seed(self.cfg.seed * 1000003 + epoch)
+        order = torch.randperm(len(samples), generator=gen).tolist()
+        batches = []
+        for g in range(0, len(order), bs * 16):
+            chunk = sorted(order[g: g + bs * 16], key=lambda i: len(samples[i].ids))
+            batches += [chunk[j: j + bs] for j in range(0, len(chunk), bs)]
+        return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+
     # -- the loop ------------------------------------------------------------------------------
     def run(self, on_step: Optional[Callable[[Progress], None]] = None) -> Result:
         c = self.cfg
@@ -653,7 +665,7 @@ class Trainer:
             t = min(1.0, (s - warmup) / max(1, horizon - warmup))
             return c.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
-        orders: dict[int, list[int]] = {}
+        orders: dict[int, list[list[int]]] = {}
         loss_avg = None
         tokens_done, started = 0, time.perf_counter()
         first_step, last_save = step, time.perf_counter()
@@ -663,9 +675,8 @@ class Trainer:
             while step < horizon:
                 epoch, index = divmod(step, per_epoch)
                 if epoch not in orders:
-                    orders = {epoch: torch.randperm(len(samples), generator=torch.Generator().manual_seed(
-                        c.seed * 1000003 + epoch)).tolist()}
-                batch = [samples[i] for i in orders[epoch][index * c.batch_size:(index + 1) * c.batch_size]]
+                    orders = {epoch: self.epoch_batches(samples, epoch)}
+                batch = [samples[i] for i in orders[epoch][index]]
                 generator = torch.Generator().manual_seed(c.seed * 1000003 + 7919 * step + 1)
                 for group in optimizer.param_groups:
                     group["lr"] = lr_at(step)
