@@ -527,6 +527,7 @@ def _plotext_chart(labels, speedups, taus, width, height) -> str:
     if figure is not None and hasattr(figure, "build") and not callable(getattr(plt, "bar", None)):
         figure.clear()  # plotext 6: the explicit-figure API
         figure.subplots(1, 2)
+        figure.theme("simple")  # coloured bars on the terminal's own background
         figure.plot_size(width, height)
         for col, (values, title) in enumerate(((speedups, "speedup vs block 1"), (taus, "tau (mean acceptance)")), 1):
             sub = figure.subplot(1, col)
@@ -536,6 +537,7 @@ def _plotext_chart(labels, speedups, taus, width, height) -> str:
         return str(figure.build())
     plt.clf()  # plotext 5: the functional API
     plt.subplots(1, 2)
+    plt.theme("clear")
     plt.plotsize(width, height)
     for col, (values, title) in enumerate(((speedups, "speedup vs block 1"), (taus, "tau (mean acceptance)")), 1):
         plt.subplot(1, col)

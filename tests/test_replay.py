@@ -250,3 +250,58 @@ def test_demo_session_replays_identically(tmp_path, monkeypatch):
     assert "✓ All 2 turns identical at block sizes 1, 4, 8, 16" in result.stdout
     assert result.stdout.count("✓ recording") == 4
 
+
+
+@pytest.mark.asyncio
+async def test_tui_replay_screen_runs_and_compares_a_turn_side_by_side(recorded, data_dir, tmp_path):
+    pytest.importorskip("textual")
+    import time
+
+    from textual.widgets import DataTable, Input, Static
+
+    from dflash_tui.app import DflashApp
+    from dflash_tui.conversation import printable
+    from dflash_tui.screens.replay import ReplayScreen
+
+    engine, session_id, _ = recorded
+    target, draft = engine.config.target, engine.config.draft
+    profile = tmp_path / "tiny.toml"
+    profile.write_text(f'name = "tiny"\n[model]\ntarget = "{target}"\ndraft = "{draft}"\n[engine]\ndefault = "cuda"\n'
+                       '[generation]\ntemperature = 0.0\nmax_new_tokens = 16\n')
+    app = DflashApp(profile=str(profile), loaded_engine=engine, animate=False, record=False)
+
+    async def wait_for(pilot, condition, timeout=120.0):
+        started = time.monotonic()
+        while not condition():
+            assert time.monotonic() - started < timeout, "timed out waiting for the app"
+            await pilot.pause(0.05)
+
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.conversation is not None or app.load_error is not None)
+        await pilot.pause()
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: isinstance(app.screen, ReplayScreen))
+        screen = app.screen
+        assert screen.query_one("#replay-session", Input).value == session_id  # the newest session
+        screen.query_one("#replay-blocks", Input).value = "1,4"
+        screen.query_one("#replay-blocks", Input).focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        await wait_for(pilot, lambda: screen.comparison is not None and not screen.running)
+        comparison = screen.comparison
+        assert [r["block_size"] for r in comparison["rows"]] == [1, 4] and not comparison["differences"]
+        assert screen.query_one("#replay-table", DataTable).row_count == 2
+        assert "✓ All 2 turns identical" in str(screen.query_one("#replay-verdict", Static).render())
+        await pilot.pause()
+        columns = list(screen.query(".replay-column"))
+        assert len(columns) == 2 and "block 4" in str(columns[1].render())
+        session = sessions.load_session(session_id)
+        assert printable(session.turns[0]["answer"]) in str(columns[0].render())
+        turns = screen.query_one("#replay-turns", DataTable)
+        turns.focus()
+        await pilot.press("down")
+        await pilot.pause()
+        columns = list(screen.query(".replay-column"))
+        assert printable(session.turns[1]["answer"]) in str(columns[0].render())
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ReplayScreen))

@@ -1,28 +1,245 @@
-"""Replay: re-run a session's turns across block sizes (the replay release fills this screen in)."""
+"""Replay: re-run a session's turns across block sizes, see the table and chart, then compare one turn's
+text side by side per block size, coloured by origin (accepted draft tokens vs the target's own).
+
+The work runs in a thread worker (`dflash_tui.replay.run_replay`), reporting progress back with
+`call_from_thread`; escape stops it between generations. The engine of the chat is reused when it runs
+the session's target (and is idle); otherwise the session's own engine is loaded in the worker. The
+comparison is saved next to the session, as `dflash replay` saves it, and the newest saved one is shown
+when the screen opens.
+"""
 
 from __future__ import annotations
 
+import threading
+from typing import Optional
+
+from rich.console import Group
+from rich.text import Text
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Static
+from textual.widgets import Button, DataTable, Input, ProgressBar, Static
+
+from .. import replay, sessions
+from ..conversation import printable
+from ..widgets.stats import DRAFT_STYLE, TARGET_STYLE
+
+ORIGIN_STYLES = {"draft": DRAFT_STYLE, "target": TARGET_STYLE}
 
 
 class ReplayScreen(ModalScreen):
-    BINDINGS = [Binding("escape,ctrl+r,q", "dismiss", "close")]
+    BINDINGS = [
+        Binding("escape,ctrl+r", "close", "close"),
+        Binding("ctrl+enter,f5", "run", "run"),
+    ]
+    DEFAULT_CSS = """
+    #replay-screen-box {
+        width: 96%;
+        height: 94%;
+        border: round $primary;
+        background: $surface;
+        padding: 0 1;
+    }
+    #replay-controls { height: 3; }
+    #replay-controls Static { width: auto; padding: 1 1 0 0; }
+    #replay-session { width: 30; }
+    #replay-blocks { width: 24; }
+    #replay-run { min-width: 8; }
+    #replay-progress-row { height: 1; }
+    #replay-progress { width: 40; }
+    #replay-status { width: 1fr; padding: 0 0 0 1; }
+    #replay-results { height: 1fr; }
+    #replay-table { height: auto; max-height: 12; }
+    #replay-chart { height: auto; text-wrap: nowrap; }
+    #replay-verdict { margin: 1 0 0 0; }
+    #replay-turns { height: auto; max-height: 8; margin: 1 0 0 0; }
+    #replay-compare { height: auto; }
+    .replay-column { width: 1fr; height: auto; border: round $panel; padding: 0 1; }
+    #replay-hint { color: $text-muted; height: 1; }
+    """
 
-    def __init__(self, session_id: str | None = None) -> None:
+    def __init__(self, session_id: Optional[str] = None) -> None:
         super().__init__()
         self.session_id = session_id
+        self.comparison: Optional[dict] = None
+        self.cancel = threading.Event()
+        self.running = False
 
+    # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        with Vertical(id="replay-box"):
-            yield Static("replay", classes="modal-title")
-            yield Static(
-                "Replay re-runs every turn of a session with the recorded prompt ids at several block sizes "
-                "and compares speed and acceptance. It arrives in a later release; until then, "
-                "`dflash sessions show ID` prints what each turn recorded."
-                + (f"\n\nThis session: {self.session_id}" if self.session_id else "")
-            )
-            yield Static("escape closes", classes="modal-hint")
+        with Vertical(id="replay-screen-box"):
+            yield Static("replay · re-run every turn of a session at several block sizes", classes="modal-title")
+            with Horizontal(id="replay-controls"):
+                yield Static("session")
+                yield Input(self.session_id or self._newest() or "", placeholder="session id", id="replay-session")
+                yield Static("block sizes")
+                yield Input(",".join(str(b) for b in replay.DEFAULT_BLOCK_SIZES), id="replay-blocks",
+                            placeholder="1,2,4,8,16")
+                yield Button("run", id="replay-run", variant="primary")
+            with Horizontal(id="replay-progress-row"):
+                yield ProgressBar(id="replay-progress", show_eta=False)
+                yield Static("enter runs the replay", id="replay-status")
+            with VerticalScroll(id="replay-results"):
+                yield DataTable(id="replay-table", cursor_type="none", zebra_stripes=True)
+                yield Static("", id="replay-chart")
+                yield Static("", id="replay-verdict")
+                yield DataTable(id="replay-turns", cursor_type="row")
+                yield Horizontal(id="replay-compare")
+            yield Static("enter run · ↑↓ pick a turn in the list to compare its text · escape close",
+                         id="replay-hint")
+
+    def _newest(self) -> Optional[str]:
+        found = sessions.list_sessions()
+        return found[0].id if found else None
+
+    def on_mount(self) -> None:
+        self.query_one("#replay-blocks", Input).focus()
+        self.query_one("#replay-turns", DataTable).display = False
+        ident = self.query_one("#replay-session", Input).value.strip()
+        if not ident:
+            self._status("No session yet: send a message first (or type a session id).")
+            return
+        try:
+            saved = replay.saved_comparisons(sessions.resolve(ident))
+            if saved:
+                self.show(replay.load_comparison(saved[-1]))
+                self._status(f"Last replay ({saved[-1].name}); enter runs it again.")
+        except Exception:  # noqa: BLE001 - an old or unreadable comparison is simply not shown
+            pass
+
+    def _status(self, text: str) -> None:
+        self.query_one("#replay-status", Static).update(text)
+
+    # -- running ---------------------------------------------------------------------------------
+    @on(Input.Submitted)
+    @on(Button.Pressed, "#replay-run")
+    def action_run(self) -> None:
+        if self.running:
+            return
+        ident = self.query_one("#replay-session", Input).value.strip()
+        blocks = self.query_one("#replay-blocks", Input).value
+        if not ident:
+            self._status("Type a session id (ctrl+o lists them).")
+            return
+        self.cancel = threading.Event()
+        self.running = True
+        self.query_one("#replay-progress", ProgressBar).update(total=None, progress=0)
+        self._status("starting ...")
+        self._run(ident, blocks)
+
+    @work(thread=True, exclusive=True, group="replay")
+    def _run(self, ident: str, blocks: str) -> None:
+        from engines import UserError, load_engine
+
+        try:
+            sizes = replay.parse_block_sizes(blocks)
+            session = sessions.load_session(ident)
+            replay.recorded_turns(session)
+            engine = self._chat_engine(session)
+            if engine is None:
+                config = replay.engine_config_for(session)
+                self.app.call_from_thread(self._status, f"loading {config.target} on the {config.engine} engine ...")
+                engine = load_engine(config)
+            comparison = replay.run_replay(engine, session, sizes, progress=self._progress_from_thread,
+                                           cancel=self.cancel)
+            path = replay.save_comparison(comparison, session.path)
+        except replay.ReplayCancelled:
+            self.app.call_from_thread(self._finished, None, "Replay stopped.")
+            return
+        except UserError as exc:
+            self.app.call_from_thread(self._finished, None, f"error: {exc}")
+            return
+        except Exception as exc:  # noqa: BLE001 - shown in the screen, never a crash of the app
+            self.app.call_from_thread(self._finished, None, f"error: unexpected {type(exc).__name__}: {exc}")
+            return
+        self.app.call_from_thread(self._finished, comparison, f"Saved {path.name}.")
+
+    def _chat_engine(self, session):
+        """The chat's engine when it runs the session's target and is idle (no second copy in memory)."""
+        app = self.app
+        engine = getattr(app, "engine", None)
+        if engine is None or getattr(app, "active", None) is not None:
+            return None
+        return engine if replay.same_target(session, engine) else None
+
+    def _progress_from_thread(self, done: int, total: int, label: str) -> None:
+        self.app.call_from_thread(self._progress, done, total, label)
+
+    def _progress(self, done: int, total: int, label: str) -> None:
+        self.query_one("#replay-progress", ProgressBar).update(total=total, progress=done)
+        self._status(f"{done}/{total} · {label}")
+
+    def _finished(self, comparison: Optional[dict], message: str) -> None:
+        self.running = False
+        self._status(message)
+        bar = self.query_one("#replay-progress", ProgressBar)
+        bar.update(total=bar.total or 1, progress=bar.total or 1)
+        if comparison is not None:
+            self.show(comparison)
+
+    # -- showing ---------------------------------------------------------------------------------
+    def show(self, comparison: dict) -> None:
+        self.comparison = comparison
+        table = self.query_one("#replay-table", DataTable)
+        table.clear(columns=True)
+        titles, cells = replay.table_rows(comparison)
+        table.add_columns(*titles)
+        for row in cells:
+            mark = row[-1]
+            style = "bold red" if replay.CROSS in mark else ("green" if replay.CHECK in mark else "")
+            table.add_row(*row[:-1], Text(mark, style=style))
+        width = max(60, min(self.size.width - 8, 110)) if self.size.width else 100
+        # a rich Group renders through rich itself, which keeps the chart's leading spaces (its alignment)
+        chart = Text.from_ansi(replay.chart(comparison, True, width, 12), no_wrap=True, overflow="crop")
+        self.query_one("#replay-chart", Static).update(Group(chart))
+        lines = [replay.verdict(comparison), *replay.difference_lines(comparison), *comparison.get("warnings", [])]
+        verdict = Text("\n".join(lines))
+        if comparison["differences"]:
+            verdict.stylize("bold red", 0, len(lines[0]))
+        elif comparison["greedy"]:
+            verdict.stylize("green", 0, len(lines[0]))
+        self.query_one("#replay-verdict", Static).update(verdict)
+        turns = self.query_one("#replay-turns", DataTable)
+        turns.clear(columns=True)
+        turns.add_columns("turn", "prompt", "tokens", "you")
+        for t in comparison["turns"]:
+            first = (t["user"].strip().splitlines() or [""])[0]
+            turns.add_row(str(t["index"] + 1), str(t["prompt_tokens"]), str(t["recorded_tokens"]), first[:70],
+                          key=str(t["index"]))
+        turns.display = True
+        self.show_turn(comparison["turns"][0]["index"] if comparison["turns"] else None)
+
+    @on(DataTable.RowHighlighted, "#replay-turns")
+    def _turn_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.row_key is not None and event.row_key.value is not None:
+            self.show_turn(int(event.row_key.value))
+
+    def show_turn(self, index: Optional[int]) -> None:
+        """One column per block size: the turn's text, draft-accepted tokens in green, the target's in blue."""
+        compare = self.query_one("#replay-compare", Horizontal)
+        compare.remove_children()
+        if index is None or self.comparison is None:
+            return
+        columns = []
+        for row in self.comparison["rows"]:
+            turn = next((t for n, t in enumerate(row["turns"]) if t.get("index", n) == index), None)
+            if turn is None:
+                continue
+            lengths = turn["acceptance_lengths"]
+            tau = sum(lengths) / len(lengths) if lengths else 0.0
+            drafted = sum(len(p[0]) for p in turn["pieces"] if p[1] == "draft")
+            chars = sum(len(p[0]) for p in turn["pieces"]) or 1
+            body = Text()
+            body.append(f"block {row['block_size']} · tau {tau:.2f} · {turn['decode_tokens_per_s']:.0f} tok/s\n",
+                        style="bold")
+            body.append(f"{100 * drafted / chars:.0f}% of the text from the draft\n", style="dim")
+            for text, origin in turn["pieces"]:
+                body.append(printable(text), style=ORIGIN_STYLES.get(origin, ""))
+            columns.append(Static(body, classes="replay-column"))
+        compare.mount_all(columns)
+
+    def action_close(self) -> None:
+        self.cancel.set()
+        self.dismiss(None)
