@@ -81,7 +81,7 @@ def sliding_draft(pairs, tmp_path_factory):
                            layer_types=["sliding_attention", "full_attention"], sliding_window=3)
 
 
-@pytest.mark.parametrize("window", [None, 4, 9])
+@pytest.mark.parametrize("window", [None, 4, 9, 300])
 @pytest.mark.parametrize("kind", ["plain", "sliding"])
 def test_draft_module_matches_pytorch(engines_for, pairs, sliding_draft, window, kind):
     """Identical context features and block embeddings: the MLX draft's hidden output is within 1e-4."""
@@ -99,7 +99,7 @@ def test_draft_module_matches_pytorch(engines_for, pairs, sliding_draft, window,
     hidden = torch_draft.config["hidden_size"]
     width = len(torch_draft.target_layer_ids) * hidden
     rng = np.random.default_rng(0)
-    chunks = [rng.standard_normal((1, n, width)).astype(np.float32) for n in (7, 1, 3, 2)]
+    chunks = [rng.standard_normal((1, n, width)).astype(np.float32) for n in (7, 1, 3, 2, 250, 1, 1, 300, 4)]  # past the 256-row buffers
     block = rng.standard_normal((1, 8, hidden)).astype(np.float32)
 
     t_cache, m_cache = TorchDraftCache(torch_draft, window), MlxDraftCache(mlx_draft, window)
