@@ -85,7 +85,7 @@ class DflashApp(App):
 
     def __init__(self, profile=None, engine: Optional[str] = None, block_size: Optional[int] = None,
                  thinking: Optional[bool] = None, resume: Optional[sessions.Session] = None, record: bool = True,
-                 max_new_tokens: Optional[int] = None, animate: bool = True) -> None:
+                 max_new_tokens: Optional[int] = None, animate: bool = True, loaded_engine=None) -> None:
         super().__init__()
         self.profile_ref = profile
         self.profile = None
@@ -104,10 +104,12 @@ class DflashApp(App):
         self.load_error: Optional[str] = None
         self.load_seconds = 0.0
         self.animate = animate
+        self.loaded_engine = loaded_engine  # an engine already loaded (tests, benchmarks): no load worker
         self._events: deque = deque()
         self._keep_conversation = False
         self._load_started = 0.0
         self._last_stats = StatsData()
+        self.flushes = 0  # timer flushes that rendered events
         self.turns_done = 0  # answered turns in this app (tests and the benchmark wait on it)
         self.finished: list = []  # ActiveTurns in the order they ended
 
@@ -118,7 +120,19 @@ class DflashApp(App):
     def on_mount(self) -> None:
         self.set_interval(self.FLUSH_INTERVAL, self._flush_events)
         self.set_interval(0.5, self._tick_loading)
-        self.start_load()
+        if self.loaded_engine is not None:
+            self.call_after_refresh(self._use_loaded_engine)
+        else:
+            self.start_load()
+
+    def _use_loaded_engine(self) -> None:
+        engine, self.loaded_engine = self.loaded_engine, None
+        try:
+            self.profile = load_profile(self.profile_ref)
+        except UserError as exc:
+            self.show_load_error(str(exc))
+            return
+        self._loaded(engine)
 
     def _chat_screen(self) -> ChatScreen:
         for screen in self.screen_stack:
@@ -347,6 +361,7 @@ class DflashApp(App):
         pop = self._events.popleft
         while self._events:
             events.append(pop())
+        self.flushes += 1
         view = self.active_view
         view.add_events(events)
         view.render_text()

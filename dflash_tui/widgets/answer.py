@@ -114,6 +114,7 @@ class AnswerView(Vertical):
             self.query_one(".thinking-text", Static).update(think)
         if not answer and self.status == "streaming":
             answer = Text("…", style="dim")
+        self.answer_rich, self.thinking_rich = answer, think
         self.query_one(".answer-text", Static).update(answer)
 
     def finish(self, status: str, footer: Optional[str] = None) -> None:

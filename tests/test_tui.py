@@ -1,0 +1,443 @@
+"""The Textual app, driven by the pilot on the real CUDA engine (on the CPU) with a random tiny pair.
+
+A random pair writes gibberish, which is all the UI needs. Snapshots are taken before any generation
+(no timings on screen) at fixed sizes, on an engine forced to the CPU so every machine draws the same.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("textual")
+pytest.importorskip("torch")
+
+from engines import EngineConfig, load_engine  # noqa: E402
+from engines.events import StepEvent  # noqa: E402
+
+SIZE = (120, 40)
+
+
+def write_profile(path: Path, target, draft, max_new_tokens=48, thinking=True, block_size=None, extra="") -> Path:
+    lines = [
+        'name = "tiny"', 'description = "random tiny pair"',
+        "[model]", f'target = "{target}"', f'draft = "{draft}"',
+        "[engine]", 'default = "cuda"', 'dtype = "float32"',
+    ]
+    if block_size:
+        lines += ["[dflash]", f"block_size = {block_size}"]
+    lines += ["[generation]", "temperature = 0.0", f"max_new_tokens = {max_new_tokens}",
+              f"thinking = {'true' if thinking else 'false'}"]
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pair(pairs):
+    return pairs("qwen3")
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+    target, draft = pair
+    return load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu", dtype="float32"))
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "data"
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture
+def profile(tmp_path, pair):
+    return write_profile(tmp_path / "tiny.toml", *pair)
+
+
+def make_app(profile, engine=None, **kwargs):
+    from dflash_tui.app import DflashApp
+
+    return DflashApp(profile=str(profile), loaded_engine=engine, animate=False, **kwargs)
+
+
+async def wait_for(pilot, condition, timeout=120.0, step=0.05):
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError("timed out waiting for the app")
+        await pilot.pause(step)
+
+
+async def ready(pilot):
+    app = pilot.app
+    await wait_for(pilot, lambda: app.conversation is not None or app.load_error is not None)
+    await pilot.pause()
+
+
+async def send(pilot, text, turns_before=None):
+    app = pilot.app
+    before = app.turns_done if turns_before is None else turns_before
+    await pilot.press(*text, "enter")
+    await wait_for(pilot, lambda: app.turns_done > before)
+    await pilot.pause()
+    return app.finished[-1]
+
+
+def session_lines(app):
+    path = app.conversation.writer.path
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# -- pilot tests -----------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_prompt_streams_coloured_text_and_updates_stats(profile, data_dir):
+    """The real load path (worker), then a turn: text coloured by origin, stats moving, session saved."""
+    from dflash_tui.widgets import AnswerView, StatsPanel
+    from dflash_tui.widgets.stats import DRAFT_STYLE, TARGET_STYLE
+
+    app = make_app(profile)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.load_error is None
+        active = await send(pilot, "What is 48 + 75?")
+        answer = app.query(AnswerView).last()
+        assert answer.status == "completed"
+        origins = {kind for _, kind in answer.segments}
+        assert "target" in origins and origins <= {"draft", "target", "ghost"}
+        styles = {str(span.style) for span in answer.answer_rich.spans}
+        assert styles and styles <= {DRAFT_STYLE, TARGET_STYLE}
+        stats = app._last_stats
+        assert stats.tokens == active.turn.summary["generated_tokens"] == 48
+        assert stats.tokens_per_s > 0 and stats.tau >= 1.0 and sum(stats.histogram) > 0
+        assert stats.speedup is not None and stats.speedup_kind == "est."
+        panel = str(app.screen.query_one(StatsPanel).render())
+        assert "tok/s" in panel and "tau" in panel and "accepted draft" in panel
+        assert 1 <= app.flushes <= len(active.steps) + 1  # batches from the flush timer, not one per event
+        # up recalls the last prompt
+        await pilot.press("up")
+        assert app.screen.query_one("#prompt").text == "What is 48 + 75?"
+    lines = [json.loads(x) for x in app.conversation.writer.path.read_text().splitlines()]
+    assert lines[0]["type"] == "header" and lines[1]["status"] == "completed"
+    assert lines[1]["emitted_ids"] == active.emitted and lines[1]["prompt_ids"] == active.prompt_ids
+
+
+@pytest.mark.asyncio
+async def test_ctrl_t_changes_the_template_sent(profile, engine, data_dir):
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.conversation.settings.thinking is True
+        first = await send(pilot, "hi")
+        await pilot.press("ctrl+t")
+        assert app.conversation.settings.thinking is False
+        assert "thinking OFF" in str(app.screen.query_one("#header-state").render())
+        second = await send(pilot, "hi again")
+    tok = engine.tokenizer
+    assert first.request.thinking is True and second.request.thinking is False
+    # the chat template really received enable_thinking: the empty think block is in the prompt ids
+    def generation_prompt(ids):
+        return tok.decode(ids).rsplit("<|im_start|>assistant", 1)[1].strip()
+
+    assert generation_prompt(first.prompt_ids) == ""
+    assert generation_prompt(second.prompt_ids) == "<think>\n\n</think>"
+    assert engine.prepare(second.request) == second.prompt_ids
+    records = session_lines(app)
+    assert [r["settings"]["thinking"] for r in records[1:]] == [True, False]
+
+
+@pytest.mark.asyncio
+async def test_escape_cancels_and_the_partial_turn_is_recorded(tmp_path, pair, engine, data_dir):
+    profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=450)
+    app = make_app(profile, engine, block_size=1)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press(*"tell me a long story", "enter")
+        await wait_for(pilot, lambda: app.active is not None and app.active.stats.tokens >= 8, step=0.01)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.turns_done == 1)
+        await pilot.pause()
+        active = app.finished[-1]
+        assert active.turn.status == "cancelled"
+        assert 8 <= len(active.emitted) < 440
+        assert app.conversation.turns[-1].cancelled  # it stays in the history, marked
+        footer = str(app.query("AnswerView").last().query_one(".answer-footer").render())
+        assert "cancelled" in footer
+        # the next turn resends the partial answer as history
+        app.conversation.settings.max_new_tokens = 8
+        nxt = app.conversation.begin("go on")
+        assert nxt.messages[-2] == {"role": "assistant", "content": active.turn.answer}
+    record = session_lines(app)[-1]
+    assert record["status"] == "cancelled" and record["emitted_ids"] == active.emitted
+    assert record["summary"]["finish_reason"] == "cancelled"
+
+
+@pytest.mark.asyncio
+async def test_block_size_change_takes_effect_on_the_next_turn(profile, engine, data_dir):
+    app = make_app(profile, engine, block_size=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press(*"one", "enter", "ctrl+k")  # ctrl+k once the first turn is under way
+        assert app.conversation.settings.block_size == 8
+        await wait_for(pilot, lambda: app.turns_done == 1)
+        second = await send(pilot, "two")
+        first = app.finished[0]
+        assert "block 8" in str(app.screen.query_one("#header-state").render())
+    assert first.request.block_size == 4 and first.turn.summary["block_size"] == 4
+    # blocks of 4 (3 drafted ids; the last blocks shrink near max_new_tokens)
+    assert max(len(step["drafted"]) for step in first.steps) == 3
+    assert second.request.block_size == 8 and second.turn.summary["block_size"] == 8
+    assert max(len(step["drafted"]) for step in second.steps) == 7
+
+
+@pytest.mark.asyncio
+async def test_ghosts_toggle_and_markdown_view(profile, engine, data_dir):
+    from dflash_tui.screens import HelpScreen, MarkdownScreen, ReplayScreen
+    from dflash_tui.widgets import AnswerView
+    from dflash_tui.widgets.stats import GHOST_STYLE
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "ghosts please")
+        answer = app.query(AnswerView).last()
+        if not any(kind == "ghost" for _, kind in answer.segments):
+            pytest.skip("this random pair accepted every drafted token")
+        def ghost_spans():
+            return [s for s in answer.answer_rich.spans if str(s.style) == GHOST_STYLE]
+        assert not ghost_spans() and app.ghosts is False
+        await pilot.press("ctrl+g")
+        assert app.ghosts and ghost_spans()
+        await pilot.press("f2")
+        assert isinstance(app.screen, MarkdownScreen) and app.screen.text == answer.answer_text
+        await pilot.press("escape", "f1")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape", "ctrl+r")
+        assert isinstance(app.screen, ReplayScreen)
+
+
+@pytest.mark.asyncio
+async def test_resume_restores_history_and_settings(profile, engine, data_dir):
+    from dflash_tui import sessions
+    from dflash_tui.widgets import AnswerView, UserMessage
+
+    app = make_app(profile, engine, block_size=2)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "first question")
+        await pilot.press("ctrl+t")
+        await send(pilot, "second question")
+    session_id = app.conversation.session_id
+    answers = [t.answer for t in app.conversation.turns]
+
+    session = sessions.load_session(session_id)
+    again = make_app(profile, engine, resume=session)
+    async with again.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        conv = again.conversation
+        assert [t.user for t in conv.turns] == ["first question", "second question"]
+        assert [t.answer for t in conv.turns] == answers
+        assert conv.settings.block_size == 2 and conv.settings.thinking is False
+        assert len(again.query(UserMessage)) == 2 and len(again.query(AnswerView)) == 2
+        third = await send(pilot, "third")
+        assert third.messages[0]["content"] == "first question"
+        assert third.messages[1]["content"] == answers[0]
+    assert conv.session_id == session_id
+    assert len(sessions.load_session(session_id).turns) == 3
+
+
+@pytest.mark.asyncio
+async def test_missing_model_shows_the_error_screen(tmp_path, pair, data_dir):
+    from dflash_tui.screens import LoadErrorScreen
+
+    missing = tmp_path / "no-such-model"
+    profile = write_profile(tmp_path / "broken.toml", missing, pair[1])
+    app = make_app(profile)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.load_error is not None)
+        await pilot.pause()
+        assert isinstance(app.screen, LoadErrorScreen)
+        message = str(app.screen.query_one("#error-message").render())
+        assert "no-such-model" in message
+        assert app.conversation is None
+        # typing into a dead app is refused politely, not a crash
+        app.pop_screen()
+        await pilot.press(*"hello", "enter")
+        assert app.is_running
+
+
+@pytest.mark.asyncio
+async def test_new_session_and_sessions_browser_resume(profile, engine, data_dir):
+    from dflash_tui.screens import SessionsScreen
+    from dflash_tui.widgets import UserMessage
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "remember me")
+        first_id = app.conversation.session_id
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert app.conversation.turns == [] and app.conversation.session_id is None
+        assert len(app.query(UserMessage)) == 0
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert isinstance(app.screen, SessionsScreen)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.conversation.session_id == first_id
+        assert [t.user for t in app.conversation.turns] == ["remember me"]
+
+
+@pytest.mark.asyncio
+async def test_palette_commands_include_profiles_engines_and_system_prompt(profile, engine, data_dir):
+    from dflash_tui.screens import SystemPromptScreen
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for wanted in ("Toggle thinking", "Next block size", "Edit system prompt", "Engine: cuda", "Engine: mlx",
+                       "Sessions", "Replay", "Help"):
+            assert wanted in titles
+        app.action_system_prompt()
+        await pilot.pause()
+        assert isinstance(app.screen, SystemPromptScreen)
+        await pilot.press(*"be brief", "ctrl+s")
+        await pilot.pause()
+        assert app.conversation.settings.system_prompt == "be brief"
+        turn = app.conversation.begin("hello")
+        assert turn.messages[0] == {"role": "system", "content": "be brief"}
+
+
+@pytest.mark.asyncio
+async def test_engine_switch_reloads_and_keeps_history(profile, data_dir):
+    app = make_app(profile)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "before the switch")
+        old = app.engine
+        app.switch_engine("cuda")
+        await wait_for(pilot, lambda: app.engine is not None and app.engine is not old and not app.loading)
+        await pilot.pause()
+        assert [t.user for t in app.conversation.turns] == ["before the switch"]
+        await send(pilot, "after")
+        assert len(app.conversation.turns) == 2
+
+
+# -- the controller without the UI ----------------------------------------------------------------
+
+
+def test_context_trimming_drops_the_oldest_turns_with_a_notice(engine, data_dir):
+    from dflash_tui.conversation import ChatSettings, Conversation, Turn
+
+    conv = Conversation(engine, ChatSettings(max_new_tokens=64), record=False)
+    notices = []
+    conv.on_notice = notices.append
+    long = "The quick brown fox jumps over the lazy dog. " * 2
+    conv.turns = [Turn(user=f"question {i} {long}", answer=long) for i in range(8)]
+    active = conv.begin("and now?")
+    limit = engine.target_info.max_positions
+    assert len(active.prompt_ids) + 64 <= limit
+    assert conv.dropped > 0 and active.dropped == conv.dropped
+    assert active.messages[0]["content"] == conv.turns[conv.dropped].user
+    assert notices and "Context full" in notices[0]
+    # a second turn does not resend what was dropped
+    assert conv.begin("again").messages[0]["content"] == conv.turns[conv.dropped].user
+
+
+def test_thinking_layout_and_answer_view_split():
+    from dflash_tui.conversation import split_thinking, thinking_layout
+
+    raw = "<think>\nones: 8 + 5 = 13\n</think>\n\n48 + 75 = 123."
+    start, end, answer = thinking_layout(raw, True)
+    assert raw[start:end].strip() == "ones: 8 + 5 = 13" and raw[answer:] == "48 + 75 = 123."
+    assert thinking_layout("plain answer", False) == (0, 0, 0)
+    assert thinking_layout("<think>\nstill going", True)[1] == len("<think>\nstill going")
+    assert split_thinking("<think>\n\n</think>\n\nhi", False) == (None, "hi", True)
+    assert split_thinking("reasoning</think>answer", True) == ("reasoning", "answer", True)
+
+
+@pytest.mark.asyncio
+async def test_answer_view_puts_thinking_in_a_collapsible(data_dir):
+    from textual.app import App
+    from textual.widgets import Collapsible
+
+    from dflash_tui.widgets import AnswerView
+
+    class One(App):
+        def compose(self):
+            yield AnswerView(thinking=True)
+
+    def event(pieces, rejected_text=""):
+        return StepEvent(drafted=[], accepted=0, emitted=[0] * len(pieces), pieces=pieces, rejected_text=rejected_text)
+
+    app = One()
+    async with app.run_test(size=(80, 20)) as pilot:
+        view = app.query_one(AnswerView)
+        view.add_events([event([("<think>", "target"), ("\nadd ", "draft"), ("digits", "target")], "xx"),
+                         event([("\n</think>\n\n", "target"), ("123", "draft")])])
+        view.render_text()
+        await pilot.pause()
+        assert view.query_one(Collapsible).display
+        assert view.thinking_text.strip() == "add digits" and view.answer_text == "123"
+        assert "thinking" in view.query_one(Collapsible).title
+        assert str(view.query_one(".answer-text").render()) == "123"
+
+
+# -- snapshots (no generation: nothing timing-dependent on screen) ---------------------------------
+
+
+def _snapshot_app(profile, engine):
+    app = make_app(profile, engine)
+
+    async def before(pilot):
+        await ready(pilot)
+        pilot.app.screen.query_one("#prompt").cursor_blink = False
+        await pilot.pause()
+
+    return app, before
+
+
+def test_snapshot_main_screen(snap_compare, profile, engine, data_dir):
+    app, before = _snapshot_app(profile, engine)
+    assert snap_compare(app, terminal_size=SIZE, run_before=before)
+
+
+def test_snapshot_main_screen_80x24_folds_stats(snap_compare, profile, engine, data_dir):
+    app, before = _snapshot_app(profile, engine)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=before)
+
+
+def test_snapshot_help(snap_compare, profile, engine, data_dir):
+    app, before = _snapshot_app(profile, engine)
+
+    async def run(pilot):
+        await before(pilot)
+        await pilot.press("f1")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run)
+
+
+def test_snapshot_sessions_browser(snap_compare, profile, engine, data_dir):
+    from dflash_tui import sessions
+
+    for n, (created, prompt) in enumerate([("2026-01-02T10:00:00+00:00", "What is 48 + 75?"),
+                                           ("2026-01-03T11:30:00+00:00", "Write a haiku about drafts")]):
+        writer = sessions.SessionWriter({"created": created, "profile": {"name": "tiny"}, "engine": "cuda"},
+                                        session_id=f"2026010{n + 2}-100000-000{n}")
+        writer.append_turn({"status": "completed", "user": prompt, "answer": "…", "settings": {}})
+    app, before = _snapshot_app(profile, engine)
+
+    async def run(pilot):
+        await before(pilot)
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run)
