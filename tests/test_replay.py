@@ -67,6 +67,7 @@ def copy_session(data_dir: Path, session_id: str, name: str, edit=None, tail: st
     source = sessions.resolve(session_id)
     lines = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
     lines[0]["id"] = name
+    lines[0]["created"] = "2000-01-01T00:00:00+00:00"  # older than the recording, which stays the newest
     if edit:
         lines = edit(lines)
     path = source.parent / f"{name}.jsonl"
