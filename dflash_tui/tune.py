@@ -189,8 +189,8 @@ def write_best(profile, best: dict, tune_window: bool = False, engine: Optional[
         if changed:
             label = f"[{'.'.join(where)}] {key}"
             changes.append(f"{label}: {'(unset)' if old is None else old} -> {'(unset)' if value is None else value}")
-    if changes == notes and target.is_file():
-        return target, []
+    if changes == notes:  # the values are already there: write nothing (and create no copy)
+        return (target if target.is_file() else Path(profile.path)), []
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".toml.tmp")
     tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")

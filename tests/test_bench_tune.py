@@ -187,6 +187,12 @@ def test_write_best_edits_in_place_and_reports_no_change(profile_file, tmp_path)
     assert "# the trained block size" in path3.read_text()
 
 
+def test_write_best_without_a_change_creates_no_copy(profile_file, tmp_path):
+    path, changes = tune.write_best(load_profile(str(profile_file)), {"block_size": 16})
+    assert changes == [] and path == profile_file
+    assert not (tmp_path / "config" / "profiles" / "tiny.toml").exists()
+
+
 def test_write_best_changes_the_engine_override_that_wins(profile_file, tmp_path):
     profile_file.write_text(PROFILE + "\n[engines.mlx]\nblock_size = 8  # mlx keeps its own\n")
     path, changes = tune.write_best(load_profile(str(profile_file)), {"block_size": 4}, engine="mlx")

@@ -306,3 +306,25 @@ async def test_tui_replay_screen_runs_and_compares_a_turn_side_by_side(recorded,
         assert printable(session.turns[1]["answer"]) in str(columns[0].render())
         await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, ReplayScreen))
+
+
+def test_another_engine_takes_the_profile_override_for_it(recorded, data_dir, tmp_path, pairs):
+    """A session replayed on another engine loads the profile's [engines.<name>] target (a quantized
+    build, say), not the recorded checkpoint."""
+    engine, session_id, _ = recorded
+    other, _ = pairs("llama")
+    profile = tmp_path / "p.toml"
+    profile.write_text(f'name = "p"\n[model]\ntarget = "{engine.config.target}"\ndraft = "{engine.config.draft}"\n'
+                       f'[engines.mlx]\ntarget = "{other}"\n')
+
+    def snapshot(lines):
+        lines[0]["profile"] = {"name": "p", "path": str(profile)}
+        return lines
+
+    name = copy_session(data_dir, session_id, "override-session", snapshot)
+    session = sessions.load_session(name)
+    pytest.importorskip("mlx.core")
+    config = replay.engine_config_for(session, engine="mlx")
+    assert config.engine == "mlx" and config.target == str(other)
+    same = replay.engine_config_for(session)  # the recorded engine: exactly the recorded checkpoints
+    assert same.engine == "cuda" and same.target == session.header["target_path"]
