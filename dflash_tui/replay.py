@@ -61,6 +61,9 @@ from . import sessions
 SCHEMA = "dflash-replay/1"
 DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 16)
 ProgressFn = Callable[[int, int, str], None]  # (done, total, what is running now)
+_SCHEMA_TEXT = __doc__.split("`<session>.replay-<YYYYmmdd-HHMMSS>.json`:", 1)[1]
+JSON_SCHEMA_HELP = "\b\nThe saved comparison and --json (schema \"dflash-replay/1\"):\n" + "\n".join(
+    line[4:] for line in _SCHEMA_TEXT.splitlines() if line.startswith("    "))
 
 
 class ReplayCancelled(Exception):

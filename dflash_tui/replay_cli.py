@@ -46,7 +46,7 @@ def _width() -> int:
     return max(60, min(shutil.get_terminal_size((100, 24)).columns, 120))
 
 
-@click.command()
+@click.command(epilog=replay_mod.JSON_SCHEMA_HELP)
 @click.argument("session_id", metavar="ID")
 @click.option("--block-sizes", "-B", default="1,2,4,8,16", show_default=True,
               help="Comma-separated block sizes, 1 to 64 (block 1 is always run: the speedup baseline).")
@@ -58,7 +58,7 @@ def _width() -> int:
 @click.option("--temperature", "-t", type=float,
               help="Override the recorded temperature (0 compares outputs token for token).")
 @click.option("--no-save", is_flag=True, help="Do not save the comparison next to the session.")
-@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON (schema in `dflash_tui/replay.py`).")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON (schema below).")
 def replay(session_id, block_sizes, engine, device, dtype, temperature, no_save, as_json):
     """Re-run every completed turn of session ID once per block size and compare.
 
@@ -113,7 +113,7 @@ def _dataset_option(fn):
 @click.option("--block-sizes", "-B", default=None,
               help="Comma-separated block sizes, 1 to 64 (default: 1,2,4,8,16 and the profile's).")
 @click.option("--max-samples", "-n", type=int, default=None, help="Use at most N samples of the prompt set.")
-@click.option("--max-new-tokens", type=int, default=None, help="Most tokens per turn (default: the profile's, at most 256).")
+@click.option("--max-new-tokens", type=int, default=None, help=f"Most tokens per turn (default: the profile's, at most {bench_mod.DEFAULT_MAX_NEW}).")
 @click.option("--thinking/--no-thinking", default=False, show_default=True, help="enable_thinking for the chat template.")
 @click.option("--temperature", "-t", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--no-framework", is_flag=True, help="Skip the framework's own generate baseline.")
@@ -161,7 +161,7 @@ def bench(profile, target, draft, engine, device, dtype, block_size, draft_windo
               help="Draft windows to try, comma-separated, 'none' for no window (default when the profile sets "
                    "one: W/4, W/2, W and none).")
 @click.option("--max-samples", "-n", type=int, default=8, show_default=True, help="Use at most N samples.")
-@click.option("--max-new-tokens", type=int, default=None, help="Most tokens per turn (default: the profile's, at most 256).")
+@click.option("--max-new-tokens", type=int, default=None, help=f"Most tokens per turn (default: the profile's, at most {bench_mod.DEFAULT_MAX_NEW}).")
 @click.option("--thinking/--no-thinking", default=None, help="enable_thinking (default: the profile's).")
 @click.option("--dry-run", is_flag=True, help="Print the table and the best setting; write nothing.")
 def tune(profile, target, draft, engine, device, dtype, block_size, draft_window, dataset, block_sizes, draft_windows,

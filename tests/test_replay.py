@@ -328,3 +328,9 @@ def test_another_engine_takes_the_profile_override_for_it(recorded, data_dir, tm
     assert config.engine == "mlx" and config.target == str(other)
     same = replay.engine_config_for(session)  # the recorded engine: exactly the recorded checkpoints
     assert same.engine == "cuda" and same.target == session.header["target_path"]
+
+
+def test_replay_help_documents_the_json_schema():
+    result = invoke("replay", "--help")
+    assert result.exit_code == 0
+    assert "dflash-replay/1" in result.stdout and "identical_across_block_sizes" in result.stdout
