@@ -1,0 +1,124 @@
+"""`dflash chat --plain`: scriptable with piped stdin, slash commands, colours, resume, and the
+prompt-toolkit loop driven through a pipe input. Real engine on a random tiny pair."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflash_tui import sessions
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "data"
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture
+def profile(tmp_path, pairs):
+    target, draft = pairs("qwen3")
+    path = tmp_path / "tiny.toml"
+    path.write_text(f'name = "tiny"\ndescription = "x"\n[model]\ntarget = "{target}"\ndraft = "{draft}"\n'
+                    '[engine]\ndefault = "cuda"\ndtype = "float32"\n[generation]\ntemperature = 0.0\n'
+                    "max_new_tokens = 16\n")
+    return path
+
+
+def run_plain(args, stdin_text, data_dir, extra_env=None):
+    env = {**os.environ, "DFLASH_DATA_DIR": str(data_dir), "OMP_NUM_THREADS": "1", **(extra_env or {})}
+    return subprocess.run([sys.executable, "-m", "dflash_tui", "chat", *args], input=stdin_text.encode(),
+                          capture_output=True, cwd=ROOT, env=env, timeout=300)
+
+
+def test_piped_stdin_reads_prompts_line_by_line(profile, data_dir):
+    script = "\n".join(["first question", "/thinking off", "/block 2", "/ghosts", "second question", "/stats",
+                        "/bogus", "/new", "third question", "/quit", "never sent"]) + "\n"
+    result = run_plain(["--profile", str(profile)], script, data_dir)
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    out = result.stdout.decode()
+    assert "\033[" not in out  # not a terminal: no colour codes
+    assert "thinking OFF" in err and "block size 2" in err and "ghosts on" in err
+    assert "tau" in err and "vs block 1" in err and "unknown command /bogus" in err
+    assert err.count("tokens ·") == 3 + 1  # three answers, and /stats
+    found = sorted(sessions.list_sessions(), key=lambda s: s.created)
+    assert len(found) == 2  # /new started a second session
+    all_turns = [t for s in found for t in s.turns]
+    assert sorted(t["user"] for t in all_turns) == ["first question", "second question", "third question"]
+    by_user = {t["user"]: t for t in all_turns}
+    assert by_user["first question"]["settings"]["thinking"] is True
+    assert by_user["second question"]["settings"]["thinking"] is False
+    assert by_user["second question"]["settings"]["block_size"] == 2
+    assert all(len(s["drafted"]) <= 1 for s in by_user["second question"]["steps"])
+    assert "never sent" not in json.dumps([s.turns for s in found])
+
+
+def test_plain_resume_continues_the_session(profile, data_dir):
+    first = run_plain(["--plain", "--profile", str(profile), "--no-thinking"], "remember this\n", data_dir)
+    assert first.returncode == 0, first.stderr.decode()
+    (session,) = sessions.list_sessions()
+    again = run_plain(["--plain", "--resume", session.id[:12]], "and this\n", data_dir)
+    assert again.returncode == 0, again.stderr.decode()
+    assert f"resumed session {session.id} (1 turns)" in again.stderr.decode()
+    turns = sessions.load_session(session.id).turns
+    assert [t["user"] for t in turns] == ["remember this", "and this"]
+    assert turns[1]["messages"][0] == {"role": "user", "content": "remember this"}
+    assert turns[1]["settings"]["thinking"] is False  # the settings came back with the session
+
+
+def test_colours_follow_origin_and_no_color(monkeypatch):
+    from dflash_tui.repl import ANSI, Repl, use_colour
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert use_colour(Tty()) and not use_colour(io.StringIO())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not use_colour(Tty())
+    repl = Repl.__new__(Repl)
+    repl.colour = True
+    assert repl.paint("ab", "draft") == f"{ANSI['draft']}ab{ANSI['reset']}"
+    assert repl.paint("\x1b[2J", "target") == f"{ANSI['target']}\u241b[2J{ANSI['reset']}"  # no raw escapes
+    repl.colour = False
+    assert repl.paint("ab", "draft") == "ab"
+
+
+def test_interactive_loop_with_key_bindings(profile, data_dir, pairs):
+    """prompt-toolkit on a pipe: ctrl+t toggles thinking, ctrl+j adds a line, enter sends, history file."""
+    from prompt_toolkit.application import create_app_session
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+
+    from dflash_tui.app import load_profile
+    from dflash_tui.conversation import ChatSettings, Conversation
+    from dflash_tui.repl import Repl
+    from engines import load_engine
+
+    p = load_profile(str(profile))
+    engine = load_engine(p.engine_config("cuda"))
+    conv = Conversation(engine, ChatSettings.from_profile(p), profile=p)
+    out, err = io.StringIO(), io.StringIO()
+    repl = Repl(conv, out=out, err=err, colour=True)
+    with create_pipe_input() as pipe:
+        with create_app_session(input=pipe, output=DummyOutput()):
+            pipe.send_text("\x14")  # ctrl+t: thinking off
+            pipe.send_text("line one\nline two\r")  # ctrl+j (\n) inserts a newline; enter (\r) sends
+            pipe.send_text("/quit\r")
+            repl.run_interactive()
+    assert conv.settings.thinking is False
+    assert [t.user for t in conv.turns] == ["line one\nline two"]
+    assert "\033[" in out.getvalue()  # coloured by origin
+    history = (data_dir / "repl_history").read_text()
+    assert "line one" in history and "/quit" in history

@@ -1,0 +1,201 @@
+"""Sessions: append-only JSONL, fsync per turn, 0600, torn last line skipped, SIGKILL loses at most the
+answer in flight, and the `dflash sessions` commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dflash_tui import sessions
+from engines.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "data"
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(folder))
+    return folder
+
+
+def write(session_id="20260101-120000-abcd", turns=2, created="2026-01-01T12:00:00+00:00"):
+    writer = sessions.SessionWriter({"created": created, "profile": {"name": "tiny"}, "engine": "cuda",
+                                     "device": "cpu", "dtype": "float32", "target": "t", "draft": "d"},
+                                    session_id=session_id)
+    for n in range(turns):
+        writer.append_turn({"index": n, "status": "completed" if n % 2 == 0 else "cancelled", "user": f"q{n}",
+                            "answer": f"a{n}", "settings": {"block_size": 4, "thinking": n % 2 == 0},
+                            "prompt_ids": [1, 2], "emitted_ids": [3], "steps": [{"drafted": [4, 5, 6], "accepted": 1}],
+                            "summary": {"generated_tokens": 1, "decode_tokens_per_s": 10.0,
+                                        "mean_acceptance_length": 2.0, "acceptance_lengths": [2]}})
+    return writer
+
+
+def test_file_is_created_with_the_first_turn_mode_0600(data_dir):
+    writer = sessions.SessionWriter({"profile": {"name": "x"}})
+    assert not writer.path.exists()  # nothing sent, nothing left behind
+    write(writer.id, turns=1)
+    mode = stat.S_IMODE(writer.path.stat().st_mode)
+    assert mode == 0o600
+    assert stat.S_IMODE(writer.path.parent.stat().st_mode) == 0o700
+    lines = writer.path.read_text().splitlines()
+    header = json.loads(lines[0])
+    assert header["type"] == "header" and header["format"] == sessions.FORMAT_VERSION and header["id"] == writer.id
+    assert json.loads(lines[1])["type"] == "turn"
+
+
+def test_data_dir_override_and_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "x"))
+    assert sessions.sessions_dir() == tmp_path / "x" / "sessions"
+    monkeypatch.delenv("DFLASH_DATA_DIR")
+    assert sessions.data_dir().name == "dflash"
+
+
+def test_read_back_and_history(data_dir):
+    writer = write(turns=2)
+    session = sessions.load_session(writer.id)
+    assert session.warnings == []
+    assert [t["status"] for t in session.turns] == ["completed", "cancelled"]
+    assert session.history()[1] == {"user": "q1", "answer": "a1", "status": "cancelled", "thinking": False,
+                                    "summary": session.turns[1]["summary"]}
+    assert session.last_settings() == {"block_size": 4, "thinking": False}
+    assert session.title == "q0" and session.profile_name == "tiny"
+
+
+def test_torn_last_line_is_skipped_with_a_warning_and_appending_continues(data_dir):
+    writer = write(turns=2)
+    with open(writer.path, "ab") as f:
+        f.write(b'{"type":"turn","index":2,"status":"comp')  # the process died mid-write
+    session = sessions.load_session(writer.id)
+    assert len(session.turns) == 2
+    assert len(session.warnings) == 1 and "incomplete" in session.warnings[0]
+    # resuming appends on a fresh line; the torn fragment stays skipped, nothing is rewritten
+    resumed = sessions.SessionWriter.resume(session)
+    resumed.append_turn({"index": 2, "status": "completed", "user": "q2", "answer": "a2", "settings": {}})
+    again = sessions.load_session(writer.id)
+    assert [t["user"] for t in again.turns] == ["q0", "q1", "q2"]
+    assert len(again.warnings) == 1 and "not valid JSON" in again.warnings[0]
+
+
+def test_ids_resolve_by_prefix_and_unknown_ids_are_one_sentence(data_dir):
+    write("20260101-120000-abcd", turns=1)
+    write("20260101-130000-ef01", turns=1)
+    assert sessions.resolve("20260101-13").stem == "20260101-130000-ef01"
+    with pytest.raises(UserError, match="matches 2 sessions"):
+        sessions.resolve("20260101")
+    with pytest.raises(UserError, match="No session 'nope'"):
+        sessions.resolve("nope")
+
+
+def test_list_newest_first_and_delete(data_dir):
+    write("20260101-120000-aaaa", turns=1, created="2026-01-01T12:00:00+00:00")
+    write("20260102-120000-bbbb", turns=3, created="2026-01-02T12:00:00+00:00")
+    found = sessions.list_sessions()
+    assert [s.id for s in found] == ["20260102-120000-bbbb", "20260101-120000-aaaa"]
+    sessions.delete_session("20260101-120000-aaaa")
+    assert [s.id for s in sessions.list_sessions()] == ["20260102-120000-bbbb"]
+
+
+def test_sessions_cli(data_dir, tmp_path):
+    from dflash_tui.cli import main
+
+    write("20260101-120000-abcd", turns=2)
+    runner = CliRunner()
+    listed = runner.invoke(main, ["sessions", "list", "--json"])
+    assert listed.exit_code == 0, listed.output
+    rows = json.loads(listed.output)
+    assert rows[0]["id"] == "20260101-120000-abcd" and rows[0]["turns"] == 2
+    plain = runner.invoke(main, ["sessions", "list"])
+    assert "20260101-120000-abcd" in plain.output and "q0" in plain.output
+    shown = runner.invoke(main, ["sessions", "show", "20260101-120000-abcd"])
+    assert shown.exit_code == 0 and "## Turn 2" in shown.output and "(cancelled)" in shown.output
+    md = runner.invoke(main, ["sessions", "export", "20260101", "--format", "md"])
+    assert md.exit_code == 0 and md.output.startswith("# dflash session 20260101-120000-abcd")
+    out = tmp_path / "s.json"
+    js = runner.invoke(main, ["sessions", "export", "20260101-120000-abcd", "--format", "json", "-o", str(out)])
+    assert js.exit_code == 0
+    exported = json.loads(out.read_text())
+    assert exported["header"]["profile"]["name"] == "tiny" and len(exported["turns"]) == 2
+    for args in (["sessions", "show", "nope"], ["sessions", "export", "nope"], ["sessions", "delete", "nope"],
+                 ["chat", "--resume", "nope"]):
+        bad = runner.invoke(main, args)
+        assert bad.exit_code == 2, args
+        assert "No session 'nope'" in bad.output and len(bad.output.strip().splitlines()) == 1
+    deleted = runner.invoke(main, ["sessions", "delete", "20260101-120000-abcd"])
+    assert deleted.exit_code == 0 and not list((data_dir / "sessions").glob("*.jsonl"))
+
+
+# -- the real thing: a `dflash chat --plain` process killed with SIGKILL mid-answer ----------------
+
+
+def _profile(tmp_path, target, draft, max_new_tokens):
+    path = tmp_path / "tiny.toml"
+    path.write_text(f'name = "tiny"\ndescription = "x"\n[model]\ntarget = "{target}"\ndraft = "{draft}"\n'
+                    f'[engine]\ndefault = "cuda"\ndtype = "float32"\n[generation]\ntemperature = 0.0\n'
+                    f"max_new_tokens = {max_new_tokens}\n")
+    return path
+
+
+def _reader(stream, out: queue.Queue):
+    for chunk in iter(lambda: stream.read1(256), b""):
+        out.put(chunk)
+    out.put(None)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+def test_sigkill_mid_answer_loses_at_most_that_answer(pairs, tmp_path, data_dir):
+    target, draft = pairs("qwen3")
+    profile = _profile(tmp_path, target, draft, 450)
+    env = {**os.environ, "DFLASH_DATA_DIR": str(data_dir), "NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_tui", "chat", "--plain", "--profile", str(profile),
+                             "--block-size", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=env)
+    out_q: queue.Queue = queue.Queue()
+    err_q: queue.Queue = queue.Queue()
+    threading.Thread(target=_reader, args=(proc.stdout, out_q), daemon=True).start()
+    threading.Thread(target=_reader, args=(proc.stderr, err_q), daemon=True).start()
+
+    def wait_err(text, timeout=180):
+        seen, end = b"", time.monotonic() + timeout
+        while text.encode() not in seen:
+            chunk = err_q.get(timeout=max(0.1, end - time.monotonic()))
+            assert chunk is not None, seen.decode(errors="replace")
+            seen += chunk
+        return seen
+
+    try:
+        proc.stdin.write(b"first question\n")
+        proc.stdin.flush()
+        wait_err("tokens ·")  # the first answer is complete (and recorded)
+        while not out_q.empty():
+            out_q.get()
+        proc.stdin.write(b"/stats\n")  # a command between turns is fine too
+        proc.stdin.write(b"second question that will be cut\n")
+        proc.stdin.flush()
+        chunk = out_q.get(timeout=120)  # text of the second answer (up to 450 tokens) is streaming
+        assert chunk
+        time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    files = list((data_dir / "sessions").glob("*.jsonl"))
+    assert len(files) == 1
+    session = sessions.read_session(files[0])
+    assert session.warnings == []
+    assert [t["user"] for t in session.turns] == ["first question"]
+    assert session.turns[0]["status"] == "completed" and session.turns[0]["emitted_ids"]
+    assert stat.S_IMODE(files[0].stat().st_mode) == 0o600
