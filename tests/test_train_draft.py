@@ -208,6 +208,12 @@ def test_cli_resumes_where_it_stopped(counting, tmp_path):
     assert torch.load(out / "train_state.pt", weights_only=True)["step"] == 12
     assert (out / "responses.jsonl").read_text() == responses  # generated once, reused
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float16"
+    target, _ = counting
+    for engine in engines_available():  # a half-precision draft loads (upcast) and stays lossless
+        eng = load_engine(EngineConfig(target=str(target), draft=str(out), engine=engine))
+        ids = eng.prepare(GenerationRequest(messages=[{"role": "user", "content": "m"}]))
+        list(eng.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=16, temperature=0, block_size=4, stop_ids=[])))
+        assert eng.last_summary.token_ids == greedy_reference(target, ids, 16), engine
     changed = run_cli(cli_args(counting, out, "--max-steps", "12", "--lr", "0.01"))
     assert changed.exit_code == 2 and "--fresh" in changed.output
 
