@@ -340,6 +340,8 @@ def test_chat_messages_and_long_prompt_prefill_in_chunks(qwen3, monkeypatch):
     assert chunked == expected
     events, summary = run(engine, messages=[{"role": "user", "content": "Hi"}], max_new_tokens=4, temperature=0)
     assert summary.generated_tokens >= 1 and events[0].is_prefill
+    one = run(engine, prompt_ids=ids[:1], max_new_tokens=12, temperature=0, block_size=8, stop_ids=[])[1]
+    assert one.token_ids == mlx_lm_greedy(engine.target_info.path, ids[:1], 12)
 
 
 # -- bad inputs, as on the CUDA engine --------------------------------------------------------------
