@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -44,15 +45,26 @@ class Capture:
         self.values: dict[int, mx.array] = {}
 
 
+COMMON_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_next", "gemma3_text", "gpt_oss")
+
+
 def _supported_types() -> str:
+    """'N model types, among them ...' for the mlx-lm installed here."""
     import pkgutil
 
     import mlx_lm.models
 
-    skip = {"base", "cache", "rope_utils", "activations", "switch_layers", "ssm", "gated_delta", "pipeline",
-            "mla", "bitlinear_layers", "gear"}
-    names = sorted(m.name for m in pkgutil.iter_modules(mlx_lm.models.__path__) if m.name not in skip)
-    return ", ".join(names)
+    helpers = {"base", "cache", "rope_utils", "activations", "switch_layers", "ssm", "gated_delta", "pipeline",
+               "mla", "bitlinear_layers", "gear"}
+    names = {m.name for m in pkgutil.iter_modules(mlx_lm.models.__path__)} - helpers
+    known = [t for t in COMMON_TYPES if t in names]
+    return f"about {len(names)} model types, among them {', '.join(known)}"
+
+
+def _mlx_lm_version() -> str:
+    from mlx_lm import __version__
+
+    return __version__
 
 
 def legacy_keys(config: dict) -> dict:
@@ -78,8 +90,8 @@ def load_mlx_model(path: Path, model_type: str, config: dict):
     except ValueError as exc:
         if "not supported" in str(exc):
             raise UserError(
-                f"The target {path} is a '{model_type}' model, which mlx-lm does not run; "
-                f"mlx-lm supports these model types: {_supported_types()}."
+                f"The target {path} is a '{model_type}' model, which mlx-lm {_mlx_lm_version()} does not run; "
+                f"it has {_supported_types()} (upgrade mlx-lm, or use --engine cuda)."
             ) from None
         raise CheckpointError(f"The target {path} could not be loaded by mlx-lm ({exc}); re-download it or convert it with mlx_lm.convert.") from None
     except (FileNotFoundError, KeyError, TypeError) as exc:
