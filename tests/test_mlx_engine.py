@@ -24,13 +24,15 @@ NEW = 40
 FAMILIES = [("qwen3", False), ("qwen3_moe", False), ("llama", False), ("qwen3", True)]
 
 
-def mlx_lm_greedy(target_dir, prompt_ids, max_new):
+def mlx_lm_greedy(target_dir, prompt_ids, max_new, dtype=None):
     """mlx-lm's own greedy ids (generate_step with an argmax sampler) for a fresh load of the target."""
     from mlx_lm.generate import generate_step
     from mlx_lm.utils import load_model
 
     config = json.loads((target_dir / "config.json").read_text())
     model, _ = load_model(target_dir, model_config=legacy_keys(config))
+    if dtype is not None:
+        model.set_dtype(dtype)
     steps = generate_step(mx.array(prompt_ids), model, max_tokens=max_new, sampler=lambda x: mx.argmax(x, axis=-1))
     return [int(token) for token, _ in steps]
 
@@ -120,6 +122,13 @@ def variant(pairs, tmp_path_factory):
                 from mlx_lm.convert import convert
 
                 convert(str(target), str(out), quantize=True, q_group_size=32, q_bits=4)
+            elif kind == "f16":
+                import numpy as np
+                from safetensors.numpy import load_file, save_file
+
+                shutil.copytree(target, out)
+                weights = load_file(str(out / "model.safetensors"))
+                save_file({k: v.astype(np.float16) for k, v in weights.items()}, str(out / "model.safetensors"))
             else:  # tied: mlx-lm drops lm_head.weight and uses embed_tokens.as_linear
                 edited_copy(target, out, tie_word_embeddings=True)
             built[kind] = (out, draft)
@@ -139,6 +148,16 @@ def test_quantized_and_tied_targets_match_mlx_lm(variant, kind):
         summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=block, stop_ids=[])[1]
         assert summary.token_ids == expected, f"block {block}"
     assert summary.dtype == "float32"  # the activations' dtype: the quantization scales' here
+
+
+def test_half_precision_checkpoint_computes_in_float32_on_the_cpu(variant):
+    """dtype auto on the CPU is float32, as on the CUDA engine: the ids are mlx-lm's on the upcast weights."""
+    target, draft = variant("f16")
+    engine = mlx_engine(target, draft)
+    assert engine.dtype == "float32" and engine.draft.fc.weight.dtype == mx.float32
+    ids = engine.prepare(GenerationRequest(prompt=PROMPTS[1]))
+    summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=8, stop_ids=[])[1]
+    assert summary.token_ids == mlx_lm_greedy(target, ids, NEW, dtype=mx.float32)
 
 
 def test_dtype_setting_converts_target_and_draft(pairs):

@@ -46,7 +46,10 @@ class MlxEngine(Engine):
         if self.device == "cpu":
             self.warnings.append("MLX runs on the CPU here (no Metal GPU).")
         layer_ids = self.draft_info.target_layer_ids if self.draft_info else []
-        self.target = Target(self.target_info, config.dtype, layer_ids)
+        # auto: the checkpoint's own dtype on the GPU; float32 on the CPU, as the CUDA engine does there
+        # (half-precision arithmetic on the CPU is slow and rounds differently from the CUDA engine's).
+        dtype = config.dtype if config.dtype != "auto" or self.device == "gpu" else "float32"
+        self.target = Target(self.target_info, dtype, layer_ids)
         self.dtype = dtype_name(self.target.dtype)
         self.draft = DFlashDraft.load(self.draft_info, self.target.dtype) if self.draft_info else None
 
