@@ -116,3 +116,31 @@ def test_draft_module_matches_pytorch(engines_for, pairs, sliding_draft, window,
             expected = torch_draft.block_hidden(torch.from_numpy(block), t_cache.keys, t_cache.values, positions)
             got = m_cache.propose_hidden(mx.array(block))
             np.testing.assert_allclose(np.array(got), expected.numpy(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64},
+    {"rope_type": "linear", "factor": 2.0},
+], ids=lambda s: s["rope_type"])
+def test_draft_rope_scaling_matches_pytorch(pairs, tmp_path, scaling):
+    """A draft whose config carries rope_scaling: both engines rotate context and block alike."""
+    from engines.checkpoints import DraftInfo
+    from engines.cuda.draft import DFlashDraft as TorchDraft
+    from engines.mlx.draft import DFlashDraft as MlxDraft
+
+    target, _ = pairs("llama")
+    info = DraftInfo.read(str(tiny.make_draft(tmp_path / "draft", target, [0, 2], rope_scaling=scaling)))
+    torch_draft = TorchDraft.load(info, torch.device("cpu"), torch.float32)
+    mlx_draft = MlxDraft.load(info, mx.float32)
+    rng = np.random.default_rng(1)
+    features = rng.standard_normal((1, 300, 2 * info.hidden_size)).astype(np.float32)
+    block = rng.standard_normal((1, 8, info.hidden_size)).astype(np.float32)
+    t_cache, m_cache = TorchDraftCache(torch_draft, None), MlxDraftCache(mlx_draft, None)
+    with torch.inference_mode():
+        t_cache.append(torch.from_numpy(features))
+        expected = torch_draft.block_hidden(torch.from_numpy(block), t_cache.keys, t_cache.values,
+                                            torch.arange(300, 308).unsqueeze(0))
+    m_cache.append(mx.array(features))
+    np.testing.assert_allclose(np.array(m_cache.propose_hidden(mx.array(block))), expected.numpy(), atol=1e-4, rtol=1e-4)
