@@ -8,6 +8,7 @@ margins come from real generations and real forward passes.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -141,6 +142,14 @@ def test_a_torn_last_line_still_replays(recorded, data_dir):
     assert "incomplete" in result.stderr
     data = json.loads(result.stdout)
     assert len(data["turns"]) == 2 and all(r["identical_to_recording"] for r in data["rows"])
+
+
+def test_a_set_cancel_event_stops_the_replay(recorded, data_dir):
+    engine, session_id, _ = recorded
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(replay.ReplayCancelled):
+        replay.run_replay(engine, sessions.load_session(session_id), [1, 2], cancel=stop)
 
 
 def test_cancelled_turns_are_not_replayed(recorded, data_dir):
@@ -306,6 +315,15 @@ async def test_tui_replay_screen_runs_and_compares_a_turn_side_by_side(recorded,
         assert printable(session.turns[1]["answer"]) in str(columns[0].render())
         await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, ReplayScreen))
+        # closing mid-run stops the worker between generations, and the app carries on
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: isinstance(app.screen, ReplayScreen))
+        screen = app.screen
+        assert screen.comparison is not None  # the saved comparison is shown when the screen opens
+        await pilot.press("enter", "escape")
+        await wait_for(pilot, lambda: not screen.running)
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, ReplayScreen) and app.is_running
 
 
 def test_another_engine_takes_the_profile_override_for_it(recorded, data_dir, tmp_path, pairs):

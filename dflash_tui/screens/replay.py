@@ -66,6 +66,7 @@ class ReplayScreen(ModalScreen):
         self.comparison: Optional[dict] = None
         self.cancel = threading.Event()
         self.running = False
+        self._own_engine = None  # an engine this screen loaded (the chat's runs another target)
 
     # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -138,10 +139,12 @@ class ReplayScreen(ModalScreen):
             session = sessions.load_session(ident)
             replay.recorded_turns(session)
             engine = self._chat_engine(session)
+            if engine is None and self._own_engine is not None and replay.same_target(session, self._own_engine):
+                engine = self._own_engine
             if engine is None:
                 config = replay.engine_config_for(session)
                 self.app.call_from_thread(self._status, f"loading {config.target} on the {config.engine} engine ...")
-                engine = load_engine(config)
+                engine = self._own_engine = load_engine(config)
             comparison = replay.run_replay(engine, session, sizes, progress=self._progress_from_thread,
                                            cancel=self.cancel)
             path = replay.save_comparison(comparison, session.path)
@@ -168,11 +171,15 @@ class ReplayScreen(ModalScreen):
         self.app.call_from_thread(self._progress, done, total, label)
 
     def _progress(self, done: int, total: int, label: str) -> None:
+        if not self.is_attached:  # closed while the worker ran
+            return
         self.query_one("#replay-progress", ProgressBar).update(total=total, progress=done)
         self._status(f"{done}/{total} · {label}")
 
     def _finished(self, comparison: Optional[dict], message: str) -> None:
         self.running = False
+        if not self.is_attached:  # closed while the worker ran
+            return
         self._status(message)
         bar = self.query_one("#replay-progress", ProgressBar)
         bar.update(total=bar.total or 1, progress=bar.total or 1)
