@@ -15,15 +15,14 @@ class ChatHeader(Horizontal):
 
     def show(self, profile: str, engine: str, device: str, dtype: str, block_size, thinking: bool,
              ghosts: bool, loading: bool = False) -> None:
-        text = Text()
+        text = Text(no_wrap=True, overflow="ellipsis")
         text.append("dflash", style="bold")
-        text.append(f" · {profile}")
+        text.append(f" · {profile} · thinking ")
+        text.append("ON" if thinking else "OFF", style="bold reverse" if thinking else "bold")
         if loading:
             text.append(" · loading…", style="italic")
         else:
-            text.append(f" · {engine} engine on {device} · {dtype} · block {block_size}")
-        text.append(" · thinking ")
-        text.append("ON" if thinking else "OFF", style="bold reverse" if thinking else "bold")
+            text.append(f" · block {block_size} · {engine} engine on {device} · {dtype}")
         if ghosts:
             text.append(" · ghosts")
         self.query_one("#header-state", Static).update(text)

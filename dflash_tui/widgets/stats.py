@@ -115,10 +115,10 @@ class StatsLine(Static):
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(f"{d.tokens_per_s:.0f} tok/s", style="bold")
         s = f"{d.speedup:.1f}x {d.speedup_kind}" if d.speedup is not None else "–x"
-        t.append(f" · {s} · tau {d.tau:.2f} ({d.session_tau:.2f}) · draft {draft * 100:.0f}%")
-        t.append(f" · {memory_text(d)} · ctx {d.context_tokens} · ")
+        t.append(f" · {s} · tau {d.tau:.2f} ({d.session_tau:.2f}) · ")
         t.append("■", style=DRAFT_STYLE)
         t.append("draft ")
         t.append("■", style=TARGET_STYLE)
         t.append("target")
+        t.append(f" · draft {draft * 100:.0f}% · {memory_text(d).replace(' RSS', '')} · ctx {d.context_tokens}")
         self.update(t)

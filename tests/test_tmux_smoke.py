@@ -1,0 +1,80 @@
+"""Drive the real `dflash chat` in a real terminal (tmux): type a prompt, wait for the answer, read the
+screen, toggle thinking, quit, find the session file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TMUX = shutil.which("tmux")
+
+pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed (`.ci/run` installs it; "
+                                                      "or apt-get install tmux)")
+
+
+class Tmux:
+    def __init__(self, socket: Path):
+        self.socket = str(socket)
+
+    def __call__(self, *args: str) -> str:
+        return subprocess.run([TMUX, "-S", self.socket, *args], capture_output=True, text=True, check=True).stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", "smoke")
+
+    def wait_for(self, text: str, timeout: float = 180.0) -> str:
+        end = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < end:
+            screen = self.screen()
+            if text in screen:
+                return screen
+            time.sleep(0.2)
+        raise AssertionError(f"{text!r} never appeared; the screen was:\n{screen}")
+
+
+def test_dflash_chat_in_tmux(pairs, tmp_path):
+    target, draft = pairs("qwen3")
+    profile = tmp_path / "tiny.toml"
+    profile.write_text(f'name = "tiny"\ndescription = "x"\n[model]\ntarget = "{target}"\ndraft = "{draft}"\n'
+                       '[engine]\ndefault = "cuda"\ndtype = "float32"\n[generation]\ntemperature = 0.0\n'
+                       "max_new_tokens = 32\nthinking = true\n")
+    data = tmp_path / "data"
+    env = {"DFLASH_DATA_DIR": str(data), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TERM": "xterm-256color",
+           "PYTHONPATH": str(ROOT)}
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    command = (f"cd {shlex.quote(str(ROOT))} && env {exports} {shlex.quote(sys.executable)} -m dflash_tui chat "
+               f"--profile {shlex.quote(str(profile))}; echo EXITED $?; sleep 60")
+    tmux = Tmux(tmp_path / "tmux.sock")
+    tmux("new-session", "-d", "-s", "smoke", "-x", "120", "-y", "40", command)
+    try:
+        screen = tmux.wait_for("cuda engine on")  # loaded: the header names engine and device
+        assert "thinking ON" in screen
+        tmux("send-keys", "-t", "smoke", "-l", "hello from tmux")
+        tmux("send-keys", "-t", "smoke", "Enter")
+        screen = tmux.wait_for("32 tokens ·", timeout=120)  # the answer footer: it is complete
+        assert "you  hello from tmux" in screen
+        assert "tok/s" in screen and "tau" in screen and "target" in screen  # stats (panel or folded line), legend
+        tmux("send-keys", "-t", "smoke", "C-t")
+        tmux.wait_for("thinking OFF")
+        tmux("send-keys", "-t", "smoke", "C-q")
+        screen = tmux.wait_for("EXITED", timeout=60)
+        assert "EXITED 0" in screen
+        files = list((data / "sessions").glob("*.jsonl"))
+        assert len(files) == 1 and files[0].stem in screen.replace("\n", "")
+        lines = [json.loads(x) for x in files[0].read_text().splitlines()]
+        assert lines[0]["type"] == "header" and lines[1]["user"] == "hello from tmux"
+        assert lines[1]["status"] == "completed" and len(lines[1]["emitted_ids"]) == 32
+    finally:
+        subprocess.run([TMUX, "-S", tmux.socket, "kill-server"], capture_output=True)
+        if os.path.exists(tmux.socket):
+            os.unlink(tmux.socket)
