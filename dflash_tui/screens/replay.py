@@ -242,6 +242,11 @@ class ReplayScreen(ModalScreen):
             body.append(f"block {row['block_size']} · tau {tau:.2f} · {turn['decode_tokens_per_s']:.0f} tok/s\n",
                         style="bold")
             body.append(f"{100 * drafted / chars:.0f}% of the text from the draft\n", style="dim")
+            for d in self.comparison["differences"]:
+                if d["turn"] == index and d["block_size"] == row["block_size"]:
+                    margin = "?" if d["margin"] is None else f"{d['margin']:.3g}"
+                    body.append(f"✗ differs from the {d['against']} at token {d['position']} (top-2 margin {margin})\n",
+                                style="bold red")
             for text, origin in turn["pieces"]:
                 body.append(printable(text), style=ORIGIN_STYLES.get(origin, ""))
             columns.append(Static(body, classes="replay-column"))
