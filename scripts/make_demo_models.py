@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -26,8 +27,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from scripts.demo import corpus, evaluate, tokenizer as demo_tokenizer, train_target  # noqa: E402
 
-TARGET_STEPS = 2000
-DRAFT_PROMPTS = 4000
+TARGET_STEPS = 2800
+DRAFT_PROMPTS = 1000
+DRAFT_EPOCHS = 4
 
 
 def draft_data(train: list[dict], path: Path, n: int, seed: int) -> Path:
@@ -41,17 +43,25 @@ def draft_data(train: list[dict], path: Path, n: int, seed: int) -> Path:
 
 
 def train_draft(args, work: Path, target: Path, out: Path) -> None:
+    """`dflash train-draft` into the work dir (its responses and resumable state stay there), then the
+    draft itself (config.json + model.safetensors) is copied to `out`."""
     if (out / "model.safetensors").exists() and (out / "config.json").exists():
         print(f"draft: {out} exists, skipped")
         return
     data = draft_data(corpus.read_jsonl(work / "train.jsonl"), work / "draft-data.jsonl", args.draft_prompts, args.seed)
+    build = work / "draft"
     cmd = [sys.executable, "-m", "dflash_tui", "train-draft", "--target", str(target), "--data", str(data),
-           "--out", str(out), "--block-size", "16", "--draft-layers", "2", "--responses", "generate",
-           "--seed", str(args.seed), *args.draft_args]
+           "--out", str(build), "--block-size", "16", "--draft-layers", "2", "--responses", "generate",
+           "--seed", str(args.seed), "--epochs", str(args.draft_epochs), "--max-len", "320",
+           "--max-new-tokens", "256", "--dtype", "float16", *args.draft_args]
     print("draft:", " ".join(cmd), flush=True)
     t0 = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT)
-    (work / "draft-done.json").write_text(json.dumps({"train_seconds": round(time.time() - t0, 1)}))
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(build / name, out / name)
+    (work / "draft-done.json").write_text(json.dumps({"train_seconds": round(time.time() - t0, 1),
+                                                      "prompts": args.draft_prompts, "epochs": args.draft_epochs}))
 
 
 def main(argv=None) -> int:
@@ -64,6 +74,7 @@ def main(argv=None) -> int:
     p.add_argument("--target-steps", type=int, default=TARGET_STEPS)
     p.add_argument("--threads", type=int, default=1, help="torch threads for target training (1 is fastest on a busy 2-core box)")
     p.add_argument("--draft-prompts", type=int, default=DRAFT_PROMPTS)
+    p.add_argument("--draft-epochs", type=int, default=DRAFT_EPOCHS)
     p.add_argument("--draft-args", nargs=argparse.REMAINDER, default=[], help="passed on to dflash train-draft")
     p.add_argument("--skip-draft", action="store_true")
     p.add_argument("--eval-limit", type=int, default=None, help="evaluate on the first N held-out prompts only")

@@ -161,7 +161,7 @@ def save(model, tokenizer, out: Path) -> None:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model = model.to(torch.float16)
-    model.config.torch_dtype = "float16"
+    model.config.dtype = "float16"
     gen = transformers.GenerationConfig(
         eos_token_id=[tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")],
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), do_sample=False)
