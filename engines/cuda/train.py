@@ -248,6 +248,8 @@ class Trainer:
         self._check_args()
         self.conversations = load_conversations(cfg.data)  # bad data fails before any weight loads
         self.info = TargetInfo.read(cfg.target)
+        if self.info.max_positions and cfg.max_len > self.info.max_positions:
+            cfg.max_len = int(self.info.max_positions)  # no sequence beyond the target's context
         L = self.info.num_layers
         if cfg.target_layer_ids is None:
             self.layer_ids = default_target_layer_ids(L, cfg.draft_layers)
@@ -628,16 +630,12 @@ class Trainer:
         save_draft(self.draft, self.out, SAVE_DTYPES[self.cfg.dtype])
 
     def epoch_batches(self, samples: list[Sample], epoch: int) -> list[list[int]]:
-        """ceil(n / batch) batches of sample indices for an epoch: a seeded shuffle, cut into groups of
-        16 batches whose members are sorted by length (little padding), in a seeded random order."""
+        """ceil(n / batch) batches of sample indices for an epoch, from a seeded shuffle. (Length-sorted
+        groups padded less but trained measurably worse per step here, so batches stay random.)"""
         bs = self.cfg.batch_size
         gen = torch.Generator().manual_seed(self.cfg.seed * 1000003 + epoch)
         order = torch.randperm(len(samples), generator=gen).tolist()
-        batches = []
-        for g in range(0, len(order), bs * 16):
-            chunk = sorted(order[g: g + bs * 16], key=lambda i: len(samples[i].ids))
-            batches += [chunk[j: j + bs] for j in range(0, len(chunk), bs)]
-        return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+        return [order[j: j + bs] for j in range(0, len(order), bs)]
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, on_step: Optional[Callable[[Progress], None]] = None) -> Result:
