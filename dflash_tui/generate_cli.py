@@ -19,7 +19,7 @@ def engine_options(fn):
         click.option("--target", help="Target checkpoint: a directory or a hub id (overrides the profile)."),
         click.option("--draft", help="DFlash draft checkpoint: a directory or a hub id."),
         click.option("--engine", type=click.Choice(["auto", "cuda", "mlx"]), help="Engine (default: the profile's, else auto)."),
-        click.option("--device", help="Torch device for the CUDA engine: auto, cpu, cuda, cuda:N."),
+        click.option("--device", help="auto (default), cpu, or cuda / cuda:N on the CUDA engine, gpu on MLX."),
         click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), help="Weights dtype."),
         click.option("--block-size", "-b", type=int, help="Tokens per verify step, 1 to 64 (1 = plain decoding)."),
         click.option("--draft-window", "--draft-sliding-window-size", "draft_window", type=int,

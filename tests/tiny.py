@@ -83,8 +83,9 @@ def make_qwen3_5(out: Path, tok, family: str, common: dict, seed: int) -> Path:
     import torch
     import transformers
 
-    text = dict(common, num_hidden_layers=4, layer_types=["linear_attention", "linear_attention",
-                                                           "full_attention", "linear_attention"],
+    # three linear-attention layers then full attention, as published (mlx-lm derives this pattern
+    # from full_attention_interval and ignores layer_types)
+    text = dict(common, num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
                 linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
                 linear_num_key_heads=2, linear_num_value_heads=4, rope_parameters={
                     "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
