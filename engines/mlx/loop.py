@@ -3,11 +3,14 @@
 After prefill the target cache holds the prompt; the first sampled token is not yet in it. Each step
 drafts a block [last, mask x (B-1)] at positions start.., verifies it in one target pass, keeps the
 drafted ids up to the first disagreement plus the target's own token there, rolls the target cache back
-to the committed tokens minus the newest, and feeds the draft the features of the newly committed ones.
+to the committed tokens minus the newest (engines/mlx/target.py's CacheRollback: KV caches trimmed,
+gated-delta-net states recomputed from the verify pass's captured mixer inputs), and feeds the draft the
+features of the newly committed ones.
 Block size 1 is plain autoregressive decoding through the same code.
 
 MLX is lazy: a step is one graph (draft, verify, sampling) evaluated by the step's one host sync, the
-`.tolist()` of drafted + chosen ids. The draft/verify split of a step's time therefore cannot be read
+`.tolist()` of drafted + chosen ids (a hybrid target's state recompute after a partial acceptance is
+part of the next step's graph). The draft/verify split of a step's time therefore cannot be read
 from that sync; it is measured on every TIMING_EVERY-th step (the first included) by evaluating the
 draft on its own, and the other steps split their time in the last measured proportion.
 """
@@ -22,7 +25,7 @@ import mlx.core as mx
 from ..engine import RawStep
 from ..sampling import SamplingParams
 from .draft import DFlashDraft, DraftCache
-from .target import CacheRollback, Target
+from .target import Target
 
 PREFILL_STEP = 2048  # prompt tokens per prefill chunk, as mlx-lm's generate_step
 CLEAR_EVERY = 64  # steps between mx.clear_cache() calls
@@ -77,7 +80,7 @@ def speculative_decode(
     `cache` / `draft_cache` may be passed in to observe them between steps (tests)."""
     use_draft = block_size > 1
     cache = cache if cache is not None else target.make_cache()
-    rollback = CacheRollback(cache)
+    rollback = target.rollback_for(cache)
     if use_draft and draft_cache is None:
         draft_cache = DraftCache(draft, draft_window)
     prompt = mx.array(prompt_ids, dtype=mx.int32)[None]
@@ -117,7 +120,7 @@ def speculative_decode(
             if timed:
                 mx.eval(block)
         t_mid = time.perf_counter()
-        rollback.snapshot()
+        rollback.snapshot(b)
         logits, features = target.forward(block[None], cache, capture=use_draft)
         choice = sampler(logits[0])  # the target's own token at every block position
         host = (mx.concatenate([drafted, choice]) if drafted is not None else choice).tolist()  # the one sync

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -142,6 +143,15 @@ class Target:
                 decoder[norm_name] = Tap(decoder[norm_name], self.capture, i)
             else:
                 layers[i] = Tap(layers[i], self.capture, i)
+        self.mixer_capture = MixerCapture()
+        self.mixers = tap_mixers(self.model, self.mixer_capture)
+
+    def rollback_for(self, cache: list, recompute: bool = True) -> "CacheRollback":
+        """The rollback for `cache`: recomputing linear-attention states where it can (`recompute`
+        False forces the whole-target re-feed, for comparisons)."""
+        if recompute:
+            return CacheRollback(cache, self.mixers, self.mixer_capture)
+        return CacheRollback(cache)
 
     def make_cache(self) -> list:
         from mlx_lm.models.cache import make_prompt_cache
@@ -163,26 +173,92 @@ class Target:
         return logits, features
 
 
-class CacheRollback:
-    """Puts the target cache back to 'every committed token except the newest' after a verify pass.
+class MixerTap:
+    """Stands in for a linear-attention mixer (gated delta net) as its decoder layer's attribute and
+    records the mixer's input (and mask) while `store.active`. It is set as a plain instance attribute,
+    so the layer's module tree (parameters, dtype casts) still holds the mixer itself."""
 
-    Plain KV caches are trimmed. Caches that cannot be trimmed exactly (recurrent/conv states of gated
-    delta nets, rotating windows) are snapshotted before the verify pass; after a partial acceptance they
-    are restored, the KV caches are trimmed back to the block's start, and the k+1 committed tokens of the
-    block are fed again (DESIGN.md, invariant 3).
+    def __init__(self, module, store: "MixerCapture", key: int):
+        self.module, self._store, self._key = module, store, key
+
+    def __call__(self, inputs, mask=None, cache=None):
+        if self._store.active:
+            self._store.values[self._key] = (inputs, mask)
+        return self.module(inputs, mask, cache)
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+
+class MixerCapture:
+    def __init__(self):
+        self.active = False
+        self.values: dict[int, tuple] = {}
+
+
+def tap_mixers(model: nn.Module, store: MixerCapture) -> dict[int, nn.Module]:
+    """Wraps every decoder layer's `linear_attn` (Qwen3.5/3.6, Qwen3-Next, OLMo-hybrid gated delta nets:
+    called as mixer(inputs, mask, cache), all of its state in the layer's ArraysCache) in a MixerTap.
+    Returns {layer index: the mixer module}, indexed as the model's cache list."""
+    mixers = {}
+    for i, layer in enumerate(model.layers):
+        module = layer._module if isinstance(layer, Tap) else layer
+        mixer = module.get("linear_attn") if isinstance(module, nn.Module) else None
+        if isinstance(mixer, nn.Module):
+            object.__setattr__(module, "linear_attn", MixerTap(mixer, store, i))
+            mixers[i] = mixer
+    return mixers
+
+
+class CacheRollback:
+    """Puts the target cache back to 'every committed token except the newest' after a verify pass
+    (DESIGN.md, invariant 3). Three ways, chosen once from the cache's types:
+
+    - "trim": every layer has a plain KV cache; each is trimmed by the tokens not kept.
+    - "mixers": hybrid targets (Qwen3.5/3.6 and other gated-delta-net models with a `linear_attn`
+      mixer): plain KV caches are trimmed; each linear-attention layer's ArraysCache entries (conv and
+      recurrent state) from before the verify pass are kept (MLX arrays are immutable, so keeping the
+      references is the snapshot), the mixer's input is captured during the pass, and after a partial
+      acceptance the entries are restored and only the mixer is run again over the kept positions, with
+      mlx-lm's own module. By causality those inputs are what a pass over the kept tokens alone would
+      have fed the mixer, so the states equal that pass's (up to the float rounding of a b-row vs a
+      k-row pass in earlier layers); MLPs and attention are not re-run. The recompute is lazy and is
+      evaluated with the next step's graph, so a step still has one host sync.
+    - "refeed": the fallback for caches that can be neither trimmed nor recomputed this way (Gemma-3's
+      RotatingKVCache once it wraps, recurrent layers without a `linear_attn` mixer such as Mamba):
+      the non-KV caches are snapshotted before the pass; after a partial acceptance they are restored,
+      the KV caches are trimmed back to the block's start and the kept tokens are fed again through the
+      whole target.
     """
 
-    def __init__(self, cache: list):
+    def __init__(self, cache: list, mixers: Optional[dict] = None, capture: Optional[MixerCapture] = None):
         from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
         self.cache = cache
         self._plain = [type(c) in (KVCache, QuantizedKVCache) for c in cache]
         self._arrays = ArraysCache
-        self.exact = all(self._plain)
+        mixers = mixers or {}
+        recomputable = [i in mixers and isinstance(c, ArraysCache) for i, c in enumerate(cache)]
+        if all(self._plain):
+            self.mode = "trim"
+        elif capture is not None and all(p or r for p, r in zip(self._plain, recomputable)):
+            self.mode = "mixers"
+        else:
+            self.mode = "refeed"
+        self.exact = self.mode == "trim"
+        self.mixers = {i: mixers[i] for i, r in enumerate(recomputable) if r} if self.mode == "mixers" else {}
+        self._capture = capture
         self._saved: list = []
 
-    def snapshot(self) -> None:
-        if self.exact:
+    def snapshot(self, fed: int = 2) -> None:
+        """Before a verify pass of `fed` tokens (nothing is kept for a 1-token pass: it is never cut)."""
+        if self.mode == "trim" or fed < 2:
+            self._saved = []
+            return
+        if self.mode == "mixers":
+            self._saved = {i: list(self.cache[i].cache) for i in self.mixers}
+            self._capture.values.clear()
+            self._capture.active = True
             return
         self._saved = []
         for c, plain in zip(self.cache, self._plain):
@@ -194,22 +270,40 @@ class CacheRollback:
                 self._saved.append(copy.deepcopy(c))
 
     def rollback(self, fed: int, keep: int, refeed) -> None:
-        """`fed` tokens went through the verify pass; keep the first `keep` of them in the cache."""
+        """`fed` tokens went through the verify pass; keep the first `keep` of them in the cache.
+        `refeed(keep)` feeds the kept tokens again (used only by the "refeed" fallback)."""
+        if self._capture is not None:
+            self._capture.active = False
         drop = fed - keep
         if drop <= 0:
+            self._release()
             return
-        if self.exact:
+        if self.mode == "trim":
             for c in self.cache:
                 c.trim(drop)
-            return
-        for i, (c, saved) in enumerate(zip(self.cache, self._saved)):
-            if saved is None:
-                c.trim(fed)
-            elif isinstance(c, self._arrays):
-                c.cache = saved
-            else:
-                self.cache[i] = saved
-        refeed(keep)
+        elif self.mode == "mixers":
+            for i, c in enumerate(self.cache):
+                if i not in self.mixers:
+                    c.trim(drop)
+                    continue
+                c.cache = list(self._saved[i])
+                inputs, mask = self._capture.values[i]
+                self.mixers[i](inputs[:, :keep], None if mask is None else mask[:, :keep], c)
+        else:
+            for i, (c, saved) in enumerate(zip(self.cache, self._saved)):
+                if saved is None:
+                    c.trim(fed)
+                elif isinstance(c, self._arrays):
+                    c.cache = saved
+                else:
+                    self.cache[i] = saved
+            refeed(keep)
+        self._release()
+
+    def _release(self) -> None:
+        self._saved = []
+        if self._capture is not None:
+            self._capture.values.clear()
 
 
 def dtype_name(dtype: mx.Dtype) -> str:
