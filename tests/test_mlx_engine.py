@@ -170,42 +170,7 @@ def test_dtype_setting_converts_target_and_draft(pairs):
         mlx_engine(target, draft, dtype="float8")
 
 
-# -- a hybrid target (gated delta net + attention): recurrent states restored, not trimmed -----------
-
-def make_qwen3_5_target(out, seed=0):
-    """A tiny Qwen3.5 target in the published layout (text_config + small vision tower), with linear
-    attention on layers 0-2 and full attention on layer 3, the pattern mlx-lm derives from
-    full_attention_interval (mlx-lm 0.32 ignores layer_types)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from tests import tiny
-
-    if not hasattr(transformers, "Qwen3_5Config"):
-        pytest.skip("this transformers has no Qwen3.5")
-    tok = tiny.make_tokenizer(out)
-    text = dict(vocab_size=tiny.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                initializer_range=0.2, tie_word_embeddings=False, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-                layer_types=["linear_attention"] * 3 + ["full_attention"], full_attention_interval=4,
-                linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                linear_num_key_heads=2, linear_num_value_heads=4,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
-                                 "mrope_section": [1, 1, 0], "mrope_interleaved": True})
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
-                  patch_size=4, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16)
-    config = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
-    config.tie_word_embeddings = False
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # keep the gated-delta weights as decisive as the rest (std 0.2)
-        for name, p in model.named_parameters():
-            if "linear_attn" in name and p.dim() > 1:
-                p.normal_(0, 0.2)
-    model.save_pretrained(str(out))
-    eos = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")]
-    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "do_sample": False}))
-    return out
-
+# -- targets whose caches cannot simply be trimmed: recurrent states restored, rotating windows -----------
 
 def make_gemma3_target(out, seed=0):
     """A tiny Gemma-3 text target: five sliding-window layers (window 6, mlx-lm's RotatingKVCache) and one
@@ -228,17 +193,19 @@ def make_gemma3_target(out, seed=0):
 
 
 @pytest.fixture(scope="module")
-def unusual(tmp_path_factory):
-    """Targets whose caches cannot simply be trimmed: a hybrid Qwen3.5 and a sliding-window Gemma-3."""
+def unusual(tmp_path_factory, pairs):
+    """Targets whose caches cannot simply be trimmed: a hybrid Qwen3.5 (the shared fixture; more of it in
+    test_mlx_hybrid.py) and a sliding-window Gemma-3."""
     from tests import tiny
 
     built = {}
 
     def get(kind):
+        if kind == "qwen3_5":
+            return pairs("qwen3_5")
         if kind not in built:
             root = tmp_path_factory.mktemp(kind)
-            make = make_qwen3_5_target if kind == "qwen3_5" else make_gemma3_target
-            target = make(root / "target")
+            target = make_gemma3_target(root / "target")
             built[kind] = (target, tiny.make_draft(root / "draft", target, [0, 2]))
         return built[kind]
 

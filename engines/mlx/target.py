@@ -10,6 +10,7 @@ last entry is post-norm (NOTES.md). Only these layers are captured, never all hi
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -83,11 +84,49 @@ def legacy_keys(config: dict) -> dict:
     return extra
 
 
+EXPERT_KEY = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def fuse_experts(weights: dict) -> dict:
+    """Per-expert MoE weights (`mlp.experts.N.{gate,up,down}_proj.weight`, as transformers 5.x saves a
+    Qwen3.5-MoE model) in the fused layout of the published checkpoints (`mlp.experts.gate_up_proj`
+    [experts, 2 * inter, hidden], `mlp.experts.down_proj` [experts, hidden, inter]), the only one mlx-lm
+    0.32's qwen3_5_moe reads. Other keys, and checkpoints already fused, are left alone."""
+    found: dict[str, dict[str, dict[int, mx.array]]] = {}
+    for key in list(weights):
+        m = EXPERT_KEY.match(key)
+        if m:
+            found.setdefault(m[1], {}).setdefault(m[3], {})[int(m[2])] = weights.pop(key)
+    for prefix, parts in found.items():
+        stack = {name: mx.stack([ws[e] for e in sorted(ws)]) for name, ws in parts.items()}
+        weights[f"{prefix}.gate_up_proj"] = mx.concatenate([stack["gate_proj"], stack["up_proj"]], axis=-2)
+        weights[f"{prefix}.down_proj"] = stack["down_proj"]
+    return weights
+
+
+def _model_classes(config: dict):
+    """mlx-lm's own classes for the config; for qwen3_5_moe, a subclass whose sanitize first fuses
+    per-expert weights (fuse_experts) and then runs mlx-lm's own."""
+    import inspect
+
+    from mlx_lm.utils import load_model
+
+    model_class, args_class = inspect.signature(load_model).parameters["get_model_classes"].default(config)
+    if config.get("model_type") != "qwen3_5_moe":
+        return model_class, args_class
+
+    class FusedExperts(model_class):
+        def sanitize(self, weights):
+            return super().sanitize(fuse_experts(dict(weights)))
+
+    return FusedExperts, args_class
+
+
 def load_mlx_model(path: Path, model_type: str, config: dict):
     from mlx_lm.utils import load_model
 
     try:
-        model, _ = load_model(Path(path), model_config=legacy_keys(config))
+        model, _ = load_model(Path(path), model_config=legacy_keys(config), get_model_classes=_model_classes)
     except ValueError as exc:
         if "not supported" in str(exc):
             raise UserError(
