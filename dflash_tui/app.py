@@ -9,6 +9,7 @@ context trimming, requests, session records) lives in `conversation.Conversation
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import sys
@@ -80,12 +81,13 @@ def quiet_loaders() -> None:
 class DflashApp(App):
     CSS_PATH = "dflash.tcss"
     TITLE = "dflash"
-    FLUSH_INTERVAL = 0.04
+    FLUSH_INTERVAL = 0.08
     ENABLE_COMMAND_PALETTE = True
 
     def __init__(self, profile=None, engine: Optional[str] = None, block_size: Optional[int] = None,
                  thinking: Optional[bool] = None, resume: Optional[sessions.Session] = None, record: bool = True,
-                 max_new_tokens: Optional[int] = None, animate: bool = True, loaded_engine=None) -> None:
+                 max_new_tokens: Optional[int] = None, animate: bool = True, loaded_engine=None,
+                 engine_process: bool = True) -> None:
         super().__init__()
         self.profile_ref = profile
         self.profile = None
@@ -105,6 +107,7 @@ class DflashApp(App):
         self.load_seconds = 0.0
         self.animate = animate
         self.loaded_engine = loaded_engine  # an engine already loaded (tests, benchmarks): no load worker
+        self.engine_process = engine_process  # decode in a child process (engine_process.py) or a thread
         self._events: deque = deque()
         self._keep_conversation = False
         self._load_started = 0.0
@@ -176,9 +179,11 @@ class DflashApp(App):
         quiet_loaders()
         from engines import load_engine
 
+        from .engine_process import ProcessEngine
+
         started = time.perf_counter()
         try:
-            engine = load_engine(config)
+            engine = ProcessEngine(config) if self.engine_process else load_engine(config)
         except UserError as exc:
             self.call_from_thread(self.show_load_error, str(exc))
             return
@@ -198,6 +203,8 @@ class DflashApp(App):
     def _show_loading(self, on: bool) -> None:
         try:
             self.q("#loading").display = on
+            for indicator in self.q("#loading").query("LoadingIndicator"):
+                indicator.display = on  # a hidden indicator would keep animating
         except Exception:  # noqa: BLE001
             pass
 
@@ -500,6 +507,9 @@ class DflashApp(App):
         self.push_screen(SystemPromptScreen(self.conversation.settings.system_prompt), saved)
 
     def _unload(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
         self.engine = None
         if self.conversation is not None:
             self.conversation.engine = None
@@ -537,9 +547,17 @@ class DflashApp(App):
         self._clear_view()
         self.start_load()
 
+    def on_unmount(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
     async def action_quit(self) -> None:
         if self.active is not None:
-            self.active.cancel()  # the partial answer is recorded, marked cancelled
+            self.active.cancel()  # the partial answer is recorded, marked cancelled, before we leave
+            deadline = time.monotonic() + 10
+            while self.active is not None and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
         self.exit()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.style import Style
 
 pytest.importorskip("textual")
 pytest.importorskip("torch")
@@ -111,7 +112,7 @@ async def test_prompt_streams_coloured_text_and_updates_stats(profile, data_dir)
         origins = {kind for _, kind in answer.segments}
         assert "target" in origins and origins <= {"draft", "target", "ghost"}
         styles = {str(span.style) for span in answer.answer_rich.spans}
-        assert styles and styles <= {DRAFT_STYLE, TARGET_STYLE}
+        assert styles and styles <= {str(Style.parse(DRAFT_STYLE)), str(Style.parse(TARGET_STYLE))}
         stats = app._last_stats
         assert stats.tokens == active.turn.summary["generated_tokens"] == 48
         assert stats.tokens_per_s > 0 and stats.tau >= 1.0 and sum(stats.histogram) > 0
@@ -209,7 +210,7 @@ async def test_ghosts_toggle_and_markdown_view(profile, engine, data_dir):
         if not any(kind == "ghost" for _, kind in answer.segments):
             pytest.skip("this random pair accepted every drafted token")
         def ghost_spans():
-            return [s for s in answer.answer_rich.spans if str(s.style) == GHOST_STYLE]
+            return [s for s in answer.answer_rich.spans if str(s.style) == str(Style.parse(GHOST_STYLE))]
         assert not ghost_spans() and app.ghosts is False
         await pilot.press("ctrl+g")
         assert app.ghosts and ghost_spans()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -15,7 +16,8 @@ from textual.widgets import Collapsible, Static
 from ..conversation import THINK_CLOSE, printable, thinking_layout
 from .stats import DRAFT_STYLE, GHOST_STYLE, TARGET_STYLE
 
-STYLES = {"draft": DRAFT_STYLE, "target": TARGET_STYLE, "ghost": GHOST_STYLE, "plain": ""}
+STYLES = {"draft": Style.parse(DRAFT_STYLE), "target": Style.parse(TARGET_STYLE), "ghost": Style.parse(GHOST_STYLE),
+          "plain": Style()}
 
 
 class UserMessage(Static):
@@ -61,10 +63,17 @@ class AnswerView(Vertical):
             if self.thinking and THINK_CLOSE not in self.raw:
                 self.think_tokens += len(event.emitted)
             for text, origin in event.pieces:
-                self.segments.append((text, origin))
+                self._append(text, origin)
                 self.raw += text
             if event.rejected_text:
-                self.segments.append((event.rejected_text, "ghost"))
+                self._append(event.rejected_text, "ghost")
+
+    def _append(self, text: str, kind: str) -> None:
+        # one span per run of the same origin: fewer spans, cheaper frames
+        if self.segments and self.segments[-1][1] == kind:
+            self.segments[-1] = (self.segments[-1][0] + text, kind)
+        else:
+            self.segments.append((text, kind))
 
     def set_text(self, text: str) -> None:
         """A recorded answer (no origins kept): shown plain."""
@@ -91,7 +100,7 @@ class AnswerView(Vertical):
         think, answer = Text(), Text()
         pos = 0
         for text, kind in self.segments:
-            style = STYLES.get(kind, "")
+            style = STYLES.get(kind) or STYLES["plain"]
             if kind == "ghost":
                 if self.ghosts:
                     if start <= pos < end or (pos == end and answer_at > end and pos < answer_at):

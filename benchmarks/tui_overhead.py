@@ -1,0 +1,181 @@
+"""What the TUI costs: decode tokens/s of the same prompts driven directly (as `dflash generate` does:
+iterate the events, write the text) and through the Textual app running headless, in one run.
+
+    python benchmarks/tui_overhead.py                     # the demo pair when it is installed, else a tiny random pair
+    python benchmarks/tui_overhead.py --profile qwen3-8b --max-new-tokens 256
+
+The app decodes in a thread worker and renders batched events from a timer, so it should keep at
+least 90% of the direct rate. Each TUI prompt runs in a fresh session (ctrl+n) so both sides decode
+the identical prompt ids. Rates are the engine's own `decode_tokens_per_s` (after the first token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from engines import GenerationRequest, load_engine  # noqa: E402
+
+PROMPTS = [
+    "What is 48 + 75?",
+    "What is 912 - 347?",
+    "Sort these numbers: 42, 7, 19, 88, 3.",
+    "How many centimeters are in 3 meters?",
+]
+
+
+def tiny_profile(folder: Path) -> Path:
+    from tests import tiny
+
+    target = tiny.make_target(folder / "target", "qwen3")
+    draft = tiny.make_draft(folder / "draft", target, [0, 2])
+    path = folder / "tiny.toml"
+    path.write_text(f'name = "tiny-random"\ndescription = "random tiny pair"\n[model]\ntarget = "{target}"\n'
+                    f'draft = "{draft}"\n[engine]\ndtype = "float32"\n')
+    return path
+
+
+def pick_profile(name: str | None, folder: Path) -> str:
+    from dflash_tui.profiles import load_profile
+
+    if name:
+        return name
+    try:
+        profile = load_profile("demo")
+        config = profile.engine_config()
+        if Path(config.target).is_dir():
+            return "demo"
+    except Exception:  # noqa: BLE001 - no demo pair here: fall back to a random one
+        pass
+    return str(tiny_profile(folder))
+
+
+def settings_for(profile, max_new_tokens: int, thinking: bool):
+    from dflash_tui.conversation import ChatSettings
+
+    settings = ChatSettings.from_profile(profile, thinking=thinking)
+    settings.max_new_tokens = max_new_tokens
+    settings.temperature = 0.0
+    return settings
+
+
+def direct(engine, settings, prompts) -> list[tuple[int, float]]:
+    out = []
+    sink = io.StringIO()
+    for prompt in prompts:
+        request = GenerationRequest(messages=[{"role": "user", "content": prompt}], thinking=settings.thinking,
+                                    max_new_tokens=settings.max_new_tokens, temperature=0.0,
+                                    block_size=settings.block_size)
+        for event in engine.generate(request):
+            for text, _origin in event.pieces:
+                sink.write(text)
+        s = engine.last_summary
+        out.append((s.generated_tokens, s.decode_s))
+    return out
+
+
+async def interleaved(profile_ref, engine, settings, prompts, repeats: int):
+    """Each prompt in turn: once driven directly, once through the app (as `dflash chat` runs it, loading
+    its own engine in its engine process); best of `repeats` for each, so a busy machine hurts both alike."""
+    from dflash_tui.app import DflashApp
+
+    app = DflashApp(profile=profile_ref, animate=False, max_new_tokens=settings.max_new_tokens,
+                    thinking=settings.thinking, block_size=settings.block_size)
+    base: dict[str, tuple[int, float]] = {}
+    tui: dict[str, tuple[int, float]] = {}
+
+    def keep(table, prompt, result):
+        if prompt not in table or rate(*result) > rate(*table[prompt]):
+            table[prompt] = result
+
+    async with app.run_test(size=(120, 40)) as pilot:
+        while app.conversation is None:
+            if app.load_error:
+                raise SystemExit(f"the app could not load the profile: {app.load_error}")
+            await pilot.pause(0.05)
+        app.conversation.settings.temperature = 0.0
+        warm = app.conversation.begin(prompts[0])  # warm-up turn, as the direct side had
+        for _ in app.conversation.stream(warm):
+            pass
+        for _ in range(repeats):
+            for prompt in prompts:
+                keep(base, prompt, direct(engine, settings, [prompt])[0])
+                app.action_new_session()  # same prompt ids as the direct run: no history
+                before = app.turns_done
+                app.screen.query_one("#prompt").load_text(prompt)
+                await pilot.press("enter")
+                while app.turns_done == before:
+                    await pilot.pause(0.02)
+                s = app.finished[-1].turn.summary
+                keep(tui, prompt, (s["generated_tokens"], s["decode_s"]))
+        flushes = app.flushes
+    return [base[p] for p in prompts], [tui[p] for p in prompts], flushes
+
+
+def flush_interval() -> float:
+    from dflash_tui.app import DflashApp
+
+    return DflashApp.FLUSH_INTERVAL
+
+
+def rate(tokens: int, seconds: float) -> float:
+    return (tokens - 1) / seconds if tokens > 1 and seconds > 0 else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", help="profile name or TOML path (default: demo, else a tiny random pair)")
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--no-thinking", action="store_true")
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved passes; the best of each is kept")
+    parser.add_argument("--flush", type=float, help="the app's UI flush interval in seconds (default: the app's)")
+    args = parser.parse_args()
+    if args.flush:
+        from dflash_tui.app import DflashApp
+
+        DflashApp.FLUSH_INTERVAL = args.flush
+
+    from dflash_tui.app import load_profile, quiet_loaders
+
+    quiet_loaders()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("DFLASH_DATA_DIR", str(Path(tmp) / "data"))  # keep benchmark sessions out of yours
+        profile_ref = pick_profile(args.profile, Path(tmp))
+        profile = load_profile(profile_ref)
+        engine = load_engine(profile.engine_config())
+        settings = settings_for(profile, args.max_new_tokens, not args.no_thinking)
+        settings.block_size = settings.block_size or engine.block_size
+        direct(engine, settings, PROMPTS[:1])  # warm-up
+        started = time.perf_counter()
+        base, tui, flushes = asyncio.run(interleaved(profile_ref, engine, settings, PROMPTS, args.repeats))
+        elapsed = time.perf_counter() - started
+
+    name = getattr(profile, "name", profile_ref)
+    print(f"\nTUI overhead · profile {name} · {engine.name} engine on {engine.device} · {engine.dtype} · "
+          f"block {settings.block_size} · thinking {'on' if settings.thinking else 'off'} · "
+          f"max_new_tokens {settings.max_new_tokens} · UI flush every {flush_interval() * 1000:.0f} ms\n")
+    print(f"| prompt | tokens | direct tok/s | TUI tok/s | TUI / direct |")
+    print(f"|---|---:|---:|---:|---:|")
+    for prompt, (bt, bs), (tt, ts) in zip(PROMPTS, base, tui):
+        b, t = rate(bt, bs), rate(tt, ts)
+        print(f"| {prompt} | {tt} | {b:.1f} | {t:.1f} | {t / b * 100 if b else 0:.0f}% |")
+    b = rate(sum(x for x, _ in base) - len(base) + 1, sum(s for _, s in base))
+    t = rate(sum(x for x, _ in tui) - len(tui) + 1, sum(s for _, s in tui))
+    ratio = t / b if b else 0.0
+    print(f"| **all** | {sum(x for x, _ in tui)} | {b:.1f} | {t:.1f} | **{ratio * 100:.0f}%** |")
+    print(f"\nUI flushes: {flushes} over all passes; best of {args.repeats} interleaved passes; run took {elapsed:.1f} s. "
+          f"{'OK' if ratio >= 0.9 else 'BELOW'} the 90% bar.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""An engine in a child process, so decoding never shares the interpreter lock with the UI.
+
+A Textual frame costs tens of milliseconds of Python; on the same interpreter as a decode thread that
+time comes straight out of the engine's tokens/s (measured: a tiny pair kept a third of its rate). The
+TUI therefore runs the engine in a spawned process: requests go down a pipe, `StepEvent`s and the
+`Summary` come back. The parent keeps only the tokenizer (for prompt ids, context trimming and the
+session header). Cancelling sets a process-shared event the engine checks between steps, so escape
+still stops within one step. Anything the child raises comes back as the same kind of error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator, Optional
+
+from engines.config import EngineConfig, GenerationRequest
+from engines.errors import CheckpointError, EngineUnavailable, UserError
+
+ERRORS = {"UserError": UserError, "CheckpointError": CheckpointError, "EngineUnavailable": EngineUnavailable}
+BATCH_S = 0.02  # events travel in batches: one wake-up of the UI process per 20 ms, not one per step
+REQUEST_FIELDS = [f.name for f in fields(GenerationRequest) if f.name != "cancel"]
+
+
+def _error(exc: BaseException) -> tuple:
+    if isinstance(exc, UserError):
+        return ("error", type(exc).__name__ if type(exc).__name__ in ERRORS else "UserError", str(exc))
+    return ("error", "Exception", f"{type(exc).__name__}: {exc}")
+
+
+def _serve(config: EngineConfig, conn, cancel) -> None:
+    """The child: load the engine, then answer generate requests until told to close (or orphaned)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)  # never write over the parent's screen
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except Exception:  # noqa: BLE001
+        pass
+    from engines import load_engine
+
+    try:
+        engine = load_engine(config)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        conn.send(_error(exc))
+        return
+    info = {
+        "name": engine.name, "device": engine.device, "dtype": engine.dtype, "block_size": engine.block_size,
+        "warnings": list(engine.warnings), "trained_block_size": engine.trained_block_size,
+        "target_path": str(engine.target_info.path), "max_positions": engine.target_info.max_positions,
+        "draft_path": str(engine.draft_info.path) if engine.draft_info else None,
+    }
+    conn.send(("ready", info))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent is gone
+        if message[0] != "generate":
+            return
+        request = GenerationRequest(**message[1])
+        request.cancel = cancel
+        try:
+            batch, sent = [], time.perf_counter()
+            for event in engine.generate(request):
+                batch.append(event)
+                now = time.perf_counter()
+                if now - sent >= BATCH_S or event.is_prefill:
+                    conn.send(("events", batch))
+                    batch, sent = [], now
+            if batch:
+                conn.send(("events", batch))
+            conn.send(("summary", engine.last_summary))
+        except (BrokenPipeError, EOFError, OSError):
+            return
+        except BaseException as exc:  # noqa: BLE001
+            conn.send(_error(exc))
+
+
+@contextlib.contextmanager
+def _real_stdio():
+    """The real stdio in place while multiprocessing starts helpers: an app that captures sys.stderr
+    (Textual does) would hand it a stream with no usable file descriptor."""
+    saved = sys.stdout, sys.stderr
+    if sys.__stdout__ is not None and sys.__stderr__ is not None:
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+class ProcessEngine:
+    """The engine interface the chat uses (`prepare`, `generate`, `last_summary`, names and sizes),
+    served by a child process. Construction blocks until the child has loaded (or failed)."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        ctx = mp.get_context("spawn")
+        with _real_stdio():
+            self._cancel = ctx.Event()
+            self._conn, child = ctx.Pipe()
+            self._proc = ctx.Process(target=_serve, args=(config, child, self._cancel), daemon=True,
+                                     name="dflash-engine")
+            self._proc.start()
+        child.close()
+        try:
+            message = self._conn.recv()
+        except EOFError:
+            self._proc.join(5)
+            raise UserError(f"The engine process exited while loading (exit code {self._proc.exitcode}); "
+                            "run `dflash generate` with the same profile to see the error.") from None
+        if message[0] == "error":
+            self.close()
+            self._raise(message)
+        info = message[1]
+        self.name, self.device, self.dtype = info["name"], info["device"], info["dtype"]
+        self.block_size, self.warnings = info["block_size"], info["warnings"]
+        self.trained_block_size = info["trained_block_size"]
+        self.target_info = SimpleNamespace(path=Path(info["target_path"]), max_positions=info["max_positions"])
+        self.draft_info = SimpleNamespace(path=Path(info["draft_path"])) if info["draft_path"] else None
+        from engines.prompting import load_tokenizer
+
+        self.tokenizer = load_tokenizer(self.target_info.path)
+        self.last_summary = None
+        self.in_process = False
+
+    @staticmethod
+    def _raise(message: tuple) -> None:
+        _, kind, text = message
+        raise ERRORS.get(kind, RuntimeError)(text)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def prepare(self, request: GenerationRequest) -> list[int]:
+        from engines.prompting import prompt_ids
+
+        return prompt_ids(self.tokenizer, request)
+
+    def generate(self, request: GenerationRequest) -> Iterator:
+        self.last_summary = None
+        self._cancel.clear()
+        if request.cancel.is_set():
+            self._cancel.set()
+        original = request.cancel
+        request.cancel = self._cancel  # setting the request's cancel now reaches the child at once
+        self._conn.send(("generate", {name: getattr(request, name) for name in REQUEST_FIELDS}))
+        return self._events(original)
+
+    def _events(self, original) -> Iterator:
+        done = False
+        try:
+            while True:
+                if original.is_set() and not self._cancel.is_set():  # someone kept the old event
+                    self._cancel.set()
+                message = self._conn.recv()
+                if message[0] == "events":
+                    yield from message[1]
+                elif message[0] == "summary":
+                    self.last_summary = message[1]
+                    done = True
+                    return
+                else:
+                    done = True
+                    self._raise(message)
+        finally:
+            if not done:  # the consumer stopped early: stop the child and drain to the end of this turn
+                self._cancel.set()
+                while True:
+                    message = self._conn.recv()
+                    if message[0] == "summary":
+                        self.last_summary = message[1]
+                        break
+                    if message[0] == "error":
+                        break
+
+    def close(self) -> None:
+        try:
+            self._conn.send(("close",))
+        except (OSError, ValueError):
+            pass
+        self._proc.join(2)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(2)
+        self._conn.close()
+
+    def __del__(self):
+        try:
+            if self._proc.is_alive():
+                self.close()
+        except Exception:  # noqa: BLE001
+            pass
