@@ -442,3 +442,82 @@ def test_snapshot_sessions_browser(snap_compare, profile, engine, data_dir):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run)
+
+
+# -- the engine process the app decodes in ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def process_engine(pair):
+    from dflash_tui.engine_process import ProcessEngine
+
+    target, draft = pair
+    engine = ProcessEngine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
+                                        dtype="float32"))
+    yield engine
+    engine.close()
+
+
+def test_engine_process_streams_the_same_tokens(process_engine, engine):
+    from engines import GenerationRequest
+
+    def run(e, **kw):
+        request = GenerationRequest(messages=[{"role": "user", "content": "What is 48 + 75?"}], max_new_tokens=40,
+                                    temperature=0.0, block_size=4, **kw)
+        events = list(e.generate(request))
+        return events, e.last_summary
+
+    (a, sa), (b, sb) = run(process_engine), run(engine)
+    assert [x.emitted for x in a] == [x.emitted for x in b] and sa.token_ids == sb.token_ids
+    assert [x.pieces for x in a] == [x.pieces for x in b] and sa.text == sb.text
+    assert process_engine.prepare(GenerationRequest(messages=[{"role": "user", "content": "x"}])) == \
+        engine.prepare(GenerationRequest(messages=[{"role": "user", "content": "x"}]))
+    assert (process_engine.name, process_engine.device, process_engine.block_size) == \
+        (engine.name, engine.device, engine.block_size)
+
+
+def test_engine_process_cancels_within_a_step_and_reports_user_errors(process_engine):
+    from engines import GenerationRequest, UserError
+
+    request = GenerationRequest(messages=[{"role": "user", "content": "go"}], max_new_tokens=400, temperature=0.0,
+                                block_size=1)
+    seen = 0
+    for event in process_engine.generate(request):
+        seen += 1
+        if seen == 3:
+            request.cancel.set()
+    summary = process_engine.last_summary
+    assert summary.finish_reason == "cancelled" and summary.generated_tokens < 400
+    # a consumer that walks away mid-answer leaves the process ready for the next request
+    stream = process_engine.generate(GenerationRequest(messages=[{"role": "user", "content": "go"}],
+                                                       max_new_tokens=300, temperature=0.0))
+    next(stream)
+    stream.close()
+    with pytest.raises(UserError, match="Block size 99"):
+        list(process_engine.generate(GenerationRequest(messages=[{"role": "user", "content": "x"}], block_size=99)))
+    events = list(process_engine.generate(GenerationRequest(messages=[{"role": "user", "content": "x"}],
+                                                            max_new_tokens=5, temperature=0.0)))
+    assert sum(len(e.emitted) for e in events) == 5
+
+
+def test_engine_process_load_error_is_the_same_user_error(tmp_path, pair):
+    from dflash_tui.engine_process import ProcessEngine
+    from engines import CheckpointError
+
+    with pytest.raises(CheckpointError, match="nothing-here"):
+        ProcessEngine(EngineConfig(target=str(tmp_path / "nothing-here"), draft=str(pair[1]), engine="cuda"))
+
+
+def test_thinking_warns_once_when_the_draft_lacks_thinking_traces(tmp_path, pair, engine):
+    from dflash_tui.app import load_profile
+    from dflash_tui.conversation import DRAFT_THINKING_WARNING, ChatSettings, Conversation
+
+    path = write_profile(tmp_path / "nothink.toml", *pair, thinking=False, block_size=16)
+    text = path.read_text().replace("block_size = 16", "block_size = 16\nthinking_trained = false")
+    path.write_text(text)
+    profile = load_profile(str(path))
+    assert profile.draft_thinking is False
+    conv = Conversation(engine, ChatSettings.from_profile(profile), profile=profile, record=False)
+    assert conv.settings.thinking is False
+    assert conv.toggle_thinking() == DRAFT_THINKING_WARNING
+    assert conv.toggle_thinking() is None and conv.toggle_thinking() is None  # once
