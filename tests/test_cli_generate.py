@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from dflash_tui.cli import main
-from tests.test_cuda_lossless import greedy_reference
+from tests.oracles import transformers_greedy
 
 
 def invoke(*args, input=None):
@@ -27,7 +27,7 @@ def test_json_ids_equal_transformers_greedy(pairs, family):
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(str(target)).encode("The quick brown fox", add_special_tokens=False)
-    expected = greedy_reference(target, ids, 30)
+    expected = transformers_greedy(target, ids, 30)
     for block in ("1", "4", "16"):
         result = invoke("generate", "--target", str(target), "--draft", str(draft), "--raw", "--temperature", "0",
                         "--json", "-n", "30", "-b", block, "The quick brown fox")

@@ -4,7 +4,6 @@ draft that reads the last target layer; cache lengths under a draft that is ofte
 sampling; stop ids; cancellation; and the bad inputs of the CUDA engine's tests."""
 
 import json
-import re
 import shutil
 
 import pytest
@@ -12,11 +11,11 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
-from engines import CheckpointError, EngineConfig, GenerationRequest, UserError, load_engine  # noqa: E402
+from engines import EngineConfig, GenerationRequest, UserError, load_engine  # noqa: E402
 from engines.mlx.draft import DraftCache  # noqa: E402
 from engines.mlx.loop import Sampler, speculative_decode  # noqa: E402
-from engines.mlx.target import legacy_keys  # noqa: E402
 from engines.sampling import SamplingParams  # noqa: E402
+from tests.oracles import edited_copy, engine_for, mlx_lm_greedy, run  # noqa: E402
 
 PROMPTS = ["What is 48 + 75?", "The quick brown fox", "Hello world, speculative decoding"]
 BLOCKS = [1, 2, 4, 8, 16]
@@ -24,46 +23,11 @@ NEW = 40
 FAMILIES = [("qwen3", False), ("qwen3_moe", False), ("llama", False), ("qwen3", True)]
 
 
-def mlx_lm_greedy(target_dir, prompt_ids, max_new, dtype=None):
-    """mlx-lm's own greedy ids (generate_step with an argmax sampler) for a fresh load of the target."""
-    from mlx_lm.generate import generate_step
-    from mlx_lm.utils import load_model
-
-    config = json.loads((target_dir / "config.json").read_text())
-    model, _ = load_model(target_dir, model_config=legacy_keys(config))
-    if dtype is not None:
-        model.set_dtype(dtype)
-    steps = generate_step(mx.array(prompt_ids), model, max_tokens=max_new, sampler=lambda x: mx.argmax(x, axis=-1))
-    return [int(token) for token, _ in steps]
-
-
-def mlx_engine(target, draft=None, **kw):
-    return load_engine(EngineConfig(target=str(target), draft=str(draft) if draft else None, engine="mlx", **kw))
-
-
-def run(engine, **kw):
-    events = list(engine.generate(GenerationRequest(**kw)))
-    return events, engine.last_summary
-
-
-@pytest.mark.parametrize("family,last_layer", FAMILIES)
-@pytest.mark.parametrize("window", [None, 5])
-def test_greedy_ids_match_mlx_lm(pairs, family, last_layer, window):
-    target, draft = pairs(family, last_layer)
-    engine = mlx_engine(target, draft, draft_window=window)
-    for prompt in PROMPTS:
-        ids = engine.prepare(GenerationRequest(prompt=prompt))
-        expected = mlx_lm_greedy(target, ids, NEW)
-        for block in BLOCKS:
-            summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=block, stop_ids=[])[1]
-            assert summary.token_ids == expected, f"block {block}, prompt {prompt!r}"
-            assert summary.generated_tokens == NEW
-
 
 @pytest.fixture(scope="module")
 def qwen3(pairs):
     target, draft = pairs("qwen3")
-    engine = mlx_engine(target, draft)
+    engine = engine_for("mlx", target, draft)
     ids = engine.prepare(GenerationRequest(prompt="What is 48 + 75?"))
     return engine, ids, mlx_lm_greedy(target, ids, 48)
 
@@ -140,7 +104,7 @@ def variant(pairs, tmp_path_factory):
 @pytest.mark.parametrize("kind", ["q4", "tied"])
 def test_quantized_and_tied_targets_match_mlx_lm(variant, kind):
     target, draft = variant(kind)
-    engine = mlx_engine(target, draft)
+    engine = engine_for("mlx", target, draft)
     assert type(engine.target.lm_head).__name__ == ("QuantizedLinear" if kind == "q4" else "method")
     ids = engine.prepare(GenerationRequest(prompt=PROMPTS[0]))
     expected = mlx_lm_greedy(target, ids, NEW)
@@ -153,7 +117,7 @@ def test_quantized_and_tied_targets_match_mlx_lm(variant, kind):
 def test_half_precision_checkpoint_computes_in_float32_on_the_cpu(variant):
     """dtype auto on the CPU is float32, as on the CUDA engine: the ids are mlx-lm's on the upcast weights."""
     target, draft = variant("f16")
-    engine = mlx_engine(target, draft)
+    engine = engine_for("mlx", target, draft)
     assert engine.dtype == "float32" and engine.draft.fc.weight.dtype == mx.float32
     ids = engine.prepare(GenerationRequest(prompt=PROMPTS[1]))
     summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=8, stop_ids=[])[1]
@@ -162,12 +126,12 @@ def test_half_precision_checkpoint_computes_in_float32_on_the_cpu(variant):
 
 def test_dtype_setting_converts_target_and_draft(pairs):
     target, draft = pairs("qwen3")
-    engine = mlx_engine(target, draft, dtype="bfloat16")
+    engine = engine_for("mlx", target, draft, dtype="bfloat16")
     assert engine.dtype == "bfloat16" and engine.draft.fc.weight.dtype == mx.bfloat16
     summary = run(engine, prompt=PROMPTS[0], max_new_tokens=12, temperature=0, block_size=4, stop_ids=[])[1]
     assert summary.generated_tokens == 12 and summary.dtype == "bfloat16"
     with pytest.raises(UserError, match="dtype 'float8'"):
-        mlx_engine(target, draft, dtype="float8")
+        engine_for("mlx", target, draft, dtype="float8")
 
 
 # -- targets whose caches cannot simply be trimmed: recurrent states restored, rotating windows -----------
@@ -216,7 +180,7 @@ def unusual(tmp_path_factory, pairs):
 @pytest.mark.parametrize("window", [None, 5])
 def test_hybrid_and_sliding_targets_match_mlx_lm(unusual, kind, window):
     target, draft = unusual(kind)
-    engine = mlx_engine(target, draft, draft_window=window)
+    engine = engine_for("mlx", target, draft, draft_window=window)
     for prompt in PROMPTS[:2]:
         ids = engine.prepare(GenerationRequest(prompt=prompt))
         expected = mlx_lm_greedy(target, ids, NEW)
@@ -229,7 +193,7 @@ def test_hybrid_and_sliding_targets_match_mlx_lm(unusual, kind, window):
 @pytest.mark.parametrize("block", [4, 16])
 def test_states_roll_back_under_partial_acceptance(unusual, kind, block):
     target, draft = unusual(kind)
-    engine = mlx_engine(target, draft)
+    engine = engine_for("mlx", target, draft)
     ids = engine.prepare(GenerationRequest(prompt="What is 48 + 75?"))
     reference = mlx_lm_greedy(target, ids, NEW)
     cache = engine.target.make_cache()
@@ -244,75 +208,11 @@ def test_states_roll_back_under_partial_acceptance(unusual, kind, block):
     assert max(accepted) >= 3 and min(accepted) < block - 1  # long prefixes kept, blocks cut in the middle
 
 
-def test_seeded_sampling_repeats_and_depends_on_the_seed(qwen3):
-    engine, ids, _ = qwen3
-    kw = dict(prompt_ids=ids, max_new_tokens=NEW, temperature=1.5, top_p=0.95, stop_ids=[], block_size=4)
-    a = run(engine, seed=1, **kw)[1].token_ids
-    b = run(engine, seed=1, **kw)[1].token_ids
-    c = run(engine, seed=2, **kw)[1].token_ids
-    assert a == b and a != c
-
-
 def test_sampling_filters_run(qwen3):
     engine, ids, _ = qwen3
     for kw in (dict(top_k=5), dict(min_p=0.1), dict(top_p=0.5, top_k=20, min_p=0.05)):
         summary = run(engine, prompt_ids=ids, max_new_tokens=16, temperature=0.8, seed=4, block_size=8, stop_ids=[], **kw)[1]
         assert summary.generated_tokens == 16
-
-
-def test_top_k_1_sampling_is_greedy(qwen3):
-    engine, ids, reference = qwen3
-    for block in (1, 4, 16):
-        summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=1.0, top_k=1, seed=3, block_size=block, stop_ids=[])[1]
-        assert summary.token_ids == reference[:NEW]
-
-
-@pytest.mark.parametrize("block", [1, 4, 16])
-def test_stop_ids_end_at_the_first_stop_token(qwen3, block):
-    engine, ids, reference = qwen3
-    stop = reference[17]
-    first = reference.index(stop)
-    events, summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=block, stop_ids=[stop])
-    assert summary.token_ids == reference[: first + 1]
-    assert summary.finish_reason == "stop" and events[-1].finish_reason == "stop"
-
-
-def test_last_block_shrinks_to_max_new_tokens(qwen3):
-    engine, ids, reference = qwen3
-    for new in (1, 2, 7):
-        summary = run(engine, prompt_ids=ids, max_new_tokens=new, temperature=0, block_size=16, stop_ids=[])[1]
-        assert summary.token_ids == reference[:new] and summary.finish_reason == "length"
-
-
-def test_cancel_stops_within_one_step(qwen3):
-    engine, ids, _ = qwen3
-    request = GenerationRequest(prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=4, stop_ids=[])
-    events = []
-    for event in engine.generate(request):
-        events.append(event)
-        request.cancel.set()
-    assert len(events) <= 2
-    assert events[-1].finish_reason == "cancelled" and engine.last_summary.finish_reason == "cancelled"
-
-
-def test_summary_fields(qwen3):
-    engine, ids, _ = qwen3
-    summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=8, stop_ids=[])[1]
-    assert summary.generated_tokens == NEW == len(summary.token_ids)
-    assert sum(summary.acceptance_lengths) == NEW - 1  # the prefill token is not a step
-    assert sum(summary.histogram) == len(summary.acceptance_lengths) and len(summary.histogram) == 8
-    assert summary.peak_memory_bytes > 0 and summary.peak_memory_kind == "device"
-    assert (summary.engine, summary.device, summary.dtype) == ("mlx", "cpu", "float32")
-    assert summary.draft_s > 0 and summary.verify_s > 0
-    json.dumps(summary.to_dict())
-
-
-def test_target_alone_runs_block_1(pairs):
-    target, _ = pairs("qwen3")
-    engine = mlx_engine(target)
-    ids = engine.prepare(GenerationRequest(prompt="The quick brown fox"))
-    summary = run(engine, prompt_ids=ids, max_new_tokens=12, temperature=0, stop_ids=[])[1]
-    assert summary.token_ids == mlx_lm_greedy(target, ids, 12) and summary.block_size == 1
 
 
 def test_chat_messages_and_long_prompt_prefill_in_chunks(qwen3, monkeypatch):
@@ -332,61 +232,17 @@ def test_chat_messages_and_long_prompt_prefill_in_chunks(qwen3, monkeypatch):
 
 # -- bad inputs, as on the CUDA engine --------------------------------------------------------------
 
-def edited_copy(src, dst, **changes):
-    shutil.copytree(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    for key, value in changes.items():
-        if key.startswith("dflash_"):
-            config["dflash_config"][key.removeprefix("dflash_")] = value
-        else:
-            config[key] = value
-    (dst / "config.json").write_text(json.dumps(config))
-    return dst
-
-
-@pytest.mark.parametrize("block", [0, 65, -1])
-def test_impossible_block_size(qwen3, block):
-    engine, ids, _ = qwen3
-    with pytest.raises(UserError, match="from 1 to 64"):
-        run(engine, prompt_ids=ids, block_size=block)
-
-
-def test_target_passed_as_draft(pairs):
-    target, _ = pairs("qwen3")
-    with pytest.raises(CheckpointError, match="not a DFlash draft"):
-        mlx_engine(target, target)
-
-
-@pytest.mark.parametrize("changes,words", [
-    ({"hidden_size": 32}, "hidden size"),
-    ({"num_target_layers": 7}, "7-layer"),
-    ({"dflash_target_layer_ids": [0, 9]}, "layers [9]"),
-    ({"dflash_mask_token_id": 5000}, "mask token id 5000"),
-])
-def test_mismatched_draft_is_one_clear_error(pairs, tmp_path, changes, words):
-    target, draft = pairs("qwen3")
-    bad = edited_copy(draft, tmp_path / "bad", **changes)
-    with pytest.raises(CheckpointError, match=re.escape(words)):
-        mlx_engine(target, bad)
-
-
-def test_prompt_beyond_context(qwen3):
-    engine, _, _ = qwen3
-    with pytest.raises(UserError, match="context holds 512"):
-        run(engine, prompt_ids=[5] * 600)
-
-
 def test_model_type_mlx_lm_does_not_run(tmp_path, pairs):
     target, _ = pairs("qwen3")
     other = edited_copy(target, tmp_path / "unknown", model_type="not_a_real_arch")
     with pytest.raises(UserError, match="'not_a_real_arch' model, which mlx-lm .* does not run; it has .*qwen3_moe"):
-        mlx_engine(other)
+        engine_for("mlx", other)
 
 
 def test_unknown_device(pairs):
     target, _ = pairs("qwen3")
     with pytest.raises(UserError, match="not an MLX device"):
-        mlx_engine(target, device="cuda:0")
+        engine_for("mlx", target, device="cuda:0")
 
 
 def test_missing_mlx_is_one_sentence(monkeypatch, pairs):
@@ -414,18 +270,3 @@ def test_missing_mlx_is_one_sentence(monkeypatch, pairs):
     with pytest.raises(EngineUnavailable, match=r"pip install 'dflash-tui\[mlx\]'"):
         load_engine(EngineConfig(target=str(target), engine="mlx"))
 
-
-def test_generate_from_a_worker_thread(qwen3):
-    """The TUI generates in a worker thread: MLX must run there on the model loaded in the main one."""
-    import threading
-
-    engine, ids, reference = qwen3
-    result = {}
-
-    def work():
-        result["ids"] = run(engine, prompt_ids=ids, max_new_tokens=16, temperature=0, block_size=4, stop_ids=[])[1].token_ids
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join()
-    assert result["ids"] == reference[:16]

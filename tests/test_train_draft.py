@@ -7,7 +7,6 @@ letter, so its greedy responses are predictable and a draft can learn them (self
 """
 
 import json
-import os
 from pathlib import Path
 
 import pytest

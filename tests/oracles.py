@@ -1,0 +1,66 @@
+"""What the engines are measured against: each framework's own greedy generation, plus small helpers
+the engine tests share."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from engines import EngineConfig, GenerationRequest, load_engine
+
+ENGINES = ["cuda", "mlx"]
+
+
+def transformers_greedy(target_dir, prompt_ids, max_new):
+    """transformers' own `generate(do_sample=False)` ids, never stopping early."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new, do_sample=False, eos_token_id=None,
+                         pad_token_id=0, min_new_tokens=max_new)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def mlx_lm_greedy(target_dir, prompt_ids, max_new, dtype=None):
+    """mlx-lm's own greedy ids (generate_step with an argmax sampler) on a fresh load through mlx-lm's
+    loader (engines.mlx.target.load_mlx_model only maps transformers-5 config keys and per-expert
+    weights to the layouts mlx-lm reads; the model code is mlx-lm's)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    from engines.mlx.target import load_mlx_model
+
+    config = json.loads((target_dir / "config.json").read_text())
+    model = load_mlx_model(target_dir, config["model_type"], config)
+    if dtype is not None:
+        model.set_dtype(dtype)
+    steps = generate_step(mx.array(prompt_ids), model, max_tokens=max_new, sampler=lambda x: mx.argmax(x, axis=-1))
+    return [int(token) for token, _ in steps]
+
+
+def framework_greedy(engine: str, target_dir, prompt_ids, max_new):
+    return (transformers_greedy if engine == "cuda" else mlx_lm_greedy)(target_dir, prompt_ids, max_new)
+
+
+def engine_for(engine: str, target, draft=None, **kw):
+    return load_engine(EngineConfig(target=str(target), draft=str(draft) if draft else None, engine=engine, **kw))
+
+
+def run(engine, **kw):
+    """All events of one request, and its Summary."""
+    events = list(engine.generate(GenerationRequest(**kw)))
+    return events, engine.last_summary
+
+
+def edited_copy(src, dst, **changes):
+    """A copy of a checkpoint with config.json keys changed (`dflash_x` edits dflash_config.x)."""
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    for key, value in changes.items():
+        if key.startswith("dflash_"):
+            config["dflash_config"][key.removeprefix("dflash_")] = value
+        else:
+            config[key] = value
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst

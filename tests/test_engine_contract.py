@@ -1,0 +1,166 @@
+"""The engine contract on both engines: seeded sampling, stop ids, the shrinking last block,
+cancellation within one step, the Summary, a worker thread, and every check that runs before weights
+load (each one clear sentence)."""
+
+import json
+import re
+import threading
+
+import pytest
+
+from engines import CheckpointError, GenerationRequest, UserError
+from tests.oracles import ENGINES, edited_copy, engine_for, framework_greedy, run
+
+NEW = 48
+
+
+@pytest.fixture(scope="module", params=[(e, f) for e in ENGINES for f in ("qwen3", "qwen3_5")],
+                ids=lambda p: "-".join(p))
+def loaded(pairs, request):
+    """(engine, prompt ids, the framework's greedy continuation) for a random tiny pair."""
+    name, family = request.param
+    if name == "mlx":
+        pytest.importorskip("mlx_lm")
+    target, draft = pairs(family)
+    engine = engine_for(name, target, draft)
+    ids = engine.prepare(GenerationRequest(prompt="What is 48 + 75?"))
+    return engine, ids, framework_greedy(name, target, ids, NEW)
+
+
+def test_seeded_sampling_repeats_and_depends_on_the_seed(loaded):
+    engine, ids, _ = loaded
+    kw = dict(prompt_ids=ids, max_new_tokens=NEW, temperature=1.5, top_p=0.95, top_k=50, min_p=0.01, stop_ids=[],
+              block_size=4)
+    a = run(engine, seed=1, **kw)[1].token_ids
+    b = run(engine, seed=1, **kw)[1].token_ids
+    c = run(engine, seed=2, **kw)[1].token_ids
+    assert a == b and a != c
+
+
+def test_top_k_1_sampling_is_greedy(loaded):
+    engine, ids, reference = loaded
+    for block in (1, 4, 16):
+        summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=1.0, top_k=1, seed=3, block_size=block,
+                      stop_ids=[])[1]
+        assert summary.token_ids == reference
+
+
+@pytest.mark.parametrize("block", [1, 4, 16])
+def test_stop_ids_end_at_the_first_stop_token(loaded, block):
+    engine, ids, reference = loaded
+    stop = reference[17]
+    first = reference.index(stop)
+    events, summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=block, stop_ids=[stop])
+    assert summary.token_ids == reference[: first + 1]
+    assert summary.finish_reason == "stop" and events[-1].finish_reason == "stop"
+
+
+def test_last_block_shrinks_to_max_new_tokens(loaded):
+    engine, ids, reference = loaded
+    for new in (1, 2, 7):
+        summary = run(engine, prompt_ids=ids, max_new_tokens=new, temperature=0, block_size=16, stop_ids=[])[1]
+        assert summary.token_ids == reference[:new] and summary.finish_reason == "length"
+
+
+def test_cancel_stops_within_one_step(loaded):
+    engine, ids, _ = loaded
+    request = GenerationRequest(prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=4, stop_ids=[])
+    events = []
+    for event in engine.generate(request):
+        events.append(event)
+        request.cancel.set()
+    assert len(events) <= 2
+    assert events[-1].finish_reason == "cancelled" and engine.last_summary.finish_reason == "cancelled"
+
+
+def test_summary_fields(loaded):
+    engine, ids, _ = loaded
+    summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=8, stop_ids=[])[1]
+    assert summary.generated_tokens == NEW == len(summary.token_ids)
+    assert sum(summary.acceptance_lengths) == NEW - 1  # the prefill token is not a step
+    assert sum(summary.histogram) == len(summary.acceptance_lengths) and len(summary.histogram) == 8
+    assert summary.peak_memory_bytes > 0 and summary.engine == engine.name
+    assert (summary.device, summary.dtype) == ("cpu", "float32")
+    assert summary.draft_s > 0 and summary.verify_s > 0 and summary.ttft_s > 0
+    json.dumps(summary.to_dict())
+
+
+def test_target_alone_runs_block_1(pairs, loaded):
+    engine, ids, reference = loaded
+    alone = engine_for(engine.name, engine.target_info.path)
+    summary = run(alone, prompt_ids=ids, max_new_tokens=12, temperature=0, stop_ids=[])[1]
+    assert summary.token_ids == reference[:12] and summary.block_size == 1
+
+
+def test_generate_from_a_worker_thread(loaded):
+    """The TUI decodes in a worker thread, on models loaded in the main one."""
+    engine, ids, reference = loaded
+    result = {}
+
+    def work():
+        result["ids"] = run(engine, prompt_ids=ids, max_new_tokens=16, temperature=0, block_size=4, stop_ids=[])[1].token_ids
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert result["ids"] == reference[:16]
+
+
+# -- checks before any weight loads ----------------------------------------------------------------
+
+@pytest.mark.parametrize("block", [0, 65, -1])
+def test_impossible_block_size(loaded, block):
+    engine, ids, _ = loaded
+    with pytest.raises(UserError, match="from 1 to 64"):
+        run(engine, prompt_ids=ids, block_size=block)
+
+
+def test_prompt_beyond_context(loaded):
+    engine, _, _ = loaded
+    with pytest.raises(UserError, match="context holds 512"):
+        run(engine, prompt_ids=[5] * 600)
+
+
+@pytest.mark.parametrize("engine_name", ENGINES)
+@pytest.mark.parametrize("changes,words", [
+    ({"hidden_size": 32}, "hidden size"),
+    ({"vocab_size": 999}, "vocab size"),
+    ({"num_target_layers": 7}, "7-layer"),
+    ({"dflash_target_layer_ids": [0, 9]}, "layers [9]"),
+    ({"dflash_target_layer_ids": [0, 1, 2]}, "fc width"),
+    ({"dflash_mask_token_id": 5000}, "mask token id 5000"),
+])
+def test_mismatched_draft_is_one_clear_error(pairs, tmp_path, engine_name, changes, words):
+    target, draft = pairs("qwen3")
+    bad = edited_copy(draft, tmp_path / "bad", **changes)
+    with pytest.raises(CheckpointError, match=re.escape(words)):
+        engine_for(engine_name, target, bad)
+
+
+@pytest.mark.parametrize("engine_name", ENGINES)
+def test_target_passed_as_draft(pairs, engine_name):
+    target, _ = pairs("qwen3")
+    with pytest.raises(CheckpointError, match="not a DFlash draft"):
+        engine_for(engine_name, target, target)
+
+
+@pytest.mark.parametrize("engine_name", ENGINES)
+def test_profile_layer_ids_must_equal_the_drafts(pairs, engine_name):
+    target, draft = pairs("qwen3")
+    with pytest.raises(CheckpointError, match=r"differ from the draft's own \[0, 2\]"):
+        engine_for(engine_name, target, draft, target_layer_ids=[0, 1])
+
+
+@pytest.mark.parametrize("engine_name", ENGINES)
+def test_block_size_above_trained_warns(pairs, engine_name):
+    target, draft = pairs("qwen3")
+    engine = engine_for(engine_name, target, draft, block_size=32)
+    assert any("trained block size 16" in w for w in engine.warnings)
+
+
+@pytest.mark.parametrize("engine_name", ENGINES)
+def test_missing_hub_model_names_the_repo(monkeypatch, tmp_path, engine_name):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(CheckpointError, match="'nobody/missing-model' is not in the Hugging Face cache"):
+        engine_for(engine_name, "nobody/missing-model")
