@@ -423,12 +423,13 @@ def format_bytes(n: int) -> str:
 
 
 def histogram_text(histogram: list[int], width: int = 16) -> str:
-    """A compact histogram: one block character per acceptance length, height by share of steps."""
+    """A compact histogram: one block character per acceptance length 1..B, its height the count relative
+    to the most common length (· for none)."""
     total = sum(histogram)
     if not total:
         return "-"
     bars = " ▁▂▃▄▅▆▇█"
-    cells = [bars[min(8, round(8 * c / max(histogram)))] if c else "·" for c in histogram]
+    cells = [bars[min(8, max(1, round(8 * c / max(histogram))))] if c else "·" for c in histogram]
     return "".join(cells)
 
 
