@@ -289,8 +289,15 @@ def effective_temperature(engine, turns: list[RecordedTurn], temperature: Option
     """The temperature the replay samples at (a request's None takes the generation_config's)."""
     from engines.sampling import resolve_sampling
 
-    values = {resolve_sampling(t.request(1, temperature), getattr(engine, "generation_config", {}) or {}).temperature
-              for t in turns}
+    config = getattr(engine, "generation_config", None)
+    if config is None:  # an engine served by another process (the TUI's) has no copy here: read it
+        from engines.checkpoints import TargetInfo
+
+        try:
+            config = TargetInfo.read(str(engine.target_info.path)).generation_config()
+        except Exception:  # noqa: BLE001 - without one, None means greedy, as in the engines
+            config = {}
+    values = {resolve_sampling(t.request(1, temperature), config or {}).temperature for t in turns}
     return max(values)
 
 
