@@ -352,3 +352,19 @@ def test_replay_help_documents_the_json_schema():
     result = invoke("replay", "--help")
     assert result.exit_code == 0
     assert "dflash-replay/1" in result.stdout and "identical_across_block_sizes" in result.stdout
+
+
+def test_replay_through_the_tuis_engine_process(recorded, data_dir):
+    """The chat runs its engine in a child process; the replay screen reuses it (no second copy)."""
+    from dflash_tui.engine_process import ProcessEngine
+
+    engine, session_id, _ = recorded
+    served = ProcessEngine(engine.config)
+    try:
+        session = sessions.load_session(session_id)
+        assert replay.same_target(session, served)
+        comparison = replay.run_replay(served, session, [1, 4], warmup=False)
+    finally:
+        served.close()
+    assert comparison["greedy"] and not comparison["differences"]
+    assert all(r["identical_to_recording"] and r["identical_across_block_sizes"] for r in comparison["rows"])
