@@ -81,7 +81,7 @@ def quiet_loaders() -> None:
 class DflashApp(App):
     CSS_PATH = "dflash.tcss"
     TITLE = "dflash"
-    FLUSH_INTERVAL = 0.08
+    FLUSH_INTERVAL = 0.1
     ENABLE_COMMAND_PALETTE = True
 
     def __init__(self, profile=None, engine: Optional[str] = None, block_size: Optional[int] = None,
@@ -108,6 +108,7 @@ class DflashApp(App):
         self.animate = animate
         self.loaded_engine = loaded_engine  # an engine already loaded (tests, benchmarks): no load worker
         self.engine_process = engine_process  # decode in a child process (engine_process.py) or a thread
+        self._owns_engine = False  # an engine handed in is the caller's to close
         self._events: deque = deque()
         self._keep_conversation = False
         self._load_started = 0.0
@@ -191,6 +192,7 @@ class DflashApp(App):
             self.call_from_thread(self.show_load_error, f"{type(exc).__name__}: {exc}")
             return
         self.load_seconds = time.perf_counter() - started
+        self._owns_engine = True
         self.call_from_thread(self._loaded, engine)
 
     def show_load_error(self, message: str) -> None:
@@ -371,11 +373,12 @@ class DflashApp(App):
         self.flushes += 1
         view = self.active_view
         view.add_events(events)
-        view.render_text()
+        grew = view.render_text(cheap=True)
         self._show_stats(self._stats_data())
-        conversation = self.q("#conversation", VerticalScroll)
-        if conversation.max_scroll_y - conversation.scroll_y < 4:
-            conversation.scroll_end(animate=False)
+        if grew:
+            conversation = self.q("#conversation", VerticalScroll)
+            if conversation.max_scroll_y - conversation.scroll_y < 4:
+                conversation.call_after_refresh(conversation.scroll_end, animate=False)
 
     def _turn_done(self, active, error: Optional[str]) -> None:
         self._flush_events()
@@ -508,7 +511,7 @@ class DflashApp(App):
 
     def _unload(self) -> None:
         close = getattr(self.engine, "close", None)
-        if close is not None:
+        if close is not None and self._owns_engine:
             close()
         self.engine = None
         if self.conversation is not None:
@@ -549,7 +552,7 @@ class DflashApp(App):
 
     def on_unmount(self) -> None:
         close = getattr(self.engine, "close", None)
-        if close is not None:
+        if close is not None and self._owns_engine:
             close()
 
     async def action_quit(self) -> None:

@@ -18,13 +18,13 @@ import time
 from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator, Optional
+from typing import Iterator
 
 from engines.config import EngineConfig, GenerationRequest
 from engines.errors import CheckpointError, EngineUnavailable, UserError
 
 ERRORS = {"UserError": UserError, "CheckpointError": CheckpointError, "EngineUnavailable": EngineUnavailable}
-BATCH_S = 0.02  # events travel in batches: one wake-up of the UI process per 20 ms, not one per step
+BATCH_S = 0.05  # events travel in batches: one wake-up of the UI process per 50 ms, not one per step
 REQUEST_FIELDS = [f.name for f in fields(GenerationRequest) if f.name != "cancel"]
 
 

@@ -47,6 +47,17 @@ def engine(pair):
     return load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu", dtype="float32"))
 
 
+@pytest.fixture(scope="module")
+def process_engine(pair):
+    from dflash_tui.engine_process import ProcessEngine
+
+    target, draft = pair
+    engine = ProcessEngine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
+                                        dtype="float32"))
+    yield engine
+    engine.close()
+
+
 @pytest.fixture
 def data_dir(tmp_path, monkeypatch):
     folder = tmp_path / "data"
@@ -153,9 +164,10 @@ async def test_ctrl_t_changes_the_template_sent(profile, engine, data_dir):
 
 
 @pytest.mark.asyncio
-async def test_escape_cancels_and_the_partial_turn_is_recorded(tmp_path, pair, engine, data_dir):
+async def test_escape_cancels_and_the_partial_turn_is_recorded(tmp_path, pair, process_engine, data_dir):
+    """As `dflash chat` runs: the engine decodes in its own process, so keys are handled while it streams."""
     profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=450)
-    app = make_app(profile, engine, block_size=1)
+    app = make_app(profile, process_engine, block_size=1)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await pilot.press(*"tell me a long story", "enter")
@@ -445,17 +457,6 @@ def test_snapshot_sessions_browser(snap_compare, profile, engine, data_dir):
 
 
 # -- the engine process the app decodes in ---------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def process_engine(pair):
-    from dflash_tui.engine_process import ProcessEngine
-
-    target, draft = pair
-    engine = ProcessEngine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
-                                        dtype="float32"))
-    yield engine
-    engine.close()
 
 
 def test_engine_process_streams_the_same_tokens(process_engine, engine):

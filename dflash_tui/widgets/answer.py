@@ -4,8 +4,10 @@ collapsible block above the answer."""
 
 from __future__ import annotations
 
+import time
 from typing import Iterable, Optional
 
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
@@ -46,6 +48,7 @@ class AnswerView(Vertical):
         self.raw = ""
         self.think_tokens = 0
         self.status = "streaming"
+        self._laid_out = 0.0
 
     def compose(self) -> ComposeResult:
         with Collapsible(title="thinking", collapsed=False, classes="thinking"):
@@ -95,9 +98,27 @@ class AnswerView(Vertical):
         start, end, _ = thinking_layout(self.raw, self.thinking)
         return self.raw[start:end]
 
-    def render_text(self) -> None:
+    def _height_changed(self, widget: Static, text: Text) -> bool:
+        """Whether `text` may need more rows than the widget shows (a layout pass re-renders the whole
+        screen; skipping it while the height stays put keeps frames cheap at high token rates)."""
+        width = widget.content_size.width
+        if width <= 0:
+            return True
+        rows = sum(max(1, -(-cell_len(line) // width)) for line in text.plain.split("\n"))
+        key = "_rows_" + ("a" if widget.has_class("answer-text") else "t")
+        now = time.monotonic()
+        if rows != getattr(self, key, None) or now - self._laid_out > 0.5:
+            setattr(self, key, rows)
+            self._laid_out = now
+            return True
+        return False
+
+    def render_text(self, cheap: bool = False) -> bool:
+        """Re-render the text; with `cheap`, skip the layout pass when the height cannot have changed.
+        Returns whether a layout pass was asked for."""
         start, end, answer_at = thinking_layout(self.raw, self.thinking)
         think, answer = Text(), Text()
+        laid_out = False
         pos = 0
         for text, kind in self.segments:
             style = STYLES.get(kind) or STYLES["plain"]
@@ -116,15 +137,25 @@ class AnswerView(Vertical):
             pos = stop
         collapsible = self.query_one(Collapsible)
         has_thinking = start < end or (start == end == len(self.raw) and start > 0)
-        collapsible.display = has_thinking
+        if collapsible.display != has_thinking:
+            collapsible.display = has_thinking
+            laid_out = True
         if has_thinking:
             count = f" · {self.think_tokens} tokens" if self.think_tokens else ""
-            collapsible.title = f"thinking{count}" + ("" if end < len(self.raw) or self.status != "streaming" else " …")
-            self.query_one(".thinking-text", Static).update(think)
+            title = f"thinking{count}" + ("" if end < len(self.raw) or self.status != "streaming" else " …")
+            if collapsible.title != title:
+                collapsible.title = title
+            widget = self.query_one(".thinking-text", Static)
+            grow = not cheap or self._height_changed(widget, think)
+            laid_out = laid_out or grow
+            widget.update(think, layout=grow)
         if not answer and self.status == "streaming":
             answer = Text("…", style="dim")
         self.answer_rich, self.thinking_rich = answer, think
-        self.query_one(".answer-text", Static).update(answer)
+        widget = self.query_one(".answer-text", Static)
+        grow = not cheap or self._height_changed(widget, answer)
+        widget.update(answer, layout=grow)
+        return laid_out or grow
 
     def finish(self, status: str, footer: Optional[str] = None) -> None:
         self.status = status

@@ -104,7 +104,7 @@ class StatsPanel(Static):
         t.append(" target\n")
         t.append("░ rejected", style=GHOST_STYLE)
         t.append(f" (ctrl+g {'on' if d.ghosts else 'off'})")
-        self.update(t)
+        self.update(t, layout=False)  # fixed size: no layout pass per frame
 
 
 class StatsLine(Static):
@@ -121,4 +121,4 @@ class StatsLine(Static):
         t.append("■", style=TARGET_STYLE)
         t.append("target")
         t.append(f" · draft {draft * 100:.0f}% · {memory_text(d).replace(' RSS', '')} · ctx {d.context_tokens}")
-        self.update(t)
+        self.update(t, layout=False)  # fixed size: no layout pass per frame
