@@ -473,6 +473,10 @@ class DflashApp(App):
         for warning in session.warnings:
             self.notify(warning, severity="warning", timeout=8)
         self.conversation.restore(session)
+        self._apply_flags()
+        prompt = self.q(PromptInput_ID)
+        for turn in self.conversation.turns:  # up recalls the session's prompts too
+            prompt.remember(turn.user)
         self._clear_view()
         view = self.q("#conversation", VerticalScroll)
         for turn in self.conversation.turns:
@@ -483,6 +487,16 @@ class DflashApp(App):
             answer.call_after_refresh(answer.finish, turn.status, footer_for(turn.summary))
         self.notice(f"Resumed session {session.id} ({len(session.turns)} turns).")
         self._refresh_chrome()
+
+    def _apply_flags(self) -> None:
+        """Command-line flags win over what a resumed session recorded."""
+        settings = self.conversation.settings
+        if self.block_flag:
+            settings.block_size = self.block_flag
+        if self.thinking_flag is not None:
+            settings.thinking = self.thinking_flag
+        if self.max_new_tokens:
+            settings.max_new_tokens = self.max_new_tokens
 
     def action_replay(self) -> None:
         self.push_screen(ReplayScreen(self.conversation.session_id if self.conversation else None))

@@ -164,7 +164,7 @@ class ProcessEngine:
             while True:
                 if original.is_set() and not self._cancel.is_set():  # someone kept the old event
                     self._cancel.set()
-                message = self._conn.recv()
+                message = self._recv()
                 if message[0] == "events":
                     yield from message[1]
                 elif message[0] == "summary":
@@ -178,12 +178,23 @@ class ProcessEngine:
             if not done:  # the consumer stopped early: stop the child and drain to the end of this turn
                 self._cancel.set()
                 while True:
-                    message = self._conn.recv()
+                    try:
+                        message = self._recv()
+                    except UserError:
+                        break
                     if message[0] == "summary":
                         self.last_summary = message[1]
                         break
                     if message[0] == "error":
                         break
+
+    def _recv(self):
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(1)
+            raise UserError(f"The engine process stopped (exit code {self._proc.exitcode}); reload it from the "
+                            "command palette (ctrl+p, Engine: ...) or restart dflash chat.") from None
 
     def close(self) -> None:
         try:

@@ -242,6 +242,12 @@ def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optiona
         for warning in resume.warnings:
             repl.info(warning)
         conv.restore(resume)
+        if block_size:  # flags win over what the session recorded
+            settings.block_size = block_size
+        if thinking is not None:
+            settings.thinking = thinking
+        if max_new_tokens:
+            settings.max_new_tokens = max_new_tokens
         repl.info(f"resumed session {resume.id} ({len(resume.turns)} turns)")
     if stdin.isatty() and out.isatty():
         repl.run_interactive()

@@ -522,3 +522,15 @@ def test_thinking_warns_once_when_the_draft_lacks_thinking_traces(tmp_path, pair
     assert conv.settings.thinking is False
     assert conv.toggle_thinking() == DRAFT_THINKING_WARNING
     assert conv.toggle_thinking() is None and conv.toggle_thinking() is None  # once
+
+
+def test_speedup_is_measured_once_a_block_1_turn_exists(engine):
+    from dflash_tui.conversation import ChatSettings, Conversation, Turn
+
+    conv = Conversation(engine, ChatSettings(block_size=8), record=False)
+    value, kind = conv.speedup(300.0, 4.0, 0.1, 0.3, 10, 8)
+    assert kind == "est." and value == pytest.approx(4.0 * 0.3 / 0.4)
+    conv.turns.append(Turn(user="x", summary={"block_size": 1, "engine": engine.name, "generated_tokens": 50,
+                                              "decode_tokens_per_s": 100.0}))
+    assert conv.speedup(300.0, 4.0, 0.1, 0.3, 10, 8) == (pytest.approx(3.0), "measured")
+    assert conv.speedup(100.0, 1.0, 0.0, 0.3, 10, 1) == (1.0, "block 1")
