@@ -170,14 +170,14 @@ async def test_escape_cancels_and_the_partial_turn_is_recorded(tmp_path, pair, p
     app = make_app(profile, process_engine, block_size=1)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        await pilot.press(*"tell me a long story", "enter")
-        await wait_for(pilot, lambda: app.active is not None and app.active.stats.tokens >= 8, step=0.01)
-        await pilot.press("escape")
+        # escape right behind enter (keys are handled while the engine process streams); the engine
+        # stops at its next step, so the answer is cut after at least its first token
+        await pilot.press(*"tell me a long story", "enter", "escape")
         await wait_for(pilot, lambda: app.turns_done == 1)
         await pilot.pause()
         active = app.finished[-1]
         assert active.turn.status == "cancelled"
-        assert 8 <= len(active.emitted) < 440
+        assert 1 <= len(active.emitted) < 440
         assert app.conversation.turns[-1].cancelled  # it stays in the history, marked
         footer = str(app.query("AnswerView").last().query_one(".answer-footer").render())
         assert "cancelled" in footer
