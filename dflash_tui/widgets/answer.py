@@ -18,6 +18,7 @@ from textual.widgets import Collapsible, Static
 from ..conversation import THINK_CLOSE, printable, thinking_layout
 from .stats import DRAFT_STYLE, GHOST_STYLE, TARGET_STYLE
 
+LAYOUT_EVERY_S = 0.3  # while streaming, a new row shows within this; text in existing rows every frame
 STYLES = {"draft": Style.parse(DRAFT_STYLE), "target": Style.parse(TARGET_STYLE), "ghost": Style.parse(GHOST_STYLE),
           "plain": Style()}
 
@@ -107,7 +108,8 @@ class AnswerView(Vertical):
         rows = sum(max(1, -(-cell_len(line) // width)) for line in text.plain.split("\n"))
         key = "_rows_" + ("a" if widget.has_class("answer-text") else "t")
         now = time.monotonic()
-        if rows != getattr(self, key, None) or now - self._laid_out > 0.5:
+        since = now - self._laid_out
+        if (rows != getattr(self, key, None) and since >= LAYOUT_EVERY_S) or since > 1.0:
             setattr(self, key, rows)
             self._laid_out = now
             return True
