@@ -33,6 +33,7 @@ from .widgets import AnswerView, ChatHeader, NoticeLine, StatsLine, StatsPanel, 
 from .widgets.stats import StatsData
 
 ENGINE_CHOICES = ("auto", "cuda", "mlx")
+PROMPT = "#prompt"
 
 
 def load_profile(ref):
@@ -241,7 +242,7 @@ class DflashApp(App):
             session, self.pending_resume = self.pending_resume, None
             self.resume_session(session)
         self._refresh_chrome()
-        self.q(PromptInput_ID).focus()
+        self.q(PROMPT).focus()
 
     # -- chrome: header, stats -------------------------------------------------------------------
     def _refresh_chrome(self) -> None:
@@ -319,7 +320,7 @@ class DflashApp(App):
     # -- sending and streaming -------------------------------------------------------------------
     def on_prompt_input_submitted(self, message) -> None:
         text = message.text.strip("\n")
-        prompt = self.q(PromptInput_ID)
+        prompt = self.q(PROMPT)
         if self.conversation is None:
             prompt.load_text(text)
             self.notify("The model is still loading." if self.loading else
@@ -474,7 +475,7 @@ class DflashApp(App):
             self.notify(warning, severity="warning", timeout=8)
         self.conversation.restore(session)
         self._apply_flags()
-        prompt = self.q(PromptInput_ID)
+        prompt = self.q(PROMPT)
         for turn in self.conversation.turns:  # up recalls the session's prompts too
             prompt.remember(turn.user)
         self._clear_view()
@@ -599,8 +600,6 @@ class DflashApp(App):
             yield SystemCommand(f"Profile: {name}", "load this profile (starts a new session)",
                                 lambda n=name: self.switch_profile(n))
 
-
-PromptInput_ID = "#prompt"
 
 
 def footer_for(summary: Optional[dict]) -> Optional[str]:

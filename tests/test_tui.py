@@ -318,6 +318,7 @@ async def test_palette_commands_include_profiles_engines_and_system_prompt(profi
         for wanted in ("Toggle thinking", "Next block size", "Edit system prompt", "Engine: cuda", "Engine: mlx",
                        "Sessions", "Replay", "Help"):
             assert wanted in titles
+        assert any(t.startswith("Profile: ") for t in titles)  # built-in and user profiles, to switch to
         app.action_system_prompt()
         await pilot.pause()
         assert isinstance(app.screen, SystemPromptScreen)
@@ -483,7 +484,7 @@ def test_engine_process_cancels_within_a_step_and_reports_user_errors(process_en
     request = GenerationRequest(messages=[{"role": "user", "content": "go"}], max_new_tokens=400, temperature=0.0,
                                 block_size=1)
     seen = 0
-    for event in process_engine.generate(request):
+    for _event in process_engine.generate(request):
         seen += 1
         if seen == 3:
             request.cancel.set()
