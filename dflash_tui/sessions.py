@@ -124,6 +124,8 @@ class SessionWriter:
 
     def append_turn(self, turn: dict) -> None:
         record = {"type": "turn", **turn}
+        if self._exists and not self.path.exists():  # deleted while in use: start the file again, header first
+            self._exists = False
         if self._exists:
             self._append([record])
         else:

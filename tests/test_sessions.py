@@ -89,6 +89,14 @@ def test_torn_last_line_is_skipped_with_a_warning_and_appending_continues(data_d
     assert len(again.warnings) == 1 and "not valid JSON" in again.warnings[0]
 
 
+def test_a_session_deleted_while_in_use_starts_again_with_its_header(data_dir):
+    writer = write(turns=1)
+    sessions.delete_session(writer.id)
+    writer.append_turn({"status": "completed", "user": "after", "answer": "x", "settings": {}})
+    session = sessions.load_session(writer.id)
+    assert session.header["id"] == writer.id and [t["user"] for t in session.turns] == ["after"]
+
+
 def test_ids_resolve_by_prefix_and_unknown_ids_are_one_sentence(data_dir):
     write("20260101-120000-abcd", turns=1)
     write("20260101-130000-ef01", turns=1)
