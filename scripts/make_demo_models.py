@@ -28,8 +28,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from scripts.demo import corpus, evaluate, tokenizer as demo_tokenizer, train_target  # noqa: E402
 
 TARGET_STEPS = 2800
-DRAFT_PROMPTS = 1000
-DRAFT_EPOCHS = 4
+DRAFT_PROMPTS = 2000
+DRAFT_EPOCHS = 10
+DRAFT_STEPS = 2500
 
 
 def draft_data(train: list[dict], path: Path, n: int, seed: int) -> Path:
@@ -53,7 +54,7 @@ def train_draft(args, work: Path, target: Path, out: Path) -> None:
     cmd = [sys.executable, "-m", "dflash_tui", "train-draft", "--target", str(target), "--data", str(data),
            "--out", str(build), "--block-size", "16", "--draft-layers", "2", "--responses", "generate",
            "--seed", str(args.seed), "--epochs", str(args.draft_epochs), "--max-len", "320",
-           "--max-new-tokens", "256", "--dtype", "float16", *args.draft_args]
+           "--max-new-tokens", "256", "--dtype", "float16", "--max-steps", str(args.draft_steps), *args.draft_args]
     print("draft:", " ".join(cmd), flush=True)
     t0 = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT)
@@ -61,7 +62,7 @@ def train_draft(args, work: Path, target: Path, out: Path) -> None:
     for name in ("config.json", "model.safetensors"):
         shutil.copyfile(build / name, out / name)
     (work / "draft-done.json").write_text(json.dumps({"train_seconds": round(time.time() - t0, 1),
-                                                      "prompts": args.draft_prompts, "epochs": args.draft_epochs}))
+                                                      "prompts": args.draft_prompts, "steps": args.draft_steps}))
 
 
 def main(argv=None) -> int:
@@ -75,6 +76,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads for target training (1 is fastest on a busy 2-core box)")
     p.add_argument("--draft-prompts", type=int, default=DRAFT_PROMPTS)
     p.add_argument("--draft-epochs", type=int, default=DRAFT_EPOCHS)
+    p.add_argument("--draft-steps", type=int, default=DRAFT_STEPS)
     p.add_argument("--draft-args", nargs=argparse.REMAINDER, default=[], help="passed on to dflash train-draft")
     p.add_argument("--skip-draft", action="store_true")
     p.add_argument("--eval-limit", type=int, default=None, help="evaluate on the first N held-out prompts only")
