@@ -7,7 +7,6 @@ draft's mask token and never occurs in text.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
