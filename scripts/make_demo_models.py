@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from scripts.demo import corpus, evaluate, tokenizer as demo_tokenizer, train_target  # noqa: E402
+from scripts.demo import corpus, evaluate, train_target
+from scripts.demo import tokenizer as demo_tokenizer
 
 TARGET_STEPS = 2800
 DRAFT_PROMPTS = 2000

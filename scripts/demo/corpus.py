@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"
 THINK_TASKS = ("add", "sub", "mul", "letters")
@@ -304,8 +304,7 @@ def write_jsonl(path: Path, records) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in records)
     tmp.replace(path)
 
 

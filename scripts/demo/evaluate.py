@@ -12,19 +12,18 @@ import json
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Optional
 
 from . import corpus
 
 
-def load(target: Path, draft: Optional[Path] = None, engine: str = "cuda"):
+def load(target: Path, draft: Path | None = None, engine: str = "cuda"):
     import engines
 
     return engines.load_engine(engines.EngineConfig(target=str(target), draft=str(draft) if draft else None,
                                                     engine=engine, dtype="float32"))
 
 
-def run(engine, record: dict, thinking: Optional[bool] = None, block_size: Optional[int] = None,
+def run(engine, record: dict, thinking: bool | None = None, block_size: int | None = None,
         max_new_tokens: int = 256):
     import engines
 
@@ -86,7 +85,7 @@ def print_table(acc: dict) -> None:
     print(f"{'all':10} {'':9} {right:>4}/{total:<4} {100 * right / max(1, total):6.1f}%")
 
 
-def report(target: Path, draft: Optional[Path], held: list[dict], work: Path, tau_prompts: int = 24) -> dict:
+def report(target: Path, draft: Path | None, held: list[dict], work: Path, tau_prompts: int = 24) -> dict:
     import torch
 
     torch.set_num_threads(1)

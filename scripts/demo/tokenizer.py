@@ -42,7 +42,15 @@ def texts(records):
 
 def build(out: Path, records: list[dict]):
     """Train, save with save_pretrained under `out` (skipped when present) and return the tokenizer."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     out = Path(out)
