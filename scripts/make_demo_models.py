@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     p.add_argument("--draft-steps", type=int, default=DRAFT_STEPS)
     p.add_argument("--draft-args", nargs=argparse.REMAINDER, default=[], help="passed on to dflash train-draft")
     p.add_argument("--skip-draft", action="store_true")
-    p.add_argument("--eval-limit", type=int, default=None, help="evaluate on the first N held-out prompts only")
+    p.add_argument("--eval-limit", type=int, default=None, help="evaluate on N held-out prompts spread over the tasks")
     args = p.parse_args(argv)
 
     work = args.work / f"seed{args.seed}"
@@ -97,7 +97,9 @@ def main(argv=None) -> int:
     print(f"target: {stats}")
     if not args.skip_draft:
         train_draft(args, work, target_dir, draft_dir)
-    held = corpus.read_jsonl(held_path)[: args.eval_limit]
+    held = corpus.read_jsonl(held_path)
+    if args.eval_limit:  # an even spread over the tasks (the file is grouped by task)
+        held = held[:: max(1, len(held) // args.eval_limit)][: args.eval_limit]
     draft = draft_dir if (draft_dir / "model.safetensors").exists() else None
     evaluate.report(target_dir, draft, held, work)
     return 0
