@@ -535,3 +535,27 @@ def test_speedup_is_measured_once_a_block_1_turn_exists(engine):
                                               "decode_tokens_per_s": 100.0}))
     assert conv.speedup(300.0, 4.0, 0.1, 0.3, 10, 8) == (pytest.approx(3.0), "measured")
     assert conv.speedup(100.0, 1.0, 0.0, 0.3, 10, 1) == (1.0, "block 1")
+
+
+@pytest.mark.asyncio
+async def test_demo_pair_streams_both_colours(data_dir):
+    """With the trained demo pair, accepted draft tokens and target tokens both show, in their colours."""
+    from dflash_tui.profiles import load_profile
+    from dflash_tui.widgets import AnswerView
+
+    try:
+        config = load_profile("demo").engine_config("cuda")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no demo profile here ({exc})")
+    if not (Path(config.target).is_dir() and config.draft and Path(config.draft).is_dir()):
+        pytest.skip("the demo pair is not built (make demo-models)")
+    from dflash_tui.app import DflashApp
+
+    app = DflashApp(profile="demo", engine="cuda", thinking=True, animate=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        active = await send(pilot, "What is 48 + 75?")
+        answer = app.query(AnswerView).last()
+        kinds = {kind for _, kind in answer.segments}
+        assert {"draft", "target"} <= kinds
+        assert active.stats.tau > 1.0 and app._last_stats.histogram[1:] != [0] * (len(app._last_stats.histogram) - 1)
