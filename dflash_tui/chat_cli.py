@@ -14,12 +14,6 @@ from engines.errors import UserError
 from . import sessions as store
 
 
-def fail(exc: Exception) -> None:
-    """A UserError: its one sentence on stderr, exit code 2."""
-    click.echo(f"dflash: {exc}", err=True)
-    sys.exit(2)
-
-
 def profile_from_session(session: store.Session) -> Optional[str]:
     profile = session.header.get("profile") or {}
     path = profile.get("path")
@@ -45,23 +39,14 @@ def chat(profile, engine, block_size, thinking, resume_id, plain, max_new_tokens
     Every turn is saved as it completes (`dflash sessions list`).
     """
     if block_size is not None and block_size < 1:
-        fail(UserError(f"Block size {block_size} is out of range; choose 1 or more (1 = plain decoding)."))
-    session = None
-    try:
-        if resume_id:
-            session = store.load_session(resume_id)
-            if profile is None:
-                profile = profile_from_session(session)
-    except UserError as exc:
-        fail(exc)
+        raise UserError(f"Block size {block_size} is out of range; choose 1 or more (1 = plain decoding).")
+    session = store.load_session(resume_id) if resume_id else None
+    if session is not None and profile is None:
+        profile = profile_from_session(session)
     if plain or not sys.stdin.isatty() or not sys.stdout.isatty():
         from .repl import run_repl
 
-        try:
-            code = run_repl(profile, engine, block_size, thinking, session, max_new_tokens)
-        except UserError as exc:
-            fail(exc)
-        sys.exit(code)
+        sys.exit(run_repl(profile, engine, block_size, thinking, session, max_new_tokens))
     from .app import DflashApp
 
     app = DflashApp(profile=profile, engine=engine, block_size=block_size, thinking=thinking, resume=session,
@@ -105,10 +90,7 @@ def sessions_list(as_json: bool) -> None:
 @click.argument("session_id", metavar="ID")
 def sessions_show(session_id: str) -> None:
     """A session's turns as Markdown, with its figures."""
-    try:
-        session = store.load_session(session_id)
-    except UserError as exc:
-        fail(exc)
+    session = store.load_session(session_id)
     for warning in session.warnings:
         click.echo(f"warning: {warning}", err=True)
     click.echo(store.to_markdown(session))
@@ -120,10 +102,7 @@ def sessions_show(session_id: str) -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
 def sessions_export(session_id: str, fmt: str, output: Optional[str]) -> None:
     """Export a session as Markdown or JSON."""
-    try:
-        session = store.load_session(session_id)
-    except UserError as exc:
-        fail(exc)
+    session = store.load_session(session_id)
     for warning in session.warnings:
         click.echo(f"warning: {warning}", err=True)
     text = store.to_markdown(session) if fmt == "md" else json.dumps(store.to_json(session), indent=2,
@@ -140,10 +119,7 @@ def sessions_export(session_id: str, fmt: str, output: Optional[str]) -> None:
 @click.argument("session_id", metavar="ID")
 def sessions_delete(session_id: str) -> None:
     """Delete a session file."""
-    try:
-        path = store.delete_session(session_id)
-    except UserError as exc:
-        fail(exc)
+    path = store.delete_session(session_id)
     click.echo(f"Deleted {path.stem}.")
 
 
