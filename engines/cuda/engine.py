@@ -51,23 +51,19 @@ class CudaEngine(Engine):
         device = self.target.device  # where the embeddings live; the draft sits beside them
         self.draft = DFlashDraft.load(self.draft_info, device, dtype) if self.draft_info else None
         self._torch_device = device
+        # every GPU holding part of the pair (one, or all of them when the target is spread)
+        self._gpus = sorted({p.device.index or 0 for p in self.target.model.parameters()}) if device.type == "cuda" else []
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
                 max_new_tokens: int) -> Iterator[RawStep]:
         return speculative_decode(self.target, self.draft, prompt_ids, block_size, max_new_tokens,
                                   Sampler(sampling, self.target.lm_head.weight.device), self.config.draft_window)
 
-    def _gpus(self) -> list[int]:
-        """Every GPU holding part of the pair (one, or all of them when the target is spread)."""
-        if self._torch_device.type != "cuda":
-            return []
-        return sorted({p.device.index for p in self.target.model.parameters()} | {self._torch_device.index or 0})
-
     def _reset_peak_memory(self) -> None:
-        for index in self._gpus():
+        for index in self._gpus:
             torch.cuda.reset_peak_memory_stats(index)
 
     def _peak_memory(self) -> tuple[int, str]:
         if self._torch_device.type == "cuda":
-            return sum(torch.cuda.max_memory_allocated(i) for i in self._gpus()), "device"
+            return sum(torch.cuda.max_memory_allocated(i) for i in self._gpus), "device"
         return super()._peak_memory()
