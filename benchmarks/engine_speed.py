@@ -3,7 +3,7 @@
     python benchmarks/engine_speed.py                      # the demo pair, both engines where installed
     python benchmarks/engine_speed.py --profile qwen3-8b --engines cuda --block-sizes 1,4,8,16
 
-Every row decodes the same prompts with the same max_new_tokens at temperature 0; ratios are to the
+Every row decodes the same prompts at temperature 0 up to the target's eos (so the same ids); ratios are to the
 framework's own generate ("vs generate") and to our block 1 ("vs block 1") on the same engine.
 """
 
@@ -21,11 +21,11 @@ from engines import GenerationRequest, load_engine  # noqa: E402
 from engines.prompting import load_tokenizer  # noqa: E402
 from dflash_tui.settings import load_settings  # noqa: E402
 
-PROMPTS = [
+PROMPTS = [  # the demo's domain, answered with a reasoning trace (thinking on by default)
     "What is 48 + 75?",
-    "What is 912 - 347?",
-    "Sort these numbers: 42, 7, 19, 88, 3.",
-    "How many centimeters are in 3 meters?",
+    "What is 327 + 589?",
+    "What is 904 - 358?",
+    "How much is 8 times 12?",
 ]
 
 
@@ -44,7 +44,9 @@ class Row:
 
 
 def framework_generate(engine_name: str, engine, prompt_ids: list[int], max_new: int) -> tuple[int, float]:
-    """The framework's own greedy generate on the same weights: transformers or mlx-lm."""
+    """The framework's own greedy generate on the same weights (transformers or mlx-lm's generate_step,
+    the loop under stream_generate), stopping at the same eos ids."""
+    stops = engine.stop_ids()
     if engine_name == "cuda":
         import torch
 
@@ -52,8 +54,7 @@ def framework_generate(engine_name: str, engine, prompt_ids: list[int], max_new:
         ids = torch.tensor([prompt_ids], device=model.device)
         with torch.inference_mode():
             start = time.perf_counter()
-            out = model.generate(ids, max_new_tokens=max_new, do_sample=False, eos_token_id=None, pad_token_id=0,
-                                 min_new_tokens=max_new)
+            out = model.generate(ids, max_new_tokens=max_new, do_sample=False, eos_token_id=stops, pad_token_id=0)
             if ids.device.type == "cuda":
                 torch.cuda.synchronize()
         return out.shape[1] - len(prompt_ids), time.perf_counter() - start
@@ -63,8 +64,9 @@ def framework_generate(engine_name: str, engine, prompt_ids: list[int], max_new:
 
     start = time.perf_counter()
     n = 0
-    for n, _ in enumerate(generate_step(mx.array(prompt_ids), engine.model, max_tokens=max_new), 1):
-        pass
+    for n, (token, _) in enumerate(generate_step(mx.array(prompt_ids), engine.model, max_tokens=max_new), 1):
+        if int(token) in stops:
+            break
     return n, time.perf_counter() - start
 
 
@@ -79,7 +81,7 @@ def measure(engine, engine_name, prompts_ids, max_new, block_sizes, repeats) -> 
             for row, b in zip(rows[1:], block_sizes):
                 start = time.perf_counter()
                 list(engine.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=max_new, temperature=0,
-                                                       block_size=b, stop_ids=[])))
+                                                       block_size=b)))
                 elapsed = time.perf_counter() - start
                 s = engine.last_summary
                 if rep:
@@ -115,7 +117,7 @@ def main() -> None:
     parser.add_argument("--draft")
     parser.add_argument("--engines", default="cuda,mlx", help="comma list; engines not installed are skipped")
     parser.add_argument("--block-sizes", default="1,2,4,8,16")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
