@@ -34,6 +34,19 @@ def _error(exc: BaseException) -> tuple:
     return ("error", "Exception", f"{type(exc).__name__}: {exc}")
 
 
+def _leave_a_core_for_the_ui() -> None:
+    """On the CPU the engine's intra-op threads would otherwise contend with the UI process for every
+    core, and spinning threads that lose their core slow each step far more than one core less does."""
+    cores = os.cpu_count() or 1
+    if cores > 1 and "OMP_NUM_THREADS" not in os.environ:
+        try:
+            import torch
+
+            torch.set_num_threads(cores - 1)
+        except ImportError:
+            pass
+
+
 def _serve(config: EngineConfig, conn, cancel) -> None:
     """The child: load the engine, then answer generate requests until told to close (or orphaned)."""
     devnull = os.open(os.devnull, os.O_WRONLY)  # never write over the parent's screen
@@ -49,6 +62,7 @@ def _serve(config: EngineConfig, conn, cancel) -> None:
         pass
     from engines import load_engine
 
+    _leave_a_core_for_the_ui()
     try:
         engine = load_engine(config)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
