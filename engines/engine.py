@@ -16,6 +16,7 @@ from typing import Iterator, Optional
 from .checkpoints import DraftInfo, TargetInfo, check_block_size, validate_pair
 from .config import EngineConfig, GenerationRequest
 from .detokenize import StreamingDetokenizer
+from .errors import UserError
 from .events import StepEvent, Summary, acceptance_histogram
 from .prompting import check_context, load_tokenizer, prompt_ids
 from .sampling import SamplingParams, resolve_sampling
@@ -53,8 +54,6 @@ class Engine:
             self.draft_info.block_size if self.draft_info else 1)
         self.warnings += check_block_size(self.block_size, self.trained_block_size, self.draft_info is not None)
         if config.draft_window is not None and config.draft_window < 1:
-            from .errors import UserError
-
             raise UserError(f"Draft window {config.draft_window} in {config.source} must be a positive number of positions.")
         self.generation_config = self.target_info.generation_config()
         self.tokenizer = load_tokenizer(self.target_info.path)

@@ -164,3 +164,10 @@ def test_missing_hub_model_names_the_repo(monkeypatch, tmp_path, engine_name):
     monkeypatch.setenv("HF_HOME", str(tmp_path))
     with pytest.raises(CheckpointError, match="'nobody/missing-model' is not in the Hugging Face cache"):
         engine_for(engine_name, "nobody/missing-model")
+
+
+@pytest.mark.parametrize("engine_name", ENGINES)
+def test_draft_window_must_be_positive(pairs, engine_name):
+    target, draft = pairs("qwen3")
+    with pytest.raises(UserError, match="Draft window 0"):
+        engine_for(engine_name, target, draft, draft_window=0)

@@ -6,14 +6,14 @@ instead of an out-of-memory crash halfway through loading.
 
 from __future__ import annotations
 
-import json
+import math
 import os
-import struct
 from pathlib import Path
 from typing import Optional
 
 import torch
 
+from ..checkpoints import safetensors_shapes
 from ..errors import UserError
 
 VISION_PREFIXES = ("visual.", "model.visual.", "vision_tower.", "model.vision_tower.")
@@ -23,19 +23,8 @@ HEADROOM = 1.15  # activations, caches for a few thousand tokens, allocator slac
 def weight_bytes(directory: Path, dtype: torch.dtype) -> int:
     """Bytes the language-model weights take in `dtype` (vision towers are not loaded)."""
     size = torch.empty((), dtype=dtype).element_size()
-    total = 0
-    for file in sorted(Path(directory).glob("*.safetensors")):
-        with open(file, "rb") as fh:
-            (length,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(length))
-        for name, meta in header.items():
-            if name == "__metadata__" or name.startswith(VISION_PREFIXES):
-                continue
-            numel = 1
-            for dim in meta["shape"]:
-                numel *= dim
-            total += numel * size
-    return total
+    return sum(math.prod(shape) * size for name, shape in safetensors_shapes(Path(directory)).items()
+               if not name.startswith(VISION_PREFIXES))
 
 
 def free_bytes(device: torch.device) -> tuple[int, str]:
