@@ -24,3 +24,11 @@ def pairs(tmp_path_factory):
         return built[key]
 
     return get
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """Sessions and REPL history go to a fresh data directory (DFLASH_DATA_DIR)."""
+    folder = tmp_path / "data"
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(folder))
+    return folder

@@ -64,3 +64,15 @@ def edited_copy(src, dst, **changes):
             config[key] = value
     (dst / "config.json").write_text(json.dumps(config))
     return dst
+
+
+def oracle_proposals(reference: list[int], committed_context: int, prompt_len: int, count: int) -> list[int]:
+    """What a draft that is right 4 times in 5 proposes: the target's known greedy continuation,
+    wrong at every 5th position, so steps accept long prefixes and reject in the middle of blocks.
+    `committed_context` is the draft cache's length (positions before the block)."""
+    start = committed_context - prompt_len + 1  # index in the reference of block position 1
+    ids = []
+    for i in range(start, start + count):
+        right = reference[i] if i < len(reference) else 0
+        ids.append(right if i % 5 else (right + 1) % 300)
+    return ids

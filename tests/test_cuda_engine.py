@@ -9,7 +9,7 @@ from engines import EngineConfig, GenerationRequest, UserError, load_engine
 from engines.cuda.draft import DraftCache
 from engines.cuda.loop import Sampler, speculative_decode
 from engines.sampling import SamplingParams
-from tests.oracles import edited_copy, run, transformers_greedy
+from tests.oracles import edited_copy, oracle_proposals, run, transformers_greedy
 
 NEW = 48
 
@@ -23,20 +23,14 @@ def qwen3(pairs, request):
 
 
 class OracleDraftCache(DraftCache):
-    """Proposes the target's known greedy continuation, wrong at every 5th position, so steps
-    accept long prefixes and reject in the middle of blocks."""
+    """A draft cache whose proposals come from tests.oracles.oracle_proposals (right 4 times in 5)."""
 
     def __init__(self, draft, window, reference, prompt_len):
         super().__init__(draft, window)
         self.reference, self.prompt_len = reference, prompt_len
 
     def propose(self, block, embed, lm_head):
-        start = self.length - self.prompt_len + 1  # index in the reference of block position 1
-        ids = []
-        for k in range(block.shape[1] - 1):
-            i = start + k
-            right = self.reference[i] if i < len(self.reference) else 0
-            ids.append(right if (i % 5) else (right + 1) % 300)
+        ids = oracle_proposals(self.reference, self.length, self.prompt_len, block.shape[1] - 1)
         return torch.tensor(ids)
 
 

@@ -15,7 +15,7 @@ from engines import EngineConfig, GenerationRequest, UserError, load_engine  # n
 from engines.mlx.draft import DraftCache  # noqa: E402
 from engines.mlx.loop import Sampler, speculative_decode  # noqa: E402
 from engines.sampling import SamplingParams  # noqa: E402
-from tests.oracles import edited_copy, engine_for, mlx_lm_greedy, run  # noqa: E402
+from tests.oracles import edited_copy, engine_for, mlx_lm_greedy, oracle_proposals, run  # noqa: E402
 
 PROMPTS = ["What is 48 + 75?", "The quick brown fox", "Hello world, speculative decoding"]
 BLOCKS = [1, 2, 4, 8, 16]
@@ -33,20 +33,14 @@ def qwen3(pairs):
 
 
 class OracleDraftCache(DraftCache):
-    """Proposes the target's known greedy continuation, wrong at every 5th position, so steps accept
-    long prefixes and reject in the middle of blocks."""
+    """A draft cache whose proposals come from tests.oracles.oracle_proposals (right 4 times in 5)."""
 
     def __init__(self, draft, window, reference, prompt_len):
         super().__init__(draft, window)
         self.reference, self.prompt_len = reference, prompt_len
 
     def propose(self, block, embed, lm_head):
-        start = self.length - self.prompt_len + 1  # index in the reference of block position 1
-        ids = []
-        for k in range(block.shape[1] - 1):
-            i = start + k
-            right = self.reference[i] if i < len(self.reference) else 0
-            ids.append(right if (i % 5) else (right + 1) % 300)
+        ids = oracle_proposals(self.reference, self.length, self.prompt_len, block.shape[1] - 1)
         return mx.array(ids, dtype=mx.int32)
 
 

@@ -18,13 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "data"
-    monkeypatch.setenv("DFLASH_DATA_DIR", str(folder))
-    return folder
-
-
-@pytest.fixture
 def profile(tmp_path, pairs):
     target, draft = pairs("qwen3")
     path = tmp_path / "tiny.toml"

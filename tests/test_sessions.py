@@ -23,13 +23,6 @@ from engines.errors import UserError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "data"
-    monkeypatch.setenv("DFLASH_DATA_DIR", str(folder))
-    return folder
-
-
 def write(session_id="20260101-120000-abcd", turns=2, created="2026-01-01T12:00:00+00:00"):
     writer = sessions.SessionWriter({"created": created, "profile": {"name": "tiny"}, "engine": "cuda",
                                      "device": "cpu", "dtype": "float32", "target": "t", "draft": "d"},

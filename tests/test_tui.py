@@ -59,13 +59,6 @@ def process_engine(pair):
 
 
 @pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    folder = tmp_path / "data"
-    monkeypatch.setenv("DFLASH_DATA_DIR", str(folder))
-    return folder
-
-
-@pytest.fixture
 def profile(tmp_path, pair):
     return write_profile(tmp_path / "tiny.toml", *pair)
 
