@@ -27,6 +27,7 @@ from engines.errors import UserError
 
 from . import sessions
 from .conversation import ChatSettings, Conversation
+from .engine_process import quiet_loaders
 from .screens import (ChatScreen, HelpScreen, LoadErrorScreen, MarkdownScreen, ReplayScreen, SessionsScreen,
                       SystemPromptScreen)
 from .widgets import AnswerView, ChatHeader, NoticeLine, StatsLine, StatsPanel, UserMessage
@@ -64,19 +65,6 @@ def resolved_profile(profile, engine_name: str):
         return profile.resolved(engine_name)
     except Exception:  # noqa: BLE001 - a profile without per-engine overrides
         return profile
-
-
-def quiet_loaders() -> None:
-    """Progress bars from transformers / huggingface_hub would write over the screen."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-    except Exception:  # noqa: BLE001
-        pass
 
 
 class DflashApp(App):

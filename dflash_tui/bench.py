@@ -51,6 +51,7 @@ from typing import Callable, Optional
 
 from engines.config import GenerationRequest
 from engines.errors import UserError
+from engines.events import acceptance_histogram
 
 from .replay import DEFAULT_BLOCK_SIZES, ProgressFn, parse_block_sizes
 
@@ -214,10 +215,7 @@ def summarize(block_size: int, records: list[dict]) -> dict:
     lengths = [n for r in records for n in r["acceptance_lengths"]]
     decode_s = sum(r["decode_s"] for r in records)
     counted = sum(max(r["generated_tokens"] - 1, 0) for r in records)
-    histogram = [0] * block_size
-    for n in lengths:
-        if 1 <= n <= block_size:
-            histogram[n - 1] += 1
+    histogram = acceptance_histogram(lengths, block_size)
     return {
         "block_size": block_size, "generated_tokens": sum(r["generated_tokens"] for r in records),
         "steps": len(lengths), "decode_tokens_per_s": counted / decode_s if decode_s > 0 else 0.0,

@@ -34,6 +34,19 @@ def _error(exc: BaseException) -> tuple:
     return ("error", "Exception", f"{type(exc).__name__}: {exc}")
 
 
+def quiet_loaders() -> None:
+    """Progress bars from transformers / huggingface_hub would write over the screen."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def _leave_a_core_for_the_ui() -> None:
     """On the CPU the engine's intra-op threads would otherwise contend with the UI process for every
     core, and spinning threads that lose their core slow each step far more than one core less does."""
@@ -52,14 +65,7 @@ def _serve(config: EngineConfig, conn, cancel) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)  # never write over the parent's screen
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-    except Exception:  # noqa: BLE001
-        pass
+    quiet_loaders()
     from engines import load_engine
 
     _leave_a_core_for_the_ui()

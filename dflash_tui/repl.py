@@ -215,7 +215,8 @@ def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optiona
              err: TextIO = sys.stderr) -> int:
     from engines import load_engine
 
-    from .app import engine_config_for, load_profile, quiet_loaders, resolved_profile
+    from .app import engine_config_for, load_profile, resolved_profile
+    from .engine_process import quiet_loaders
 
     quiet_loaders()
     profile = load_profile(profile_ref)

@@ -55,6 +55,7 @@ from typing import Callable, Optional
 
 from engines.config import MAX_BLOCK_SIZE, EngineConfig, GenerationRequest
 from engines.errors import UserError
+from engines.events import acceptance_histogram
 
 from . import sessions
 
@@ -258,10 +259,7 @@ def aggregate(block_size: int, turns: list[dict]) -> dict:
     lengths = [n for t in turns for n in t["acceptance_lengths"]]
     decode_s = sum(t["decode_s"] for t in turns)
     counted = sum(max(t["generated_tokens"] - 1, 0) for t in turns)
-    histogram = [0] * block_size
-    for n in lengths:
-        if 1 <= n <= block_size:
-            histogram[n - 1] += 1
+    histogram = acceptance_histogram(lengths, block_size)
     peaks = [t["peak_memory_bytes"] for t in turns]
     return {
         "block_size": block_size, "generated_tokens": sum(t["generated_tokens"] for t in turns), "steps": len(lengths),
