@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engines import GenerationRequest, load_engine  # noqa: E402
+from engines.events import acceptance_histogram  # noqa: E402
 from engines.prompting import load_tokenizer  # noqa: E402
 from dflash_tui.settings import load_settings  # noqa: E402
 
@@ -26,7 +27,9 @@ PROMPTS = [  # the demo's domain, answered with a reasoning trace (thinking on b
     "What is 327 + 589?",
     "What is 904 - 358?",
     "How much is 8 times 12?",
+    "Sort these numbers from smallest to largest: 42, 7, 19, 88, 3.",
 ]
+BARS = " ▁▂▃▄▅▆▇█"
 
 
 @dataclass
@@ -94,19 +97,33 @@ def measure(engine, engine_name, prompts_ids, max_new, block_sizes, repeats) -> 
     return rows
 
 
-def table(engine_name: str, device: str, rows: list[Row]) -> str:
+def sparkline(counts: list[int]) -> str:
+    """One bar per acceptance length 1..B, scaled to the most frequent length."""
+    top = max(counts) or 1
+    return "".join(BARS[0 if not c else max(1, round(8 * c / top))] for c in counts)
+
+
+def table(engine_name: str, device: str, rows: list[Row], block_sizes: list[int]) -> str:
     base = rows[0].tok_s
     block1 = next((r.tok_s for r in rows if r.name == "block 1"), 0.0)
     lines = [f"engine {engine_name} on {device}",
-             "| run | tok/s | vs generate | vs block 1 | tau | draft ms/step | verify ms/step |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
+             "| run | tok/s | vs generate | vs block 1 | tau | acceptance 1..B | draft ms/step | verify ms/step |",
+             "|---|---:|---:|---:|---:|---|---:|---:|"]
+    counts = {}
+    for r, b in zip(rows, [None] + block_sizes):
         steps = len(r.lengths)
         tau = f"{sum(r.lengths) / steps:.2f}" if steps else "-"
         draft = f"{1000 * r.draft_s / steps:.2f}" if steps else "-"
         verify = f"{1000 * r.verify_s / steps:.2f}" if steps else "-"
         vs1 = f"{r.tok_s / block1:.2f}x" if block1 else "-"
-        lines.append(f"| {r.name} | {r.tok_s:.1f} | {r.tok_s / base:.2f}x | {vs1} | {tau} | {draft} | {verify} |")
+        hist = "-"
+        if steps and b:
+            counts[b] = acceptance_histogram(r.lengths, b)
+            hist = f"`{sparkline(counts[b])}`"
+        lines.append(f"| {r.name} | {r.tok_s:.1f} | {r.tok_s / base:.2f}x | {vs1} | {tau} | {hist} | {draft} | {verify} |")
+    lines.append("")
+    lines.append("steps accepting 1, 2, ..., B tokens:")
+    lines += [f"  block {b}: {' '.join(map(str, c))}" for b, c in counts.items()]
     return "\n".join(lines)
 
 
@@ -133,7 +150,7 @@ def main() -> None:
         prompts_ids = [engine.prepare(GenerationRequest(messages=[{"role": "user", "content": p}], thinking=args.thinking))
                        if tokenizer.chat_template else tokenizer.encode(p) for p in PROMPTS]
         rows = measure(engine, name, prompts_ids, args.max_new_tokens, block_sizes, args.repeats)
-        print(table(name, engine.device, rows) + "\n", flush=True)
+        print(table(name, engine.device, rows, block_sizes) + "\n", flush=True)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,10 @@ def _count(value: float) -> str:
 @click.option("--anchors-per-seq", type=int, default=12, show_default=True, help="Random blocks per sequence per step.")
 @click.option("--max-steps", type=int, default=None, help="Stop after this many steps in all (time-boxing; the schedule fits it).")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True,
-              help="dtype of the saved weights (training is float32).")
+              help="dtype of the saved weights (the master weights train in float32).")
+@click.option("--compute", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="Arithmetic of the training steps: bfloat16 autocast, or float32. auto: bfloat16 on a GPU "
+                   "and on CPUs with native bf16, float32 elsewhere.")
 @click.option("--mask-token", default=None,
               help="Token (or numeric id) used as the mask [default: <|mask|> if the tokenizer has it, else the "
                    "first unused embedding row].")

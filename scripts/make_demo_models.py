@@ -28,10 +28,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from scripts.demo import corpus, evaluate, train_target
 from scripts.demo import tokenizer as demo_tokenizer
 
-TARGET_STEPS = 2800
-DRAFT_PROMPTS = 2000
-DRAFT_EPOCHS = 10
-DRAFT_STEPS = 2500
+TARGET_STEPS = 6000
+DRAFT_PROMPTS = 3000
+DRAFT_EPOCHS = 16
+DRAFT_STEPS = 6000
 
 
 def draft_data(train: list[dict], path: Path, n: int, seed: int) -> Path:
@@ -55,7 +55,7 @@ def train_draft(args, work: Path, target: Path, out: Path) -> None:
     cmd = [sys.executable, "-m", "dflash_tui", "train-draft", "--target", str(target), "--data", str(data),
            "--out", str(build), "--block-size", "16", "--draft-layers", "2", "--responses", "generate",
            "--seed", str(args.seed), "--epochs", str(args.draft_epochs), "--max-len", "320",
-           "--max-new-tokens", "256", "--dtype", "float16", "--max-steps", str(args.draft_steps), *args.draft_args]
+           "--max-new-tokens", "256", "--gen-batch", "16", "--dtype", "float16", "--max-steps", str(args.draft_steps), *args.draft_args]
     print("draft:", " ".join(cmd), flush=True)
     t0 = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT)
@@ -71,10 +71,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=ROOT / ".demo-work")
     p.add_argument("--out", type=Path, default=ROOT / "profiles" / "demo")
-    p.add_argument("--train-records", type=int, default=60000)
+    p.add_argument("--train-records", type=int, default=150000)
     p.add_argument("--heldout", type=int, default=240)
     p.add_argument("--target-steps", type=int, default=TARGET_STEPS)
-    p.add_argument("--threads", type=int, default=1, help="torch threads for target training (1 is fastest on a busy 2-core box)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads for target training")
     p.add_argument("--draft-prompts", type=int, default=DRAFT_PROMPTS)
     p.add_argument("--draft-epochs", type=int, default=DRAFT_EPOCHS)
     p.add_argument("--draft-steps", type=int, default=DRAFT_STEPS)

@@ -136,6 +136,17 @@ def test_training_lowers_loss_and_raises_acceptance(trained):
     assert (out / "model.safetensors").is_file() and (out / "responses.jsonl").is_file()
 
 
+def test_bfloat16_compute_keeps_the_objective(counting, tmp_path):
+    """--compute bfloat16 (the auto choice on this CPU and on GPUs) gives the float32 loss within rounding."""
+    losses = {}
+    for compute in ("float32", "bfloat16"):
+        trainer = Trainer(config(counting, tmp_path / compute, compute=compute))
+        assert trainer.autocast == (compute == "bfloat16")
+        batch = trainer.samples(trainer.split()[0])[:4]
+        losses[compute] = trainer.batch_loss(batch, torch.Generator().manual_seed(0))[0].item()
+    assert abs(losses["bfloat16"] - losses["float32"]) < 0.02 * losses["float32"], losses
+
+
 def tok_id(trainer, token):
     return trainer.tokenizer.convert_tokens_to_ids(token)
 

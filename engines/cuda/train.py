@@ -64,6 +64,7 @@ class TrainConfig:
     anchors_per_seq: int = 12
     max_steps: Optional[int] = None
     dtype: str = "float32"  # the saved draft's dtype
+    compute: str = "auto"  # "auto", "float32" or "bfloat16" (autocast; master weights stay float32)
     mask_token: Optional[str] = None  # a token string, or a number = the id itself
     val_prompts: Optional[int] = None  # None: min(16, 5% of conversations), at least 1
     val_max_new: int = 96
@@ -266,6 +267,7 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
         self.target = Target(self.info, self.device, torch.bfloat16 if self.cuda else torch.float32, self.layer_ids)
         self.target.model.requires_grad_(False)
+        self.autocast = self._autocast()
         self.vocab_rows = self.target.embed.weight.shape[0]
         if not 0 <= self.mask_id < self.vocab_rows:
             raise UserError(f"The mask token id {self.mask_id} is outside the target's {self.vocab_rows} embedding rows; "
@@ -299,10 +301,20 @@ class Trainer:
             (c.responses in ("generate", "given"), f"--responses {c.responses} is unknown (use generate or given)"),
             (c.gen_batch >= 1, f"--gen-batch {c.gen_batch} must be at least 1"),
             (c.dtype in SAVE_DTYPES, f"--dtype {c.dtype} is unknown (use float32, float16 or bfloat16)"),
+            (c.compute in ("auto", "float32", "bfloat16"), f"--compute {c.compute} is unknown (use auto, float32 or bfloat16)"),
         ]
         for ok, what in checks:
             if not ok:
                 raise UserError(what + "; fix the option and rerun.")
+
+    def _autocast(self) -> bool:
+        """bfloat16 autocast for the training steps: on a GPU, and on a CPU with native bf16 matmuls
+        (about 1.9x faster per step there); CPUs without them would emulate it, slower than float32."""
+        if self.cfg.compute != "auto":
+            return self.cfg.compute == "bfloat16"
+        if self.cuda:
+            return True
+        return self.device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
     def _mask_id(self) -> int:
         tok, given = self.tokenizer, self.cfg.mask_token
@@ -514,6 +526,10 @@ class Trainer:
 
     def batch_loss(self, batch: list[Sample], generator: torch.Generator) -> tuple[torch.Tensor, int]:
         """The weighted block cross-entropy of one batch, and how many label tokens it covered."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            return self._batch_loss(batch, generator)
+
+    def _batch_loss(self, batch: list[Sample], generator: torch.Generator) -> tuple[torch.Tensor, int]:
         B, N, dev = self.cfg.block_size, self.cfg.anchors_per_seq, self.device
         S, T = len(batch), max(len(s.ids) for s in batch)
         ids = torch.zeros(S, T, dtype=torch.long)

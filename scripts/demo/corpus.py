@@ -3,9 +3,10 @@
 Every record is one user turn and one assistant turn, in a thinking variant (a `<think>` trace, then
 the answer sentence) or a non-thinking variant (the empty think block the chat template writes with
 enable_thinking=false, then the answer). A tiny model can only answer directly what it can compute
-directly (../shared/NOTES.md), so each task has an intended mode: multi-digit arithmetic and letter
-counting are meant for thinking, comparison, short sorting, unit conversion by powers of ten and
-counting a small list for non-thinking. Each record keeps that mode and the checkable answer.
+directly (../shared/NOTES.md), so each task has an intended mode: multi-digit arithmetic, letter
+counting, comparison and sorting are meant for thinking (their traces break the work into one-digit
+steps), unit conversion and counting a small list for non-thinking. Each record keeps that mode and the
+checkable answer.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"
-THINK_TASKS = ("add", "sub", "mul", "letters")
-DIRECT_TASKS = ("compare", "sort", "convert", "items")
+THINK_TASKS = ("add", "sub", "mul", "letters", "compare", "sort")
+DIRECT_TASKS = ("convert", "items")
 TASKS = THINK_TASKS + DIRECT_TASKS + ("chat",)
 # Shares of the training corpus; the harder thinking tasks get more.
-WEIGHTS = {"add": 18, "sub": 18, "mul": 12, "letters": 10, "compare": 8, "sort": 12, "convert": 10,
-           "items": 8, "chat": 4}
-INTENDED_SHARE = 0.85  # share of records written in the task's intended mode
+WEIGHTS = {"add": 22, "sub": 20, "mul": 16, "letters": 10, "compare": 8, "sort": 12, "convert": 5,
+           "items": 4, "chat": 3}
+INTENDED_SHARE = 0.9  # share of records written in the task's intended mode
 MULTI_TURN_SHARE = 0.08  # share of training records with one earlier exchange in the history
 
 WORDS = ["apple", "banana", "cherry", "strawberry", "orange", "lemon", "mango", "grape", "melon", "peach",
@@ -155,11 +156,20 @@ def task_compare(rng: random.Random):
                      "Is {a} or {b} smaller?"])).format(a=a, b=b)
     win, lose = (max(a, b), min(a, b)) if larger else (min(a, b), max(a, b))
     word = "larger" if larger else "smaller"
+    big = max(a, b)
     la, lb = len(str(a)), len(str(b))
     if la != lb:
-        why = f"{max(a, b)} has more digits than {min(a, b)}, so {max(a, b)} is larger."
+        why = f"{a} has {la} digits and {b} has {lb} digits, so {big} is larger."
     else:
-        why = f"Both have {la} digits; compare from the left: {max(a, b)} is larger."
+        lines = [f"{a} and {b} both have {la} digits; compare from the left."]
+        for i in reversed(range(la)):
+            x, y = (a // 10 ** i) % 10, (b // 10 ** i) % 10
+            if x == y:
+                lines.append(f"{PLACES[i]}: {x} and {y} are equal.")
+            else:
+                lines.append(f"{PLACES[i]}: {x} and {y}, {max(x, y)} is larger, so {big} is larger.")
+                break
+        why = "\n".join(lines)
     return q, why, f"{win} is {word} than {lose}.", str(win)
 
 
@@ -174,8 +184,12 @@ def task_sort(rng: random.Random):
                      "Order from greatest to least: {s}."])).format(s=shown)
     out = sorted(nums, reverse=not asc)
     result = ", ".join(map(str, out))
-    steps = [f"{'Smallest' if asc else 'Largest'} is {out[0]}."] + [f"Next is {x}." for x in out[1:]]
-    return q, " ".join(steps), f"In order: {result}.", result
+    lines = [f"Group by the tens digit, {'smallest' if asc else 'largest'} group first."]
+    for tens in sorted({x // 10 for x in nums}, reverse=not asc):
+        group = [x for x in nums if x // 10 == tens]
+        lines.append(f"{tens}: {', '.join(map(str, group))} -> {', '.join(map(str, sorted(group, reverse=not asc)))}.")
+    lines.append(f"So the order is {result}.")
+    return q, "\n".join(lines), f"In order: {result}.", result
 
 
 UNITS = [  # (from, to, factor, multiply?)

@@ -12,8 +12,9 @@ from pathlib import Path
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 VISIBLE = ["<think>", "</think>"]
 BPE_VOCAB = 768
-# GPT-2's split, except that a number is cut into single digits (each may keep one leading space).
-SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# GPT-2's split, except that a number is cut into bare single digits: a space before a digit is a token
+# of its own, so each digit has exactly one id wherever it stands (copying digits stays a lookup).
+SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 # Qwen3-like: an optional system message, user/assistant turns; earlier assistant turns lose their
 # think block; enable_thinking=false ends the generation prompt with an empty think block.

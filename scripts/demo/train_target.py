@@ -88,7 +88,7 @@ def make_model(tokenizer, seed: int):
     return transformers.Qwen3ForCausalLM(config)
 
 
-def train(tokenizer, records: list[dict], work: Path, out: Path, steps: int, seed: int, threads: int = 1) -> dict:
+def train(tokenizer, records: list[dict], work: Path, out: Path, steps: int, seed: int, threads: int = 2) -> dict:
     """Train for `steps` steps (resuming from work/target-ckpt.pt) and save to `out`. Returns stats."""
     import torch
     from tqdm import tqdm
@@ -129,7 +129,8 @@ def train(tokenizer, records: list[dict], work: Path, out: Path, steps: int, see
         ids, labels, mask = collate(data, batches(data, seed, step), pad)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        logits = model(input_ids=ids, attention_mask=mask).logits
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # about 1.9x faster here; master weights stay float32
+            logits = model(input_ids=ids, attention_mask=mask).logits
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
                                                  labels[:, 1:].reshape(-1), ignore_index=-100)
         opt.zero_grad(set_to_none=True)
