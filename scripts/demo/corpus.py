@@ -22,7 +22,7 @@ THINK_TASKS = ("add", "sub", "mul", "letters", "compare", "sort")
 DIRECT_TASKS = ("convert", "items")
 TASKS = THINK_TASKS + DIRECT_TASKS + ("chat",)
 # Shares of the training corpus; the harder thinking tasks get more.
-WEIGHTS = {"add": 22, "sub": 20, "mul": 16, "letters": 10, "compare": 8, "sort": 12, "convert": 5,
+WEIGHTS = {"add": 20, "sub": 18, "mul": 18, "letters": 9, "compare": 8, "sort": 14, "convert": 5,
            "items": 4, "chat": 3}
 INTENDED_SHARE = 0.9  # share of records written in the task's intended mode
 MULTI_TURN_SHARE = 0.08  # share of training records with one earlier exchange in the history
@@ -119,11 +119,11 @@ def task_mul(rng: random.Random):
     carry = 0
     for i, x in enumerate(digits):
         p = x * small + carry
-        expr = f"{x} x {small}" + (f" + {carry}" if carry else "")
+        expr = f"{x} x {small} = {x * small}" + (f", {x * small} + {carry} = {p}" if carry else "")
         if i == len(digits) - 1:
-            lines.append(f"{PLACES[i]}: {expr} = {p}, write {p}.")
+            lines.append(f"{PLACES[i]}: {expr}, write {p}.")
         else:
-            lines.append(f"{PLACES[i]}: {expr} = {p}, write {p % 10}, carry {p // 10}.")
+            lines.append(f"{PLACES[i]}: {expr}, write {p % 10}, carry {p // 10}.")
             carry = p // 10
     lines.append(f"So {a} x {b} = {a * b}.")
     return q, "\n".join(lines), f"{a} x {b} = {a * b}.", str(a * b)
@@ -184,10 +184,13 @@ def task_sort(rng: random.Random):
                      "Order from greatest to least: {s}."])).format(s=shown)
     out = sorted(nums, reverse=not asc)
     result = ", ".join(map(str, out))
-    lines = [f"Group by the tens digit, {'smallest' if asc else 'largest'} group first."]
-    for tens in sorted({x // 10 for x in nums}, reverse=not asc):
+    lines = [f"Go through the tens digits {'0 to 9' if asc else '9 to 0'}."]
+    for tens in (range(10) if asc else range(9, -1, -1)):
         group = [x for x in nums if x // 10 == tens]
-        lines.append(f"{tens}: {', '.join(map(str, group))} -> {', '.join(map(str, sorted(group, reverse=not asc)))}.")
+        if not group:
+            lines.append(f"{tens}: none.")
+        else:
+            lines.append(f"{tens}: {', '.join(map(str, group))} -> {', '.join(map(str, sorted(group, reverse=not asc)))}.")
     lines.append(f"So the order is {result}.")
     return q, "\n".join(lines), f"In order: {result}.", result
 
