@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=ROOT / ".demo-work")
     p.add_argument("--out", type=Path, default=ROOT / "profiles" / "demo")
-    p.add_argument("--train-records", type=int, default=150000)
+    p.add_argument("--train-records", type=int, default=corpus.TRAIN_RECORDS)
     p.add_argument("--heldout", type=int, default=240)
     p.add_argument("--target-steps", type=int, default=TARGET_STEPS)
     p.add_argument("--threads", type=int, default=2, help="torch threads for target training")

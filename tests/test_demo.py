@@ -32,7 +32,7 @@ def test_corpus_answers_check_out():
 
 @pytest.fixture(scope="module")
 def heldout():
-    train = {r["messages"][-2]["content"] for r in corpus.generate(60000, seed=0)}
+    train = {r["messages"][-2]["content"] for r in corpus.generate(corpus.TRAIN_RECORDS, seed=0)}
     held = corpus.heldout(16, seed=1, train_prompts=train)
     assert not {r["messages"][-2]["content"] for r in held} & train
     return held
@@ -75,15 +75,16 @@ def engine():
 
 @has_target
 def test_demo_target_answers_held_out_prompts(engine, heldout):
+    """Two unseen prompts per task, each in its intended mode (the README's table has all 240)."""
     from scripts.demo import evaluate
 
-    # The tasks the committed target answers reliably (scripts/make_demo_models.py measured 30/30 on
-    # each); its multi-digit arithmetic is not yet at the issue's 95% bar (see the README's table).
-    picked = [r for r in heldout if r["task"] in ("convert", "items")][:4]
-    assert len(picked) == 4
-    for rec in picked:
+    misses = []
+    for rec in heldout:
         text = evaluate.run(engine, rec, block_size=1).text
-        assert corpus.is_correct(rec, text), (rec["messages"][-2]["content"], text)
+        if not corpus.is_correct(rec, text):
+            misses.append((rec["messages"][-2]["content"], corpus.final_answer(text)))
+    assert len({r["task"] for r in heldout}) == 8
+    assert len(misses) <= 1, misses
 
 
 @has_target
@@ -92,9 +93,9 @@ def test_demo_draft_is_lossless_and_accepted(engine, heldout):
     from scripts.demo import evaluate
 
     lengths = []
-    for rec in [r for r in heldout if r["task"] in ("add", "mul", "letters")][:3]:
+    for rec in heldout[::2]:  # one prompt per task
         base = evaluate.run(engine, rec, block_size=1)
         fast = evaluate.run(engine, rec, block_size=16)
         assert fast.token_ids == base.token_ids
         lengths.extend(fast.acceptance_lengths)
-    assert sum(lengths) / len(lengths) >= 3
+    assert sum(lengths) / len(lengths) >= 5
