@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dflash_tui import sessions
+from tests import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,11 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def profile(tmp_path, pairs):
     target, draft = pairs("qwen3")
-    path = tmp_path / "tiny.toml"
-    path.write_text(f'name = "tiny"\ndescription = "x"\n[model]\ntarget = "{target}"\ndraft = "{draft}"\n'
-                    '[engine]\ndefault = "cuda"\ndtype = "float32"\n[generation]\ntemperature = 0.0\n'
-                    "max_new_tokens = 16\n")
-    return path
+    return tiny.write_profile(tmp_path / "tiny.toml", target, draft, max_new_tokens=16)
 
 
 def run_plain(args, stdin_text, data_dir, extra_env=None):

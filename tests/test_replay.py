@@ -20,6 +20,7 @@ from dflash_tui.cli import main
 from dflash_tui.conversation import ChatSettings, Conversation
 from dflash_tui.profiles import Profile
 from engines import EngineConfig, UserError, load_engine
+from tests import tiny
 
 BLOCKS = [1, 2, 4, 8, 16]
 QUESTIONS = ["What is 48 + 75?", "The quick brown fox"]
@@ -275,9 +276,7 @@ async def test_tui_replay_screen_runs_and_compares_a_turn_side_by_side(recorded,
 
     engine, session_id, _ = recorded
     target, draft = engine.config.target, engine.config.draft
-    profile = tmp_path / "tiny.toml"
-    profile.write_text(f'name = "tiny"\n[model]\ntarget = "{target}"\ndraft = "{draft}"\n[engine]\ndefault = "cuda"\n'
-                       '[generation]\ntemperature = 0.0\nmax_new_tokens = 16\n')
+    profile = tiny.write_profile(tmp_path / "tiny.toml", target, draft, max_new_tokens=16)
     app = DflashApp(profile=str(profile), loaded_engine=engine, animate=False, record=False)
 
     async def wait_for(pilot, condition, timeout=120.0):

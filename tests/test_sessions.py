@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from dflash_tui import sessions
 from engines.errors import UserError
+from tests import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,14 +142,6 @@ def test_sessions_cli(data_dir, tmp_path):
 # -- the real thing: a `dflash chat --plain` process killed with SIGKILL mid-answer ----------------
 
 
-def _profile(tmp_path, target, draft, max_new_tokens):
-    path = tmp_path / "tiny.toml"
-    path.write_text(f'name = "tiny"\ndescription = "x"\n[model]\ntarget = "{target}"\ndraft = "{draft}"\n'
-                    f'[engine]\ndefault = "cuda"\ndtype = "float32"\n[generation]\ntemperature = 0.0\n'
-                    f"max_new_tokens = {max_new_tokens}\n")
-    return path
-
-
 def _reader(stream, out: queue.Queue):
     for chunk in iter(lambda: stream.read1(256), b""):
         out.put(chunk)
@@ -158,7 +151,7 @@ def _reader(stream, out: queue.Queue):
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 def test_sigkill_mid_answer_loses_at_most_that_answer(pairs, tmp_path, data_dir):
     target, draft = pairs("qwen3")
-    profile = _profile(tmp_path, target, draft, 450)
+    profile = tiny.write_profile(tmp_path / "tiny.toml", target, draft, max_new_tokens=450)
     env = {**os.environ, "DFLASH_DATA_DIR": str(data_dir), "NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "dflash_tui", "chat", "--plain", "--profile", str(profile),
                              "--block-size", "1"],

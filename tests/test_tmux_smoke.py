@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import tiny
+
 ROOT = Path(__file__).resolve().parents[1]
 TMUX = shutil.which("tmux")
 
@@ -44,10 +46,7 @@ class Tmux:
 
 def test_dflash_chat_in_tmux(pairs, tmp_path):
     target, draft = pairs("qwen3")
-    profile = tmp_path / "tiny.toml"
-    profile.write_text(f'name = "tiny"\ndescription = "x"\n[model]\ntarget = "{target}"\ndraft = "{draft}"\n'
-                       '[engine]\ndefault = "cuda"\ndtype = "float32"\n[generation]\ntemperature = 0.0\n'
-                       "max_new_tokens = 32\nthinking = true\n")
+    profile = tiny.write_profile(tmp_path / "tiny.toml", target, draft, max_new_tokens=32)
     data = tmp_path / "data"
     env = {"DFLASH_DATA_DIR": str(data), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TERM": "xterm-256color",
            "PYTHONPATH": str(ROOT)}

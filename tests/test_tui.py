@@ -18,22 +18,9 @@ pytest.importorskip("torch")
 
 from engines import EngineConfig, load_engine  # noqa: E402
 from engines.events import StepEvent  # noqa: E402
+from tests.tiny import write_profile  # noqa: E402
 
 SIZE = (120, 40)
-
-
-def write_profile(path: Path, target, draft, max_new_tokens=48, thinking=True, block_size=None, extra="") -> Path:
-    lines = [
-        'name = "tiny"', 'description = "random tiny pair"',
-        "[model]", f'target = "{target}"', f'draft = "{draft}"',
-        "[engine]", 'default = "cuda"', 'dtype = "float32"',
-    ]
-    if block_size:
-        lines += ["[dflash]", f"block_size = {block_size}"]
-    lines += ["[generation]", "temperature = 0.0", f"max_new_tokens = {max_new_tokens}",
-              f"thinking = {'true' if thinking else 'false'}"]
-    path.write_text("\n".join(lines) + "\n" + extra)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -110,6 +110,21 @@ def make_qwen3_5(out: Path, tok, family: str, common: dict, seed: int) -> Path:
     return out
 
 
+def write_profile(path: Path, target, draft, max_new_tokens=48, thinking=True, block_size=None, extra="") -> Path:
+    """A profile for a tiny pair: the cuda engine in float32, greedy, `max_new_tokens` per answer."""
+    lines = [
+        'name = "tiny"', 'description = "random tiny pair"',
+        "[model]", f'target = "{target}"', f'draft = "{draft}"',
+        "[engine]", 'default = "cuda"', 'dtype = "float32"',
+    ]
+    if block_size:
+        lines += ["[dflash]", f"block_size = {block_size}"]
+    lines += ["[generation]", "temperature = 0.0", f"max_new_tokens = {max_new_tokens}",
+              f"thinking = {'true' if thinking else 'false'}"]
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
 def make_draft(out: Path, target: Path, layer_ids: list[int], block_size: int = 16, layers: int = 2,
                seed: int = 1, **overrides) -> Path:
     import torch
