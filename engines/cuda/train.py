@@ -41,6 +41,12 @@ RESPONSES_FILE = "responses.jsonl"
 SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def bf16_autocast_pays(device: torch.device) -> bool:
+    """Whether bfloat16 autocast speeds training up on `device`: on a GPU, and on a CPU with native bf16
+    matmuls (about 1.9x per step there); CPUs without them would emulate it, slower than float32."""
+    return device.type == "cuda" or (device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def default_gamma(block_size: int) -> float:
     """The loss decay: 7 for B=16 and 4 for B=8 (DESIGN.md), linear in B elsewhere, at least 1."""
     return max(1.0, 4.0 + (block_size - 8) * 3.0 / 8.0)
@@ -267,7 +273,7 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
         self.target = Target(self.info, self.device, torch.bfloat16 if self.cuda else torch.float32, self.layer_ids)
         self.target.model.requires_grad_(False)
-        self.autocast = self._autocast()
+        self.autocast = bf16_autocast_pays(self.device) if cfg.compute == "auto" else cfg.compute == "bfloat16"
         self.vocab_rows = self.target.embed.weight.shape[0]
         if not 0 <= self.mask_id < self.vocab_rows:
             raise UserError(f"The mask token id {self.mask_id} is outside the target's {self.vocab_rows} embedding rows; "
@@ -306,15 +312,6 @@ class Trainer:
         for ok, what in checks:
             if not ok:
                 raise UserError(what + "; fix the option and rerun.")
-
-    def _autocast(self) -> bool:
-        """bfloat16 autocast for the training steps: on a GPU, and on a CPU with native bf16 matmuls
-        (about 1.9x faster per step there); CPUs without them would emulate it, slower than float32."""
-        if self.cfg.compute != "auto":
-            return self.cfg.compute == "bfloat16"
-        if self.cuda:
-            return True
-        return self.device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
     def _mask_id(self) -> int:
         tok, given = self.tokenizer, self.cfg.mask_token

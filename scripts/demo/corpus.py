@@ -25,8 +25,8 @@ TASKS = THINK_TASKS + DIRECT_TASKS + ("chat",)
 WEIGHTS = {"add": 20, "sub": 18, "mul": 18, "letters": 9, "compare": 8, "sort": 14, "convert": 5,
            "items": 4, "chat": 3}
 INTENDED_SHARE = 0.9  # share of records written in the task's intended mode
-MULTI_TURN_SHARE = 0.08
-TRAIN_RECORDS = 150000  # the demo target's training set (held-out prompts are none of these)  # share of training records with one earlier exchange in the history
+MULTI_TURN_SHARE = 0.08  # share of training records with one earlier exchange in the history
+TRAIN_RECORDS = 150000  # the demo target's training set (held-out prompts are none of these)
 
 WORDS = ["apple", "banana", "cherry", "strawberry", "orange", "lemon", "mango", "grape", "melon", "peach",
          "pepper", "tomato", "potato", "coffee", "letter", "bottle", "rabbit", "kitten", "puppy", "yellow",
