@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 import click
@@ -99,7 +100,7 @@ def sessions_show(session_id: str) -> None:
 @sessions_group.command("export")
 @click.argument("session_id", metavar="ID")
 @click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md", show_default=True)
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write here (mode 0600) instead of stdout.")
 def sessions_export(session_id: str, fmt: str, output: Optional[str]) -> None:
     """Export a session as Markdown or JSON."""
     session = store.load_session(session_id)
@@ -108,8 +109,7 @@ def sessions_export(session_id: str, fmt: str, output: Optional[str]) -> None:
     text = store.to_markdown(session) if fmt == "md" else json.dumps(store.to_json(session), indent=2,
                                                                       ensure_ascii=False)
     if output:
-        with open(output, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        store.write_export(Path(output), text + "\n")
         click.echo(f"Wrote {output}.", err=True)
     else:
         click.echo(text)
@@ -117,10 +117,24 @@ def sessions_export(session_id: str, fmt: str, output: Optional[str]) -> None:
 
 @sessions_group.command("delete")
 @click.argument("session_id", metavar="ID")
-def sessions_delete(session_id: str) -> None:
-    """Delete a session file."""
-    path = store.delete_session(session_id)
-    click.echo(f"Deleted {path.stem}.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (for scripts).")
+def sessions_delete(session_id: str, yes: bool) -> None:
+    """Delete a session file and its replay comparisons (asks first; only files in the sessions folder)."""
+    session = store.resolve_own(session_id)
+    extra = len(store.companion_files(session.path))
+    what = f"session {session.id} ({len(session.turns)} turns, \"{session.title[:40]}\")"
+    what += f" and {extra} replay file{'s' if extra != 1 else ''}" if extra else ""
+    if not yes:
+        try:
+            confirmed = click.confirm(f"Delete {what}?", default=False, err=True)
+        except click.Abort:  # stdin ended before an answer (a script)
+            click.echo(err=True)
+            raise UserError(f"Deleting {what} needs confirmation; answer at a terminal or pass --yes.") from None
+        if not confirmed:
+            click.echo("Nothing deleted.")
+            return
+    store.delete_session(session)
+    click.echo(f"Deleted {what}.")
 
 
 sessions = sessions_group  # `main.add_command(sessions)`

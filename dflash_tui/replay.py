@@ -412,8 +412,7 @@ def save_comparison(comparison: dict, session_path: Optional[Path] = None) -> Pa
 
 
 def saved_comparisons(session_path: Path) -> list[Path]:
-    session_path = Path(session_path)
-    return sorted(session_path.parent.glob(f"{session_path.with_suffix('').name}.replay-*.json"))
+    return sessions.companion_files(session_path)
 
 
 # -- presenting ------------------------------------------------------------------------------------

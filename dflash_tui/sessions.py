@@ -248,13 +248,55 @@ def load_session(session_id: str) -> Session:
     return read_session(resolve(session_id))
 
 
-def delete_session(session_id: str) -> Path:
-    path = resolve(session_id)
-    path.unlink()
-    return path
+MIN_PREFIX = 4  # shorter prefixes pick a session by accident (`delete 2` matched the only one)
+
+
+def companion_files(session_path: Path) -> list[Path]:
+    """Files that belong to a session: its replay comparisons, which hold the conversation's text too."""
+    session_path = Path(session_path)
+    return sorted(session_path.parent.glob(f"{session_path.with_suffix('').name}.replay-*.json"))
+
+
+def resolve_own(session_id: str) -> Session:
+    """The session `session_id` names, only if its file lies in the sessions folder and its header
+    parses: what `delete` may remove. A path elsewhere, a short prefix, or a foreign file is refused."""
+    folder = sessions_dir().resolve()
+    given = Path(session_id).expanduser()
+    if session_id.endswith(SUFFIX) or os.sep in session_id:
+        if given.resolve().parent != folder:
+            raise UserError(f"{session_id} is not in the sessions folder {folder}; dflash only deletes its own sessions.")
+        path = given
+    else:
+        if len(session_id) < MIN_PREFIX and session_id not in {p.stem for p in session_paths()}:
+            raise UserError(f"Session id '{session_id}' is too short to delete by; give at least {MIN_PREFIX} characters "
+                            "of the id (`dflash sessions list`).")
+        path = resolve(session_id)
+    return read_session(path)  # a file whose header does not parse is not a session: refused here
+
+
+def delete_session(session: Session) -> list[Path]:
+    """Remove a session file and its companions; returns what was removed (symlinks are not followed)."""
+    removed = []
+    for path in [session.path, *companion_files(session.path)]:
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
 
 
 # -- export ----------------------------------------------------------------------------------------
+
+
+def write_export(output: Path, text: str) -> None:
+    """Write an export for the user (mode 0600: it holds the conversation), never over a session file."""
+    output = output.expanduser()
+    if output.resolve().parent == sessions_dir().resolve() or sessions_dir().resolve() in output.resolve().parents:
+        raise UserError(f"{output} is inside the sessions folder {sessions_dir()}; write the export somewhere else.")
+    try:
+        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise UserError(f"Cannot write {output} ({exc.strerror}); choose a folder that exists and that you can write.") from None
 
 
 def to_json(session: Session) -> dict:

@@ -2,7 +2,9 @@
 
 A checkpoint is a local directory or a Hugging Face hub id resolved through the normal HF cache
 (HF_HOME, HF_HUB_OFFLINE respected). Only safetensors and JSON/tokenizer files are read; code in a
-checkpoint is never executed.
+checkpoint is never executed: `.py` files and `auto_map` entries are ignored (the public drafts ship
+both), every transformers loader gets `trust_remote_code=False`, and pickled weights are refused
+(docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from .config import MAX_BLOCK_SIZE
 from .errors import CheckpointError, UserError
 
 CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt", "*.model", "*.tiktoken"]
+# Weight formats that are pickles (or other formats a loader could deserialize into code paths we do
+# not control); a checkpoint that has only these is refused, and beside safetensors they are never read.
+PICKLE_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header is JSON of names and shapes: megabytes at most
 
 
 def _looks_like_hub_id(name: str) -> bool:
@@ -57,20 +63,73 @@ def resolve_checkpoint(name: str, role: str) -> Path:
 
 def read_json(path: Path, role: str) -> dict:
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointError(f"The {role}'s {path} cannot be read ({exc}); re-download the checkpoint.") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"The {role}'s {path} holds a JSON {type(value).__name__}, not an object; re-download the checkpoint.")
+    return value
 
 
-def safetensors_shapes(directory: Path) -> dict[str, list[int]]:
+def check_weight_format(directory: Path, role: str) -> None:
+    """Refuse a checkpoint whose weights are not safetensors, before any loader sees it.
+
+    Pickled weights (`pytorch_model.bin`, `*.pt`) can run code when unpickled. Beside safetensors
+    files they are simply never read (loaders get `use_safetensors=True`)."""
+    if any(directory.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_WEIGHTS)
+    if pickles:
+        raise CheckpointError(
+            f"The {role} {directory} has its weights only as {', '.join(pickles[:3])} (pickle files, which can run "
+            "code when loaded); dflash reads safetensors only: use a safetensors build of the model, or convert it "
+            "yourself where you trust the file."
+        )
+    raise CheckpointError(f"The {role} {directory} has no *.safetensors weights; re-download it or point at the model folder.")
+
+
+def safetensors_header(file: Path, role: str = "checkpoint") -> dict:
+    """The JSON header of one safetensors file (names, dtypes, shapes, offsets), checked for sanity."""
+    bad = f"The {role}'s {file} is not a valid safetensors file"
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) < 8:
+                raise CheckpointError(f"{bad} (it is {size} bytes long); re-download it.")
+            (length,) = struct.unpack("<Q", raw)
+            if length > min(size - 8, MAX_HEADER_BYTES):
+                raise CheckpointError(f"{bad} (its header claims {length} bytes in a {size}-byte file); re-download it.")
+            header = json.loads(fh.read(length))
+    except OSError as exc:
+        raise CheckpointError(f"The {role}'s {file} cannot be read ({exc}); check its permissions or re-download it.") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise CheckpointError(f"{bad} (its header is not JSON); re-download it.") from None
+    if not isinstance(header, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("shape"), list) and all(isinstance(n, int) and n >= 0 for n in v["shape"])
+            for k, v in header.items() if k != "__metadata__"):
+        raise CheckpointError(f"{bad} (its header does not list tensors with shapes); re-download it.")
+    return header
+
+
+def safetensors_shapes(directory: Path, role: str = "checkpoint") -> dict[str, list[int]]:
     """Tensor name -> shape for every safetensors file in `directory`, read from headers only."""
     shapes: dict[str, list[int]] = {}
     for file in sorted(directory.glob("*.safetensors")):
-        with open(file, "rb") as fh:
-            (length,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(length))
+        header = safetensors_header(file, role)
         shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
     return shapes
+
+
+def _int_field(config: dict, key: str, where: str, required: bool = True) -> Optional[int]:
+    """A positive integer config value, or one sentence naming the key and the file."""
+    value = config.get(key)
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        shown = "missing" if value is None else f"{value!r}"
+        raise CheckpointError(f"{where} has {key} {shown}, not a positive integer; re-download or re-export the checkpoint.")
+    return value
 
 
 def text_config(config: dict) -> dict:
@@ -93,18 +152,25 @@ class TargetInfo:
         path = resolve_checkpoint(name, "target")
         config = read_json(path / "config.json", "target")
         text = text_config(config)
-        try:
-            return cls(
-                path=path,
-                model_type=config.get("model_type", text.get("model_type", "?")),
-                hidden_size=int(text["hidden_size"]),
-                num_layers=int(text["num_hidden_layers"]),
-                vocab_size=int(text["vocab_size"]),
-                max_positions=text.get("max_position_embeddings"),
-                config=config,
-            )
-        except KeyError as exc:
-            raise CheckpointError(f"The target {path}/config.json lacks {exc}; it is not a causal language model.") from None
+        where = f"The target {path}/config.json"
+        if not isinstance(text, dict):
+            raise CheckpointError(f"{where} has a text_config that is not an object; re-download the checkpoint.")
+        if "hidden_size" not in text or "num_hidden_layers" not in text:
+            raise CheckpointError(f"{where} has no hidden_size or num_hidden_layers; it is not a causal language model.")
+        model_type = config.get("model_type", text.get("model_type", "?"))
+        if not isinstance(model_type, str):
+            raise CheckpointError(f"{where} has model_type {model_type!r}, not a name; re-download the checkpoint.")
+        info = cls(
+            path=path, model_type=model_type,
+            hidden_size=_int_field(text, "hidden_size", where),
+            num_layers=_int_field(text, "num_hidden_layers", where),
+            vocab_size=_int_field(text, "vocab_size", where),
+            max_positions=_int_field(text, "max_position_embeddings", where, required=False),
+            config=config,
+        )
+        check_weight_format(path, "target")
+        safetensors_shapes(path, "target")  # a torn or hostile header is refused before any loader reads it
+        return info
 
     def generation_config(self) -> dict:
         file = self.path / "generation_config.json"
@@ -147,16 +213,18 @@ class DraftInfo:
             raise CheckpointError(f"The draft {path}/config.json has no dflash_config.target_layer_ids list; re-export the draft.")
         if not isinstance(dflash.get("mask_token_id"), int):
             raise CheckpointError(f"The draft {path}/config.json has no dflash_config.mask_token_id; re-export the draft.")
-        fc = safetensors_shapes(path).get("fc.weight")
-        if fc is None:
-            raise CheckpointError(f"The draft '{name}' has no fc.weight in its safetensors files; it is incomplete or not a DFlash draft.")
+        where = f"The draft {path}/config.json"
+        check_weight_format(path, "draft")
+        fc = safetensors_shapes(path, "draft").get("fc.weight")
+        if fc is None or len(fc) != 2:
+            raise CheckpointError(f"The draft '{name}' has no 2-D fc.weight in its safetensors files; it is incomplete or not a DFlash draft.")
         return cls(
             path=path,
-            hidden_size=int(config["hidden_size"]),
-            num_layers=int(config["num_hidden_layers"]),
-            vocab_size=int(config.get("vocab_size", 0)),
-            block_size=int(config.get("block_size", 16)),
-            num_target_layers=config.get("num_target_layers"),
+            hidden_size=_int_field(config, "hidden_size", where),
+            num_layers=_int_field(config, "num_hidden_layers", where),
+            vocab_size=_int_field(config, "vocab_size", where, required=False) or 0,
+            block_size=_int_field(config, "block_size", where, required=False) or 16,
+            num_target_layers=_int_field(config, "num_target_layers", where, required=False),
             target_layer_ids=list(ids),
             mask_token_id=int(dflash["mask_token_id"]),
             fc_in_features=fc[1],

@@ -46,6 +46,7 @@ class Engine:
         self.config = config
         self.warnings: list[str] = []
         self.target_info = TargetInfo.read(config.target)
+        self.check_target(self.target_info)  # before the tokenizer: an unknown type never reaches a loader
         self.draft_info: Optional[DraftInfo] = None
         if config.draft:
             self.draft_info = DraftInfo.read(config.draft)
@@ -73,6 +74,10 @@ class Engine:
         return self.target_info.stop_ids()
 
     # -- implemented by each engine -------------------------------------------------------------
+    @classmethod
+    def check_target(cls, info: TargetInfo) -> None:
+        """Refuse a target family this engine does not run (one sentence), before anything loads."""
+
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
                 max_new_tokens: int) -> Iterator[RawStep]:
         raise NotImplementedError

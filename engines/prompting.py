@@ -15,8 +15,8 @@ from .errors import UserError
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
+    try:  # never run a checkpoint's tokenizer code: transformers raises instead of prompting
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as exc:
         raise UserError(f"The tokenizer in {path} cannot be loaded ({type(exc).__name__}: {exc}); re-download the target.") from None
 

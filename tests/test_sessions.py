@@ -85,7 +85,7 @@ def test_torn_last_line_is_skipped_with_a_warning_and_appending_continues(data_d
 
 def test_a_session_deleted_while_in_use_starts_again_with_its_header(data_dir):
     writer = write(turns=1)
-    sessions.delete_session(writer.id)
+    sessions.delete_session(sessions.resolve_own(writer.id))
     writer.append_turn({"status": "completed", "user": "after", "answer": "x", "settings": {}})
     session = sessions.load_session(writer.id)
     assert session.header["id"] == writer.id and [t["user"] for t in session.turns] == ["after"]
@@ -106,7 +106,7 @@ def test_list_newest_first_and_delete(data_dir):
     write("20260102-120000-bbbb", turns=3, created="2026-01-02T12:00:00+00:00")
     found = sessions.list_sessions()
     assert [s.id for s in found] == ["20260102-120000-bbbb", "20260101-120000-aaaa"]
-    sessions.delete_session("20260101-120000-aaaa")
+    sessions.delete_session(sessions.resolve_own("20260101-120000-aaaa"))
     assert [s.id for s in sessions.list_sessions()] == ["20260102-120000-bbbb"]
 
 
@@ -135,7 +135,7 @@ def test_sessions_cli(data_dir, tmp_path):
         bad = runner.invoke(main, args)
         assert bad.exit_code == 2, args
         assert "No session 'nope'" in bad.output and len(bad.output.strip().splitlines()) == 1
-    deleted = runner.invoke(main, ["sessions", "delete", "20260101-120000-abcd"])
+    deleted = runner.invoke(main, ["sessions", "delete", "20260101-120000-abcd", "--yes"])
     assert deleted.exit_code == 0 and not list((data_dir / "sessions").glob("*.jsonl"))
 
 

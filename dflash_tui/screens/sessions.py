@@ -63,7 +63,7 @@ class SessionsScreen(ModalScreen[str | None]):
     def action_delete(self) -> None:
         chosen = self._selected()
         if chosen:
-            sessions.delete_session(chosen)
+            sessions.delete_session(sessions.resolve_own(chosen))
             self.reload()
             self.query_one("#sessions-status", Static).update(f"Deleted {chosen}.")
 

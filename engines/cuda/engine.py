@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 import torch
@@ -10,7 +11,9 @@ from ..config import EngineConfig
 from ..engine import Engine, RawStep
 from ..errors import UserError
 from ..sampling import SamplingParams
+from .cache import BUCKET, CachePool
 from .draft import DFlashDraft
+from .graphs import StepGraphs, why_eager
 from .loop import Sampler, speculative_decode
 from .memory import check_fits
 from .target import Target, check_family
@@ -33,9 +36,10 @@ def pick_device(name: str) -> torch.device:
 class CudaEngine(Engine):
     name = "cuda"
 
+    check_target = staticmethod(check_family)
+
     def __init__(self, config: EngineConfig):
         super().__init__(config)
-        check_family(self.target_info)
         device = pick_device(config.device)
         if config.dtype not in ("auto", *DTYPES):
             raise UserError(f"dtype '{config.dtype}' in {config.source} is unknown; use auto, float32, float16 or bfloat16.")
@@ -53,11 +57,39 @@ class CudaEngine(Engine):
         self._torch_device = device
         # every GPU holding part of the pair (one, or all of them when the target is spread)
         self._gpus = sorted({p.device.index or 0 for p in self.target.model.parameters()}) if device.type == "cuda" else []
+        self.pool = CachePool(self.target, self.draft)  # static caches, reused from request to request
+        self.graphs, self.graphs_note = self._graphs(config, device)
+
+    def _graphs(self, config: EngineConfig, device: torch.device):
+        """The graph path when asked for and possible (engines/cuda/graphs.py), captured now for the
+        engine's block size and block 1 at the first bucket, so the first answer does not wait."""
+        wanted = config.cuda_graphs if config.cuda_graphs is not None else os.environ.get("DFLASH_CUDA_GRAPHS") == "1"
+        if not wanted:
+            return None, "eager"
+        reason = why_eager(self.target, device)
+        if reason:
+            self.warnings.append(f"CUDA graphs off: {reason}; decoding eager.")
+            return None, f"eager ({reason})"
+        graphs = StepGraphs(self.target, self.draft)
+        for block in sorted({1, self.block_size if self.draft else 1}):
+            cache = self.pool.target_cache(BUCKET - block)
+            draft_cache = self.pool.draft_cache(self.config.draft_window, BUCKET - block) if block > 1 else None
+            if graphs.ready(cache, draft_cache, block) is None:
+                self.warnings.append(f"CUDA graphs off: {graphs.failed}; decoding eager.")
+                return None, f"eager ({graphs.failed})"
+        return graphs, f"graphs ({graphs.captures} captured in {graphs.capture_s:.1f} s)"
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
                 max_new_tokens: int) -> Iterator[RawStep]:
+        self._replays = self.graphs.replays if self.graphs else 0
         return speculative_decode(self.target, self.draft, prompt_ids, block_size, max_new_tokens,
-                                  Sampler(sampling, self.target.lm_head.weight.device), self.config.draft_window)
+                                  Sampler(sampling, self.target.lm_head.weight.device), self.config.draft_window,
+                                  pool=self.pool, graphs=self.graphs)
+
+    def _drive(self, *args) -> Iterator:
+        yield from super()._drive(*args)
+        if self.last_summary is not None and self.graphs is not None:
+            self.last_summary.graphs = self.graphs.replays > self._replays
 
     def _reset_peak_memory(self) -> None:
         for index in self._gpus:

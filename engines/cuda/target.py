@@ -20,7 +20,7 @@ FAMILIES = {"qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "llama": "Llama-3.x", "q
 
 def check_family(info: TargetInfo) -> None:
     if info.model_type not in FAMILIES:
-        names = ", ".join(FAMILIES.values())
+        names = ", ".join(dict.fromkeys(FAMILIES.values()))
         raise UserError(
             f"The target {info.path} is a '{info.model_type}' model, which the CUDA engine does not run; "
             f"supported families: {names}."
@@ -35,7 +35,8 @@ class Target:
         check_family(info)
         try:
             self.model = AutoModelForCausalLM.from_pretrained(
-                str(info.path), dtype=dtype, attn_implementation="sdpa", device_map=device_map or {"": device}
+                str(info.path), dtype=dtype, attn_implementation="sdpa", device_map=device_map or {"": device},
+                trust_remote_code=False, use_safetensors=True,
             ).eval()
         except Exception as exc:
             raise CheckpointError(f"The target {info.path} could not be loaded ({type(exc).__name__}: {exc}); re-download it.") from None

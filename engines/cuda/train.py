@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from ..checkpoints import TargetInfo, default_target_layer_ids, draft_config
 from ..config import MAX_BLOCK_SIZE
 from ..errors import UserError
+from ..outputs import MARKER, check_output_dir, publish
 from ..prompting import chat_ids, load_tokenizer
 from ..sampling import SamplingParams
 from .draft import DFlashDraft, save_draft
@@ -255,6 +256,9 @@ class Trainer:
         self._check_args()
         self.conversations = load_conversations(cfg.data)  # bad data fails before any weight loads
         self.info = TargetInfo.read(cfg.target)
+        check_output_dir(self.out, option="--out", target=self.info.path, data=Path(cfg.data))
+        if cfg.work_dir:
+            check_output_dir(self.work, option="--work-dir", target=self.info.path, data=Path(cfg.data), writes_model=False)
         if self.info.max_positions and cfg.max_len > self.info.max_positions:
             cfg.max_len = int(self.info.max_positions)  # no sequence beyond the target's context
         L = self.info.num_layers
@@ -639,8 +643,15 @@ class Trainer:
         optimizer.load_state_dict(state["optimizer"])
         return int(state["step"]), list(state.get("taus", []))
 
-    def save_draft(self) -> None:
-        save_draft(self.draft, self.out, SAVE_DTYPES[self.cfg.dtype])
+    def save_draft(self, step: int, tau: float) -> None:
+        """The draft in the public layout, plus a marker saying where it came from (engines/outputs.py)."""
+        def write(folder: Path) -> None:
+            save_draft(self.draft, folder, SAVE_DTYPES[self.cfg.dtype])
+            made = {"written_by": "dflash train-draft", "target": str(self.cfg.target), "data": str(self.cfg.data),
+                    "block_size": self.cfg.block_size, "steps": step, "tau": tau if tau == tau else None, "key": self.key()}
+            (folder / MARKER).write_text(json.dumps(made, indent=2) + "\n")
+
+        publish(self.out, write)
 
     def epoch_batches(self, samples: list[Sample], epoch: int) -> list[list[int]]:
         """ceil(n / batch) batches of sample indices for an epoch, from a seeded shuffle. (Length-sorted
@@ -722,7 +733,7 @@ class Trainer:
         taus.append(tau)
         report(Progress("validate", step, horizon, tau=tau, epoch=step // per_epoch))
         self.save_state(step, optimizer, taus)
-        self.save_draft()
+        self.save_draft(step, tau)
         return Result(steps=step, loss=loss_avg if loss_avg is not None else float("nan"), tau=tau, taus=taus,
                       steps_per_s=(step - first_step) / elapsed, tokens_per_s=tokens_done / elapsed, out=str(self.out))
 

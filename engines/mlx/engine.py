@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..sampling import SamplingParams
 from .draft import DFlashDraft
 from .loop import Sampler, speculative_decode
-from .target import DTYPES, Target, dtype_name
+from .target import DTYPES, Target, check_target, dtype_name
 
 
 def pick_device(name: str) -> mx.Device:
@@ -35,6 +35,7 @@ def pick_device(name: str) -> mx.Device:
 
 class MlxEngine(Engine):
     name = "mlx"
+    check_target = staticmethod(check_target)
 
     def __init__(self, config: EngineConfig):
         super().__init__(config)

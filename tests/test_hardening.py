@@ -1,0 +1,283 @@
+"""Hostile checkpoints and outputs: code in a checkpoint never runs, pickled weights are refused, and
+no command destroys a file it does not own. Every case is bad input: one sentence, exit 2, or a
+clean run; never a prompt, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dflash_tui import sessions
+from dflash_tui.cli import main
+from tests.tiny import write_profile
+
+EVIL = "import pathlib\npathlib.Path({marker!r}).write_text('code from a checkpoint ran')\n"
+
+
+def invoke(*args, input="y\ny\ny\n"):
+    """In-process, with 'y' waiting on stdin: a trust prompt that appeared would take it."""
+    return CliRunner().invoke(main, [str(a) for a in args], input=input)
+
+
+def assert_refused(result, *phrases):
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and result.output.strip().endswith(errors[0]), result.output
+    assert "[y/N]" not in result.output and "Traceback" not in result.output
+    for phrase in phrases:
+        assert phrase in result.output, result.output
+
+
+def plant(folder: Path, marker: Path) -> None:
+    """The attack: a module that leaves a marker when imported, and configs pointing loaders at it."""
+    (folder / "evil.py").write_text(EVIL.format(marker=str(marker)))
+    (folder / "__init__.py").write_text(EVIL.format(marker=str(marker)))
+
+
+@pytest.fixture
+def marker(tmp_path):
+    path = tmp_path / "pwned"
+    yield path
+    assert not path.exists(), "a module shipped in a checkpoint was executed"
+
+
+@pytest.fixture
+def custom_type_target(pairs, tmp_path, marker):
+    """A target of an unknown model type whose config maps the auto classes to its own code."""
+    good, _ = pairs("qwen3")
+    folder = tmp_path / "custom"
+    shutil.copytree(good, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="evilnet", architectures=["EvilForCausalLM"],
+                  auto_map={"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilForCausalLM",
+                            "AutoTokenizer": ["evil.EvilTokenizer", None]})
+    (folder / "config.json").write_text(json.dumps(config))
+    plant(folder, marker)
+    return folder
+
+
+@pytest.fixture
+def custom_tokenizer_target(pairs, tmp_path, marker):
+    """A supported model type whose tokenizer config names a class from the checkpoint's own code."""
+    good, _ = pairs("qwen3")
+    folder = tmp_path / "custom-tok"
+    shutil.copytree(good, folder)
+    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
+    tok_config.update(tokenizer_class="EvilTokenizer", auto_map={"AutoTokenizer": ["evil.EvilTokenizer", None]})
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    plant(folder, marker)
+    return folder
+
+
+class Payload:
+    """Unpickling this runs code: what a hostile pytorch_model.bin holds."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (EVIL.format(marker=self.marker),)
+
+
+@pytest.fixture
+def pickle_target(pairs, tmp_path, marker):
+    good, _ = pairs("qwen3")
+    folder = tmp_path / "pickled"
+    shutil.copytree(good, folder)
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(Payload(marker)))
+    return folder
+
+
+def test_unknown_model_type_with_custom_code_is_refused_by_every_command(custom_type_target, pairs, tmp_path, data_dir):
+    _, draft = pairs("qwen3")
+    target = custom_type_target
+    assert_refused(invoke("generate", "--target", target, "--raw", "-n", "4", "hi"), "evilnet")
+    assert_refused(invoke("generate", "--target", target, "--engine", "cuda", "--raw", "-n", "4", "hi"), "evilnet")
+    profile = write_profile(tmp_path / "evil.toml", target, draft)
+    chat = invoke("chat", "--plain", "--profile", profile, input="y\nhello\n")
+    assert chat.exit_code == 2 and "evilnet" in chat.output and "[y/N]" not in chat.output
+    assert_refused(invoke("bench", "--profile", profile, "--block-sizes", "1", "--max-samples", "1"), "evilnet")
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"turns": ["hi", "hello"]}) + "\n")
+    assert_refused(invoke("train-draft", "--target", target, "--data", data, "--out", tmp_path / "d", "--max-steps", "1"),
+                   "evilnet")
+
+
+def test_replay_of_a_session_whose_target_turned_hostile_is_refused(custom_type_target, pairs, tmp_path, data_dir):
+    target, draft = pairs("qwen3")
+    profile = write_profile(tmp_path / "tiny.toml", target, draft, max_new_tokens=4)
+    recorded = invoke("chat", "--plain", "--profile", profile, input="hello\n")
+    assert recorded.exit_code == 0, recorded.output
+    (path,) = sessions.session_paths()
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    for key in ("target", "target_path"):
+        if key in header:
+            header[key] = str(custom_type_target)
+    path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    assert_refused(invoke("replay", path.stem, "--block-sizes", "1", "--no-save"), "evilnet")
+
+
+def test_tokenizer_code_in_a_supported_target_never_runs(custom_tokenizer_target):
+    result = invoke("generate", "--target", custom_tokenizer_target, "--raw", "-n", "4", "hi")
+    assert result.exit_code in (0, 2), result.output
+    assert "[y/N]" not in result.output and "Traceback" not in result.output
+
+
+def test_public_drafts_shipping_code_and_auto_map_still_load(pairs, tmp_path, marker):
+    """The published drafts carry dflash.py and an auto_map: both are ignored, the draft loads."""
+    target, good_draft = pairs("qwen3")
+    draft = tmp_path / "draft"
+    shutil.copytree(good_draft, draft)
+    (draft / "dflash.py").write_text(EVIL.format(marker=str(marker)))
+    config = json.loads((draft / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
+    (draft / "config.json").write_text(json.dumps(config))
+    result = invoke("generate", "--target", target, "--draft", draft, "--raw", "-n", "8", "--json", "hi")
+    assert result.exit_code == 0, result.output
+
+
+def test_pickled_weights_are_refused_before_loading(pickle_target, pairs, tmp_path):
+    assert_refused(invoke("generate", "--target", pickle_target, "--raw", "-n", "4", "hi"), "pytorch_model.bin", "safetensors")
+    _, draft = pairs("qwen3")
+    pickled_draft = tmp_path / "pickled-draft"
+    shutil.copytree(draft, pickled_draft)
+    (pickled_draft / "model.safetensors").unlink()
+    (pickled_draft / "pytorch_model.bin").write_bytes(b"not even a pickle")
+    target, _ = pairs("qwen3")
+    assert_refused(invoke("generate", "--target", target, "--draft", pickled_draft, "--raw", "-n", "4", "hi"),
+                   "pytorch_model.bin")
+
+
+def test_pickles_beside_safetensors_are_never_read(pairs, tmp_path, marker):
+    good, _ = pairs("qwen3")
+    folder = tmp_path / "both"
+    shutil.copytree(good, folder)
+    (folder / "pytorch_model.bin").write_bytes(pickle.dumps(Payload(marker)))
+    result = invoke("generate", "--target", folder, "--raw", "-n", "4", "--json", "hi")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("content, phrase", [
+    (b"", "0 bytes"), (b"\x00" * 3, "3 bytes"), (b"garbage garbage garbage", "header claims"),
+    ((2**62).to_bytes(8, "little") + b"{}", "header claims"), ((2).to_bytes(8, "little") + b"[]", "does not list"),
+    ((5).to_bytes(8, "little") + b"{nope", "not JSON"),
+])
+def test_torn_or_hostile_safetensors_headers_are_one_sentence(pairs, tmp_path, content, phrase):
+    good, _ = pairs("qwen3")
+    folder = tmp_path / "torn"
+    shutil.copytree(good, folder)
+    (folder / "model.safetensors").write_bytes(content)
+    assert_refused(invoke("generate", "--target", folder, "--raw", "-n", "4", "hi"), "safetensors")
+
+
+# -- train-draft writes only where it owns the folder ---------------------------------------------
+
+
+def _train(target, data, out, *extra):
+    return invoke("train-draft", "--target", target, "--data", data, "--out", out, "--block-size", "4",
+                  "--max-steps", "2", "--epochs", "1", "--batch-size", "1", "--responses", "given",
+                  "--val-prompts", "0", *extra)
+
+
+@pytest.fixture
+def train_data(tmp_path):
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps({"turns": [f"What is {i} + {i}?", f"{i} + {i} = {2 * i}."]}) + "\n"
+                            for i in range(6)))
+    return data
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_train_draft_refuses_outputs_it_does_not_own_before_any_work(pairs, tmp_path, train_data):
+    target, draft = pairs("qwen3")
+    before_target, before_draft = _snapshot(target), _snapshot(draft)
+    assert_refused(_train(target, train_data, target), "target's folder")
+    assert_refused(_train(target, train_data, target / "sub"), "target's folder")
+    assert_refused(_train(target, train_data, draft), "already holds a model")
+    assert_refused(_train(target, train_data, train_data), "data file")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    assert_refused(_train(target, train_data, a_file), "is a file")
+    assert_refused(_train(target, train_data, tmp_path / "new", "--work-dir", a_file), "is a file")
+    assert _snapshot(target) == before_target and _snapshot(draft) == before_draft and a_file.read_text() == "mine"
+
+
+def test_train_draft_writes_a_complete_draft_and_a_rerun_may_replace_its_own(pairs, tmp_path, train_data):
+    target, _ = pairs("qwen3")
+    out = tmp_path / "my-draft"
+    first = _train(target, train_data, out)
+    assert first.exit_code == 0, first.output
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "training.json"} <= names
+    assert not [n for n in names if n.startswith(".draft-")], names  # the staging folder is gone
+    marker = json.loads((out / "training.json").read_text())
+    assert marker["written_by"] == "dflash train-draft" and marker["steps"] == 2
+    again = _train(target, train_data, out, "--fresh")  # its own output: replacing it is allowed
+    assert again.exit_code == 0, again.output
+    loads = invoke("generate", "--target", target, "--draft", out, "--raw", "-n", "4", "--json", "hi")
+    assert loads.exit_code == 0, loads.output
+
+
+# -- sessions: delete and export stay inside what dflash owns -------------------------------------
+
+
+def _session(data_dir: Path, session_id: str) -> Path:
+    writer = sessions.SessionWriter({"profile": {"name": "tiny"}}, session_id=session_id)
+    writer.append_turn({"index": 0, "status": "completed", "user": "q", "answer": "a", "settings": {}})
+    return writer.path
+
+
+def test_delete_refuses_files_outside_the_sessions_folder_and_short_prefixes(data_dir, tmp_path):
+    path = _session(data_dir, "20260101-120000-abcd")
+    outside = tmp_path / "notes.jsonl"
+    outside.write_text(path.read_text())
+    assert_refused(invoke("sessions", "delete", outside, "--yes"), "not in the sessions folder")
+    assert outside.exists()
+    assert_refused(invoke("sessions", "delete", "2", "--yes"), "too short")
+    foreign = path.parent / "foreign.jsonl"
+    foreign.write_text("hello\n")
+    assert_refused(invoke("sessions", "delete", foreign, "--yes"), "header")
+    assert foreign.exists() and path.exists()
+
+
+def test_delete_asks_first_and_takes_the_replay_files_along(data_dir):
+    path = _session(data_dir, "20260101-120000-abcd")
+    replay_file = path.parent / f"{path.stem}.replay-20260101-130000.json"
+    replay_file.write_text("{}")
+    other = _session(data_dir, "20260102-120000-ef01")
+    kept = invoke("sessions", "delete", "20260101-12", input="n\n")
+    assert kept.exit_code == 0 and path.exists() and "Delete session 20260101-120000-abcd" in kept.output
+    assert "Nothing deleted" in kept.output
+    gone = invoke("sessions", "delete", "20260101-12", input="y\n")
+    assert gone.exit_code == 0, gone.output
+    assert not path.exists() and not replay_file.exists() and other.exists()
+
+
+def test_delete_with_no_answer_on_stdin_needs_yes(data_dir):
+    path = _session(data_dir, "20260101-120000-abcd")
+    result = CliRunner().invoke(main, ["sessions", "delete", "20260101-120000-abcd"])  # stdin at its end
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1].startswith("error: ")
+    assert "pass --yes" in result.output
+    assert path.exists()
+
+
+def test_export_never_writes_into_the_sessions_folder(data_dir, tmp_path):
+    path = _session(data_dir, "20260101-120000-abcd")
+    before = path.read_bytes()
+    assert_refused(invoke("sessions", "export", "20260101-120000-abcd", "-o", path), "inside the sessions folder")
+    assert_refused(invoke("sessions", "export", "20260101-120000-abcd", "-o", path.parent / "x.md"), "sessions folder")
+    assert path.read_bytes() == before
+    assert_refused(invoke("sessions", "export", "20260101-120000-abcd", "-o", "/nonexistent/x.md"), "Cannot write")
+    out = tmp_path / "x.md"
+    assert invoke("sessions", "export", "20260101-120000-abcd", "-o", out).exit_code == 0
+    assert out.stat().st_mode & 0o777 == 0o600
