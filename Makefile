@@ -5,28 +5,27 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 UNAME_S := $(shell uname -s)
-UNAME_M := $(shell uname -m)
 HAS_NVIDIA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
 # What this machine can run: MLX on Apple Silicon, the CUDA build of torch on NVIDIA machines,
-# otherwise the pinned CPU wheel of torch (a plain `torch` would pull a multi-GB CUDA build) plus mlx[cpu].
+# otherwise torch from PyTorch's CPU wheel index (a plain `torch` from PyPI is a multi-GB CUDA build),
+# falling back within seconds to pip's own configuration where that index is unreachable
+# (scripts/install_torch.sh), plus mlx[cpu].
 ifeq ($(UNAME_S),Darwin)
-  TORCH_SPEC := torch
-  EXTRAS := cuda,mlx,dev
+  TORCH_INSTALL := $(PIP) install -q torch
 else ifeq ($(HAS_NVIDIA),yes)
-  TORCH_SPEC := torch
-  EXTRAS := cuda,mlx,dev
+  TORCH_INSTALL := $(PIP) install -q torch
 else
-  TORCH_SPEC := torch==2.13.0
-  EXTRAS := cuda,mlx,dev
+  TORCH_INSTALL := sh scripts/install_torch.sh "$(PIP)" torch==2.13.0
 endif
+EXTRAS := cuda,mlx,dev
 
 .PHONY: install chat test bench demo-models clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_SPEC)"
+	$(TORCH_INSTALL)
 	$(PIP) install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
