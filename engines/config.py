@@ -23,6 +23,7 @@ class EngineConfig:
     block_size: Optional[int] = None  # None: the draft's trained block size
     draft_window: Optional[int] = None  # the block attends to at most this many recent context positions
     target_layer_ids: Optional[list[int]] = None  # a profile's restatement; must equal the draft's own
+    cuda_graphs: Optional[bool] = None  # CUDA engine on a GPU: replay captured decode steps; None: DFLASH_CUDA_GRAPHS=1
     source: str = "command line"  # where these values came from, for error messages
 
 

@@ -7,10 +7,27 @@ is empty and it does not count toward tau), then one per verify step. `Summary` 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Optional
 
+# The version of this contract (docs/engine-contract.md). Additions with a default keep the number;
+# a field that changes meaning or goes away bumps it.
+CONTRACT_VERSION = 1
+
 Piece = tuple[str, str]  # (text, origin) with origin "draft" or "target"
+_EMPTY = {"int": 0, "float": 0.0, "str": "", "bool": False}
+
+
+def from_dict(cls, data: dict):
+    """`cls` from a dict written by any version: unknown keys are ignored, a missing field takes its
+    default, or an empty value of its type (files written before a field existed still load)."""
+    values = {}
+    for f in fields(cls):
+        if f.name in data:
+            values[f.name] = data[f.name]
+        elif f.default is MISSING and f.default_factory is MISSING:
+            values[f.name] = [] if str(f.type).startswith("list") else _EMPTY.get(str(f.type))
+    return cls(**values)
 
 
 @dataclass
@@ -63,6 +80,12 @@ class Summary:
     device: str
     dtype: str
     finish_reason: str
+    graphs: bool = False  # the decode steps replayed CUDA graphs (absent in older session files)
+    contract: int = CONTRACT_VERSION  # the contract version this Summary was written under
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Summary":
+        return from_dict(cls, data)

@@ -70,8 +70,20 @@ class DraftAttention(nn.Module):
         k_blk, v_blk = self.project_context(x, cos, sin)
         k = torch.cat([k_ctx, k_blk], dim=2)
         v = torch.cat([v_ctx, v_blk], dim=2)
+        return self._attend(x, q, k, v, mask)
+
+    def _attend(self, x, q, k, v, mask):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+
+    def forward_buffered(self, x, k_buf, v_buf, cos, sin, span: "Span") -> torch.Tensor:
+        """The block's attention over a DraftCache buffer: the block's own K/V are written just past the
+        committed context (scratch, never committed) and attention reads the context and the block in place."""
+        q = rotate(self.q_norm(self._split(self.q_proj(x), self.heads)), cos, sin)
+        k_blk, v_blk = self.project_context(x, cos, sin)
+        span.write(k_buf, k_blk)
+        span.write(v_buf, v_blk)
+        return self._attend(x, q, span.read(k_buf), span.read(v_buf), span.mask)
 
 
 class DraftLayer(nn.Module):
@@ -91,7 +103,12 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps)
 
     def forward(self, h, k_ctx, v_ctx, cos, sin, mask=None):
-        h = h + self.self_attn(self.input_layernorm(h), k_ctx, v_ctx, cos, sin, mask)
+        return self._mlp(h + self.self_attn(self.input_layernorm(h), k_ctx, v_ctx, cos, sin, mask))
+
+    def forward_buffered(self, h, k_buf, v_buf, cos, sin, span: "Span"):
+        return self._mlp(h + self.self_attn.forward_buffered(self.input_layernorm(h), k_buf, v_buf, cos, sin, span))
+
+    def _mlp(self, h):
         x = self.post_attention_layernorm(h)
         return h + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](x)) * self.mlp["up_proj"](x))
 
@@ -170,46 +187,141 @@ class DFlashDraft(nn.Module):
             h = layer(h, k, v, cos, sin, mask)
         return self.norm(h)
 
+    def block_hidden_buffered(self, block_embeds, cache: "DraftCache", positions, spans: list["Span"]) -> torch.Tensor:
+        """block_hidden over the cache's buffers in place (no copy of the context), one Span per layer."""
+        cos, sin = self.rope(positions, block_embeds)
+        h = block_embeds
+        for layer, k, v, span in zip(self.layers, cache.k_bufs, cache.v_bufs, spans):
+            h = layer.forward_buffered(h, k, v, cos, sin, span)
+        return self.norm(h)
+
+
+class Span:
+    """Where a block sits in a draft layer's buffer and what it attends to.
+
+    Eager: python ints; the block is written at [start, start + n) and attention reads [lo, start + n).
+    Graph path (`positions` set): the block is written at device positions and attention reads the whole
+    buffer under a mask (lo <= slot < start + n), so shapes never change from step to step."""
+
+    def __init__(self, lo=0, start=0, n=0, positions: Optional[torch.Tensor] = None, mask=None):
+        self.lo, self.start, self.n, self.positions, self.mask = lo, start, n, positions, mask
+
+    def write(self, buf: torch.Tensor, x: torch.Tensor) -> None:
+        if self.positions is not None:
+            buf.index_copy_(2, self.positions, x)
+        else:
+            buf[:, :, self.start: self.start + self.n] = x
+
+    def read(self, buf: torch.Tensor) -> torch.Tensor:
+        return buf if self.positions is not None else buf[:, :, self.lo: self.start + self.n]
+
 
 class DraftCache:
-    """Per-layer K/V of committed context features (positions < start), trimmed to the draft window."""
+    """Per-layer K/V of committed context features (positions < start) in preallocated buffers sized in
+    buckets (engines/cuda/cache.py); the block attends to at most the last `window` of them (and to a
+    layer's trained sliding window). Appending writes in place; the block's own K/V go just past the
+    committed length as scratch, so the buffers also hold one block beyond the context."""
 
-    def __init__(self, draft: DFlashDraft, window: Optional[int]):
+    def __init__(self, draft: DFlashDraft, window: Optional[int], capacity: Optional[int] = None):
+        from .cache import BUCKET
+
         self.draft = draft
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.length = 0  # committed positions covered (including ones trimmed away)
+        self.capacity = capacity or BUCKET
+        self.k_bufs: list[Optional[torch.Tensor]] = [None] * len(draft.layers)
+        self.v_bufs: list[Optional[torch.Tensor]] = [None] * len(draft.layers)
+        self.reset(window)
+
+    def reset(self, window: Optional[int]) -> None:
+        self.length = 0  # committed positions covered (including ones outside the window)
         self.windows = [min(w for w in (window, layer.self_attn.window) if w) if (window or layer.self_attn.window)
-                        else None for layer in draft.layers]
+                        else None for layer in self.draft.layers]
+
+    def reserve(self, tokens: int, like: Optional[torch.Tensor] = None) -> None:
+        """Room for `tokens` positions; allocates (zeroed) on first use, grows only past the bucket."""
+        from .cache import bucket
+
+        if like is None and self.k_bufs[0] is None:
+            self.capacity = max(self.capacity, bucket(tokens))
+            return
+        if self.k_bufs[0] is not None and tokens <= self.capacity:
+            return
+        self.capacity = max(self.capacity, bucket(tokens))
+        for i, layer in enumerate(self.draft.layers):
+            att = layer.self_attn
+            old_k, old_v = self.k_bufs[i], self.v_bufs[i]
+            ref = old_k if old_k is not None else like
+            shape = (1, att.kv_heads, self.capacity, att.head_dim)
+            self.k_bufs[i] = ref.new_zeros(shape)
+            self.v_bufs[i] = ref.new_zeros(shape)
+            if old_k is not None:
+                self.k_bufs[i][:, :, : self.length] = old_k[:, :, : self.length]
+                self.v_bufs[i][:, :, : self.length] = old_v[:, :, : self.length]
+
+    def _lo(self, i: int) -> int:
+        return max(0, self.length - self.windows[i]) if self.windows[i] else 0
+
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        """Each layer's context keys the next block attends to (views of the buffers)."""
+        return [] if self.k_bufs[0] is None else [k[:, :, self._lo(i): self.length] for i, k in enumerate(self.k_bufs)]
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return [] if self.v_bufs[0] is None else [v[:, :, self._lo(i): self.length] for i, v in enumerate(self.v_bufs)]
+
+    def project(self, features: torch.Tensor, positions: torch.Tensor):
+        """Per-layer (k, v) of context features [b, n, F] at `positions` [1, n]."""
+        ctx = self.draft.context(features)
+        cos, sin = self.draft.rope(positions, ctx)
+        return [layer.self_attn.project_context(ctx, cos, sin) for layer in self.draft.layers]
 
     def append(self, features: torch.Tensor) -> None:
         """Project and store context features for positions length..length+n-1."""
         n = features.shape[1]
-        ctx = self.draft.context(features)
         positions = torch.arange(self.length, self.length + n, device=features.device).unsqueeze(0)
-        cos, sin = self.draft.rope(positions, ctx)
-        for i, layer in enumerate(self.draft.layers):
-            k, v = layer.self_attn.project_context(ctx, cos, sin)
-            if i < len(self.keys):
-                k, v = torch.cat([self.keys[i], k], dim=2), torch.cat([self.values[i], v], dim=2)
-            if self.windows[i]:
-                k, v = k[:, :, -self.windows[i]:], v[:, :, -self.windows[i]:]
-            if i < len(self.keys):
-                self.keys[i], self.values[i] = k, v
-            else:
-                self.keys.append(k)
-                self.values.append(v)
+        kv = self.project(features, positions)
+        self.reserve(self.length + n, like=kv[0][0])
+        for i, (k, v) in enumerate(kv):
+            self.k_bufs[i][:, :, self.length: self.length + n] = k
+            self.v_bufs[i][:, :, self.length: self.length + n] = v
         self.length += n
+
+    def write_static(self, features: torch.Tensor, positions: torch.Tensor) -> None:
+        """Graph path: K/V of features [1, n, F] written at device `positions` [n]; the caller then moves
+        `length` past the ones it commits (the rest are overwritten by the next block)."""
+        for i, (k, v) in enumerate(self.project(features, positions[None])):
+            self.k_bufs[i].index_copy_(2, positions, k)
+            self.v_bufs[i].index_copy_(2, positions, v)
+
+    def hidden(self, block_embeds: torch.Tensor) -> torch.Tensor:
+        """The draft's final hidden states for a block [1, b, hidden] placed at positions length.."""
+        start, n = self.length, block_embeds.shape[1]
+        self.reserve(start + n, like=block_embeds)
+        positions = torch.arange(start, start + n, device=block_embeds.device).unsqueeze(0)
+        spans = [Span(self._lo(i), start, n) for i in range(len(self.draft.layers))]
+        return self.draft.block_hidden_buffered(block_embeds, self, positions, spans)
+
+    def static_hidden(self, block_embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Graph path: the same at device `positions` [n] (= start..start+n-1), over the whole buffer."""
+        slots = torch.arange(self.capacity, device=positions.device)
+        end = positions[-1]
+        masks = {}
+        spans = []
+        for w in self.windows:
+            if w not in masks:
+                lo = (positions[0] - w).clamp(min=0) if w else 0
+                masks[w] = ((slots >= lo) & (slots <= end))[None, None, None]
+            spans.append(Span(positions=positions, mask=masks[w]))
+        return self.draft.block_hidden_buffered(block_embeds, self, positions[None], spans)
 
     def propose(self, block: torch.Tensor, embed: nn.Module, lm_head: nn.Module) -> torch.Tensor:
         """Greedy draft ids for block positions 1.. ([b-1]); block is [1, b] = [last token, mask...]."""
-        start = self.length
-        positions = torch.arange(start, start + block.shape[1], device=block.device).unsqueeze(0)
-        hidden = self.draft.block_hidden(embed(block), self.keys, self.values, positions)
+        hidden = self.hidden(embed(block))
         return lm_head(hidden[0, 1:].to(lm_head.weight.device)).argmax(dim=-1).to(block.device)
 
     def entries(self) -> int:
-        return self.keys[0].shape[2] if self.keys else 0
+        """Context positions the next block attends to (in the first layer)."""
+        return self.length - self._lo(0)
 
 
 def save_draft(model: DFlashDraft, out_dir: Path, dtype: Optional[torch.dtype] = None) -> None:

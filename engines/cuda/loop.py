@@ -16,7 +16,9 @@ import torch
 
 from ..engine import RawStep
 from ..sampling import SamplingParams
+from .cache import CachePool, reserve
 from .draft import DFlashDraft, DraftCache
+from .graphs import StepGraphs
 from .target import Target
 
 
@@ -75,15 +77,26 @@ def speculative_decode(
     draft_window: Optional[int] = None,
     cache=None,
     draft_cache: Optional[DraftCache] = None,
+    pool: Optional[CachePool] = None,
+    graphs: Optional[StepGraphs] = None,
 ) -> Iterator[RawStep]:
     """Yields the prefill token, then one RawStep per verify step, up to max_new_tokens ids.
-    `cache` / `draft_cache` may be passed in to observe them between steps (tests)."""
+    `cache` / `draft_cache` may be passed in to observe them between steps (tests); otherwise they come
+    from `pool` (reused across requests) or are allocated for this request. With `graphs`, full blocks
+    replay captured graphs and a shrunk last block runs eager."""
     device, clock = target.device, Clock(target.device)
     use_draft = block_size > 1
     prompt_len = len(prompt_ids)
-    cache = cache if cache is not None else target.new_cache()
-    if use_draft and draft_cache is None:
-        draft_cache = DraftCache(draft, draft_window)
+    room = prompt_len + max_new_tokens + block_size  # a verify writes at most one block past the committed
+    if cache is None:
+        cache = pool.target_cache(room) if pool else target.new_cache(room)
+    reserve(cache, room)
+    if use_draft:
+        if draft_cache is None:
+            draft_cache = pool.draft_cache(draft_window, room) if pool else DraftCache(draft, draft_window, room)
+        draft_cache.reserve(room)
+    if graphs is not None:
+        graphs = graphs.ready(cache, draft_cache if use_draft else None, block_size)
 
     t0 = clock.mark()
     logits, features = target.forward(torch.tensor([prompt_ids], device=device), 0, cache, last_only=True, capture=use_draft)
@@ -100,14 +113,20 @@ def speculative_decode(
     while generated < max_new_tokens:
         b = min(block_size, max_new_tokens - generated)  # the last block shrinks: never more than asked
         start = prompt_len + generated - 1
-        block = mask_block[:, :b].clone()
-        block[0, :1] = last
+        on_graphs = graphs is not None and b == block_size
         t_draft = clock.mark()
-        if b > 1:
-            block[0, 1:] = draft_cache.propose(block, target.embed, target.lm_head)  # greedy proposals
-        t_verify = clock.mark()
-        target.before_verify(cache)
-        logits, features = target.forward(block, start, cache, last_only=False, capture=use_draft)
+        if on_graphs:
+            block = graphs.draft_step(last, start, b)
+            t_verify = clock.mark()
+            logits = graphs.verify_step(b)
+        else:
+            block = mask_block[:, :b].clone()
+            block[0, :1] = last
+            if b > 1:
+                block[0, 1:] = draft_cache.propose(block, target.embed, target.lm_head)  # greedy proposals
+            t_verify = clock.mark()
+            target.before_verify(cache)
+            logits, features = target.forward(block, start, cache, last_only=False, capture=use_draft)
         choice = sampler(logits[0])  # the target's own token at every block position
         t_end = clock.mark()
         host = torch.cat([block[0, 1:], choice]).tolist()  # the step's one host sync
@@ -115,9 +134,12 @@ def speculative_decode(
         accepted = 0
         while accepted < b - 1 and drafted[accepted] == chosen[accepted]:
             accepted += 1
-        target.commit(cache, accepted + 1, b)  # keep every committed token except the newest
-        if use_draft:
-            draft_cache.append(features[:, : accepted + 1])
+        if on_graphs:  # both caches hold the whole block: move their lengths
+            graphs.commit(start, accepted + 1)
+        else:
+            target.commit(cache, accepted + 1, b)  # keep every committed token except the newest
+            if use_draft:
+                draft_cache.append(features[:, : accepted + 1])
         last = choice[accepted: accepted + 1]
         generated += accepted + 1
         yield RawStep(

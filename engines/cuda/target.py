@@ -12,6 +12,7 @@ import torch
 
 from ..checkpoints import TargetInfo
 from ..errors import CheckpointError, UserError
+from .cache import BUCKET, bucket, bucket_cache, bucket_layers
 from .hybrid import LinearStateRollback
 
 FAMILIES = {"qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "llama": "Llama-3.x", "qwen3_5": "Qwen3.5/3.6",
@@ -63,10 +64,11 @@ class Target:
 
         return store
 
-    def new_cache(self):
-        from transformers import DynamicCache
+    def new_cache(self, tokens: int = BUCKET):
+        """A fresh cache with room for `tokens` positions (rounded up to a bucket) in its attention layers."""
+        return self.start_cache(bucket_cache(self.model.config, capacity=bucket(tokens)))
 
-        cache = DynamicCache(config=self.model.config)
+    def start_cache(self, cache):
         if self.rollback:
             self.rollback.start(cache)
         return cache
@@ -94,3 +96,27 @@ class Target:
         self.capture = False
         features = torch.cat([self._features.pop(i).to(self.device) for i in self.layer_ids], dim=-1) if capture else None
         return out.logits, features
+
+    def static_forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, features: bool):
+        """The graph path's pass: fixed shapes, every input on the device. `ids` [1, n] at `positions` [n]
+        are written into the bucket buffers at those positions and attend to every position at or before
+        their own (the whole bucket is read under a mask; positions beyond are stale or zero). Returns
+        logits [1, n, vocab] and, if asked, the context features as explicit outputs: transformers'
+        hidden_states[i + 1] (post-norm for the last layer), no hooks involved."""
+        layers = bucket_layers(cache)
+        capacity = layers[0].capacity
+        slots = torch.arange(capacity, device=ids.device)
+        mask = (slots[None, :] <= positions[:, None])[None, None]
+        for layer in layers:
+            layer.write_at = positions
+        try:
+            out = self.model(
+                input_ids=ids, position_ids=positions[None], attention_mask=mask, use_cache=True,
+                **{self._cache_kwarg: cache}, output_hidden_states=features,
+            )
+        finally:
+            for layer in layers:
+                layer.write_at = None
+        if not features:
+            return out.logits, None
+        return out.logits, torch.cat([out.hidden_states[i + 1].to(self.device) for i in self.layer_ids], dim=-1)

@@ -1,0 +1,192 @@
+"""CUDA graphs of the decode step: the draft's block pass, the verify pass per block size (which also
+writes the draft's context K/V for the block), and the block-1 step.
+
+Enabled by `EngineConfig.cuda_graphs` (or `DFLASH_CUDA_GRAPHS=1` when that is left unset). A replayed graph
+runs no Python, so everything a step depends on lives in static device buffers the host fills with
+device-side copies before replaying (the last token, the block positions): no host sync is added, the
+step keeps its one sync. Context features are explicit outputs of the captured verify (transformers'
+hidden_states), never hooks. Attention reads the whole bucket under a mask (cache.py); a new bucket or a
+new block size means new captures, made before the prefill of the request that needs them (and at load
+for the engine's defaults), never while a step runs. A shrunk last block runs eager.
+
+Where capture is impossible the engine runs eager and says why (`why_eager`): the CPU, hybrid
+(gated-delta) targets whose conv states transformers reassigns and whose rollback re-runs mixers, MoE
+routing (data-dependent expert dispatch syncs with the host), a target spread over several GPUs, and
+attention layers that are not plain full attention (sliding windows).
+
+With `capture=False` the same static functions run eagerly: that is how the CPU tests check that the
+graph path's fixed-shape, masked-bucket computation gives the eager path's ids.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from .cache import bucket_layers
+
+
+def why_eager(target, device: torch.device) -> Optional[str]:
+    """None when the step can be captured on this target and device, else the reason it cannot."""
+    if device.type != "cuda":
+        return "CUDA graphs need a CUDA device"
+    if target.rollback:
+        return "hybrid (gated-delta) target: conv states are reassigned and rollback re-runs the mixers"
+    config = target.model.config.get_text_config(decoder=True)
+    if "moe" in config.model_type or getattr(config, "num_experts", 0):
+        return "MoE routing dispatches experts with host syncs"
+    devices = set(getattr(target.model, "hf_device_map", {}).values())
+    if len(devices) > 1:
+        return "the target is spread over several GPUs"
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
+        return "attention layers other than full attention (sliding windows)"
+    return None
+
+
+class StepGraphs:
+    """Static buffers and captured graphs for one set of pooled caches (one bucket)."""
+
+    def __init__(self, target, draft, capture: bool = True):
+        self.target, self.draft, self.capture = target, draft, capture
+        self.cache = self.draft_cache = None
+        self.graphs: dict[tuple[str, int], tuple[Optional[torch.cuda.CUDAGraph], Callable, object]] = {}
+        self.captures = 0  # graphs captured (or, with capture=False, static functions built) so far
+        self.replays = 0
+        self.capture_s = 0.0
+        self.failed: Optional[str] = None  # why a capture failed; the engine then stays eager
+        self._buffers = self._draft_buffers = None
+        self._pool = None
+        self._static: dict[int, dict[str, torch.Tensor]] = {}
+
+    # -- set-up, between requests --------------------------------------------------------------
+    def ready(self, cache, draft_cache, block_size: int) -> Optional["StepGraphs"]:
+        """Capture what `block_size` needs on these caches (before any prefill); None if it failed."""
+        if self.failed:
+            return None
+        self.cache, self.draft_cache = cache, draft_cache
+        self._allocate(cache, draft_cache)
+        # a new bucket means new buffers: graphs that point at the old ones are dropped
+        target_buffers = tuple(layer.k_buf.data_ptr() for layer in bucket_layers(cache))
+        if target_buffers != self._buffers:
+            self.graphs.clear()
+            self._buffers, self._draft_buffers = target_buffers, None
+        if draft_cache is not None:
+            draft_buffers = tuple(k.data_ptr() for k in draft_cache.k_bufs)
+            if draft_buffers != self._draft_buffers:
+                self.graphs = {key: g for key, g in self.graphs.items() if key[1] == 1}
+                self._draft_buffers = draft_buffers
+        started = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                if block_size > 1 and ("draft", block_size) not in self.graphs:
+                    self._build("draft", block_size, self._draft_fn(block_size))
+                if ("verify", block_size) not in self.graphs:
+                    self._build("verify", block_size, self._verify_fn(block_size))
+        except Exception as exc:  # capture impossible here: eager from now on, and said so
+            self.failed = f"capture failed ({type(exc).__name__}: {exc})"
+            self.graphs.clear()
+            return None
+        finally:
+            self.capture_s += time.perf_counter() - started
+        for layer in bucket_layers(cache):
+            layer.length = 0
+        return self
+
+    def _allocate(self, cache, draft_cache) -> None:
+        """Buffers exist before capture (allocating inside a capture would take graph-pool memory)."""
+        if any(type(layer) is DynamicLayer for layer in cache.layers):
+            raise ValueError("graph path needs bucket caches")
+        if any(layer.k_buf is None for layer in bucket_layers(cache)):
+            with torch.inference_mode():
+                self.target.forward(torch.zeros(1, 1, dtype=torch.long, device=self.target.device), 0, cache,
+                                    last_only=True, capture=False)
+        if draft_cache is not None and draft_cache.k_bufs[0] is None:
+            draft_cache.reserve(draft_cache.capacity, like=next(self.draft.parameters()))
+
+    def _static_for(self, b: int) -> dict[str, torch.Tensor]:
+        if b not in self._static:
+            device = self.target.device
+            mask_id = self.draft.mask_token_id if self.draft is not None else 0
+            self._static[b] = {
+                "arange": torch.arange(b, device=device),
+                "positions": torch.arange(b, device=device),
+                "block": torch.zeros(1, b, dtype=torch.long, device=device),
+                "masks": torch.full((1, b - 1), mask_id, dtype=torch.long, device=device),
+            }
+        return self._static[b]
+
+    def _draft_fn(self, b: int) -> Callable:
+        s = self._static_for(b)
+
+        def draft_block():
+            ids = torch.cat([s["block"][:, :1], s["masks"]], dim=1)
+            hidden = self.draft_cache.static_hidden(self.target.embed(ids), s["positions"])
+            proposals = self.target.lm_head(hidden[0, 1:].to(self.target.lm_head.weight.device)).argmax(dim=-1)
+            s["block"][0, 1:].copy_(proposals)
+            return s["block"]
+
+        return draft_block
+
+    def _verify_fn(self, b: int) -> Callable:
+        s = self._static_for(b)
+
+        def verify():
+            logits, features = self.target.static_forward(s["block"], s["positions"], self.cache, features=b > 1)
+            if b > 1:
+                self.draft_cache.write_static(features, s["positions"])
+            return logits
+
+        return verify
+
+    def _build(self, kind: str, b: int, fn: Callable) -> None:
+        self.captures += 1
+        if not self.capture:
+            self.graphs[(kind, b)] = (None, fn, None)
+            return
+        s = self._static_for(b)
+        s["positions"].copy_(s["arange"])
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up off the capture (lazy inits, cuBLAS workspaces)
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = fn()
+        self.graphs[(kind, b)] = (graph, fn, out)
+
+    def _run(self, kind: str, b: int):
+        graph, fn, out = self.graphs[(kind, b)]
+        if graph is None:
+            return fn()
+        graph.replay()
+        return out
+
+    # -- one step -----------------------------------------------------------------------------
+    def has(self, b: int) -> bool:
+        return ("verify", b) in self.graphs
+
+    def draft_step(self, last: torch.Tensor, start: int, b: int) -> torch.Tensor:
+        """Fill the static inputs (device-side copies, no sync) and run the draft: the block [1, b]."""
+        s = self._static[b]
+        torch.add(s["arange"], start, out=s["positions"])
+        s["block"][:, :1].copy_(last.view(1, 1))
+        self.replays += 1
+        return self._run("draft", b) if b > 1 else s["block"]
+
+    def verify_step(self, b: int) -> torch.Tensor:
+        """Verify the block in place: logits [1, b, vocab]; the draft's K/V for the block are written."""
+        return self._run("verify", b)
+
+    def commit(self, start: int, keep: int) -> None:
+        """Keep the first `keep` block tokens in both caches: lengths move, nothing is copied."""
+        for layer in bucket_layers(self.cache):
+            layer.length = start + keep
+        if self.draft_cache is not None:
+            self.draft_cache.length = start + keep
