@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .config import MAX_BLOCK_SIZE
+from .config import check_block_size_value
 from .errors import CheckpointError, UserError
 
 CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt", "*.model", "*.tiktoken"]
@@ -232,10 +232,22 @@ class DraftInfo:
         )
 
 
+def layer_windows(cfg: dict) -> list[Optional[int]]:
+    """The trained sliding window of each draft layer (None for full attention)."""
+    types = cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"]
+    return [cfg.get("sliding_window") if t == "sliding_attention" else None for t in types]
+
+
+def attention_window(draft_window: Optional[int], trained: Optional[int]) -> Optional[int]:
+    """How many recent context positions a draft layer's block attends to: the tighter of the configured
+    draft window and the layer's trained sliding window (None: all of them). Both engines use this."""
+    windows = [w for w in (draft_window, trained) if w]
+    return min(windows) if windows else None
+
+
 def check_block_size(block_size: int, trained: Optional[int], has_draft: bool) -> list[str]:
     """Raise on an impossible block size; return warnings for a questionable one."""
-    if not isinstance(block_size, int) or not 1 <= block_size <= MAX_BLOCK_SIZE:
-        raise UserError(f"Block size {block_size} is out of range; choose a block size from 1 to {MAX_BLOCK_SIZE} (1 = plain decoding).")
+    check_block_size_value(block_size, "for this run")
     if block_size > 1 and not has_draft:
         raise UserError(f"Block size {block_size} needs a draft model; pass --draft or use a profile with one, or use block size 1.")
     if trained and block_size > trained:

@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
+import math
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .errors import UserError
+
 ENGINES = ("auto", "cuda", "mlx")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MAX_BLOCK_SIZE = 64
+MAX_SEED = 2**63  # seeds are 64-bit signed in torch and unsigned in MLX: [0, 2**63) fits both
+MIN_TEMPERATURE = 1e-3  # below this, logits / temperature overflow to inf: use 0 (greedy) instead
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|gpu|metal|mps")
+
+
+def check_block_size_value(block_size, where: str) -> None:
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
+                                   or not 1 <= block_size <= MAX_BLOCK_SIZE):
+        raise UserError(f"Block size {block_size} {where} is out of range; choose a block size from 1 to {MAX_BLOCK_SIZE} "
+                        "(1 = plain decoding).")
+
+
+def _number(name: str, value, low: float, high: float, low_open: bool, high_open: bool, hint: str) -> None:
+    """A finite number within bounds, or one sentence naming the setting and a value that works."""
+    if value is None:
+        return
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+        raise UserError(f"{name} {value} is outside {lo}{low:g}, {high:g}{hi}; {hint}.")
 
 
 @dataclass
@@ -25,6 +50,21 @@ class EngineConfig:
     target_layer_ids: Optional[list[int]] = None  # a profile's restatement; must equal the draft's own
     cuda_graphs: Optional[bool] = None  # CUDA engine on a GPU: replay captured decode steps; None: DFLASH_CUDA_GRAPHS=1
     source: str = "command line"  # where these values came from, for error messages
+
+    def __post_init__(self) -> None:
+        """Every value checked before anything loads: bad input is one sentence, not a crash mid-load."""
+        where = f"in {self.source}"
+        if self.engine not in ENGINES:
+            raise UserError(f"Engine '{self.engine}' {where} is unknown; choose auto, cuda or mlx.")
+        if self.dtype not in DTYPES:
+            raise UserError(f"dtype '{self.dtype}' {where} is unknown; use auto, float32, float16 or bfloat16.")
+        if not isinstance(self.device, str) or not DEVICE_PATTERN.fullmatch(self.device):
+            raise UserError(f"Device '{self.device}' {where} is not one dflash runs on; use auto, cpu, cuda, cuda:N "
+                            "(the cuda engine) or gpu (the mlx engine).")
+        check_block_size_value(self.block_size, where)
+        if self.draft_window is not None and (isinstance(self.draft_window, bool) or not isinstance(self.draft_window, int)
+                                              or self.draft_window < 1):
+            raise UserError(f"Draft window {self.draft_window} {where} must be a positive number of positions.")
 
 
 @dataclass
@@ -46,3 +86,19 @@ class GenerationRequest:
     thinking: bool = True
     stop_ids: Optional[list[int]] = None  # None: every eos id of the target's generation_config
     cancel: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        """Sampling values checked where they are made, so a bad flag fails before any weight loads."""
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise UserError(f"max_new_tokens {n} must be a positive number of tokens.")
+        if self.temperature is not None and self.temperature != 0:
+            _number("Temperature", self.temperature, MIN_TEMPERATURE, 100.0, False, False,
+                    "use 0 for greedy decoding, or a value such as 0.6 to sample")
+        _number("top_p", self.top_p, 0.0, 1.0, True, False, "use 1 to disable it")
+        _number("min_p", self.min_p, 0.0, 1.0, False, True, "use 0 to disable it")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0):
+            raise UserError(f"top_k {self.top_k} must be 0 (off) or a positive number of tokens.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < MAX_SEED:
+            raise UserError(f"Seed {self.seed} is outside 0 to 2**63 - 1; pick a smaller non-negative seed.")
+        check_block_size_value(self.block_size, "in this request")
