@@ -1,0 +1,435 @@
+"""The `remote` engine: the engine contract over any OpenAI-compatible server.
+
+Against `dflash serve` every chunk carries the engine's own step (`engines.remote.wire`), so the events
+and the Summary are exactly those of a local engine. Against other servers it shows what they report
+and lists the rest in `unknown` (and in `warnings`, which front ends show at load):
+
+- vLLM: token ids with `return_token_ids`; tau from the server-wide spec-decode counters on the root
+  `/metrics` (labelled approximate when other requests ran meanwhile);
+- SGLang: its native `/generate` (raw prompt, so the chat template is applied here with the target's
+  tokenizer from the local HF cache) returns `meta_info.spec_verify_ct`, which gives tau;
+- llama.cpp and mlx_lm.server: text and timings only.
+
+Prompt ids (sessions record them, history trimming counts them, replay resends them) come from the
+server's tokenize route (ours, vLLM's `/tokenize`, llama.cpp's `/apply-template` + `/tokenize`) or the
+target's tokenizer in the local HF cache; with neither, `token_ids_known` is False and replay is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator, Optional
+
+from ..config import EngineConfig, GenerationRequest
+from ..errors import UserError
+from ..events import StepEvent, Summary, acceptance_histogram
+from .client import Client, RemoteError, parse_prometheus
+from .thinking import ThinkingJoiner
+from .wire import EXTENSION, step_from_wire, summary_from_wire
+
+KINDS = {"dflash": "dflash", "vllm": "vllm", "sglang": "sglang", "llamacpp": "llama.cpp", "llama.cpp": "llama.cpp"}
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                   "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+                   "generation_config.json", "config.json"]
+
+
+@dataclass
+class RemoteConfig:
+    """Where the server is. An `EngineConfig` carrying `url` / `model` / `api_key` works as well."""
+
+    url: str
+    model: Optional[str] = None  # None: the first model the server lists
+    api_key: Optional[str] = None  # None: DFLASH_API_KEY, else OPENAI_API_KEY, else none
+    engine: str = "remote"
+    source: str = "command line"
+
+
+class RemoteTarget:
+    """What front ends read of a target, as far as the server tells it."""
+
+    def __init__(self, path, max_positions: Optional[int], stop_ids: list[int], generation_config: dict):
+        self.path, self.max_positions = path, max_positions
+        self._stop_ids, self._generation_config = list(stop_ids), dict(generation_config)
+
+    def stop_ids(self) -> list[int]:
+        return list(self._stop_ids)
+
+    def generation_config(self) -> dict:
+        return dict(self._generation_config)
+
+
+def server_kind(card: dict) -> str:
+    owner = str(card.get("owned_by") or "").lower()
+    if EXTENSION in card:
+        return "dflash"
+    return KINDS.get(owner, "openai-compatible")
+
+
+def local_tokenizer(names: list[str]):
+    """The target's tokenizer from a local directory or the local HF cache (never the network), or None."""
+    from ..prompting import load_tokenizer
+
+    for name in dict.fromkeys(n for n in names if n):
+        path = Path(name).expanduser()
+        if not path.is_dir():
+            try:
+                from huggingface_hub import snapshot_download
+
+                path = Path(snapshot_download(name, local_files_only=True, allow_patterns=TOKENIZER_FILES))
+            except Exception:  # noqa: BLE001 - not cached, or not a hub id
+                continue
+        if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+            continue
+        try:
+            return load_tokenizer(path)
+        except UserError:
+            continue
+    return None
+
+
+def _delta_text(previous: str, now: str) -> tuple[str, str]:
+    """(new text, text so far) for a stream that may send cumulative or incremental text (SGLang)."""
+    if previous and now.startswith(previous):
+        return now[len(previous):], now
+    return now, previous + now
+
+
+class RemoteEngine:
+    """The engine contract (`prepare`, `generate`, `last_summary`, names and sizes) over HTTP."""
+
+    name = "remote"
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        url = getattr(config, "url", None)
+        if not url:
+            raise UserError("The remote engine needs a server: pass --url http://HOST:PORT/v1 (or set url in the "
+                            "profile's [engines.remote] table).")
+        api_key = getattr(config, "api_key", None) or os.environ.get("DFLASH_API_KEY") or os.environ.get("OPENAI_API_KEY")
+        self.client = Client(url, api_key)
+        self.url = self.client.base
+        listing = self.client.get_json("/models")
+        cards = [c for c in listing.get("data", []) if isinstance(c, dict) and c.get("id")]
+        if not cards:
+            raise RemoteError(f"The server at {self.url} lists no models at /v1/models.")
+        wanted = getattr(config, "model", None)
+        card = next((c for c in cards if c["id"] == wanted), None) if wanted else cards[0]
+        if card is None:
+            names = ", ".join(c["id"] for c in cards)
+            raise UserError(f"The server at {self.url} does not serve model {wanted!r}; it serves {names}; "
+                            "pass one of those with --model.")
+        self.model = card["id"]
+        self.kind = server_kind(card)
+        self.info: dict = card.get(EXTENSION) or {}
+        self.warnings: list[str] = []
+        self.unknown: list[str] = []
+        self.last_notes: list[str] = []
+        self.last_summary: Optional[Summary] = None
+        max_len = card.get("max_model_len") or self.info.get("max_model_len")
+        target = self.info.get("target") or card.get("root") or self.model
+        self.generation_config = dict(self.info.get("generation_config") or {})
+        self.target_info = RemoteTarget(self.info.get("target_path") or target, max_len,
+                                        self.info.get("stop_ids") or [], self.generation_config)
+        draft = self.info.get("draft")
+        self.draft_info = SimpleNamespace(path=self.info.get("draft_path") or draft) if draft else None
+        self.block_size = int(self.info.get("block_size") or 1)
+        self.trained_block_size = self.info.get("trained_block_size")
+        self.dtype = self.info.get("dtype", "?")
+        server_engine = f"{self.info.get('engine', '?')} on {self.info.get('device', '?')}" if self.info else self.kind
+        self.device = f"{self.client.host} ({server_engine})"
+        self.tokenizer = None
+        if self.kind != "dflash":
+            self.tokenizer = local_tokenizer([card.get("root"), self.model])
+        self._tokenize_route: Optional[str] = None
+        self.token_ids_known = True
+        self._check_ids()
+        if not max_len:
+            self.unknown.append("context size (history is not trimmed)")
+        if self.kind != "dflash":
+            self.unknown += ["drafted and rejected tokens (text shows as the target's)", "per-step acceptance",
+                             "peak memory"]
+            if self.kind not in ("vllm", "sglang"):
+                self.unknown.append("tau (mean acceptance length)")
+            self.warnings.append(f"{self.kind} server at {self.client.host}: unknown here: {'; '.join(self.unknown)}.")
+        elif not max_len:
+            self.warnings.append(f"The server at {self.client.host} reports no context size; history is not trimmed.")
+
+    # -- token ids -------------------------------------------------------------------------------
+    def _check_ids(self) -> None:
+        """Find a way to turn a chat into ids once, at load (ids unknown: prepare returns [])."""
+        probe = GenerationRequest(messages=[{"role": "user", "content": "hi"}])
+        try:
+            self.prepare(probe)
+        except UserError:
+            pass
+        if self._tokenize_route is None:
+            self.token_ids_known = False
+            self.unknown.append("token ids (no tokenize route and the tokenizer is not in the local HF cache; "
+                                "replay is refused)")
+
+    def _tokenize_server(self, request: GenerationRequest) -> list[int]:
+        body: dict = {"model": self.model}
+        if request.messages is not None:
+            body.update(messages=request.messages, add_generation_prompt=True,
+                        chat_template_kwargs={"enable_thinking": request.thinking})
+        else:
+            body.update(prompt=request.prompt, add_special_tokens=False)
+        return list(self.client.post_json("/tokenize", body, root=True)["tokens"])
+
+    def _tokenize_llamacpp(self, request: GenerationRequest) -> list[int]:
+        if request.messages is not None:
+            text = self.client.post_json("/apply-template", {"messages": request.messages}, root=True)["prompt"]
+        else:
+            text = request.prompt
+        data = self.client.post_json("/tokenize", {"content": text, "add_special": False, "parse_special": True},
+                                     root=True)
+        return [t if isinstance(t, int) else t["id"] for t in data["tokens"]]
+
+    def prepare(self, request: GenerationRequest) -> list[int]:
+        """The prompt ids a request stands for ([] when this server gives no way to know them)."""
+        if request.prompt_ids is not None:
+            return list(request.prompt_ids)
+        routes = [self._tokenize_route] if self._tokenize_route else ["local", "server", "llamacpp"]
+        for route in routes:
+            try:
+                if route == "local" and self.tokenizer is not None:
+                    from ..prompting import prompt_ids
+
+                    ids = prompt_ids(self.tokenizer, request)
+                elif route == "server" and self.kind in ("dflash", "vllm", "sglang", "openai-compatible"):
+                    ids = self._tokenize_server(request)
+                elif route == "llamacpp" and self.kind in ("llama.cpp", "openai-compatible"):
+                    ids = self._tokenize_llamacpp(request)
+                else:
+                    continue
+            except RemoteError as exc:
+                if self._tokenize_route or exc.status in (400, 413, 422) and self.kind == "dflash":
+                    raise
+                continue
+            except (KeyError, TypeError, ValueError):
+                continue
+            self._tokenize_route = route
+            return ids
+        return []
+
+    def decode(self, ids) -> str:
+        if self.tokenizer is not None:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        try:
+            return self.client.post_json("/detokenize", {"model": self.model, "tokens": list(ids)}, root=True)["prompt"]
+        except (UserError, KeyError, TypeError):
+            return ""
+
+    def stop_ids(self) -> list[int]:
+        return self.target_info.stop_ids()
+
+    # -- baselines: the target alone runs only where the weights are -------------------------------
+    baseline_name = "none (remote engine)"
+
+    def baseline_generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float):
+        raise UserError(f"A baseline needs the target's weights, which stay on the server at {self.client.host}; "
+                        "compare block sizes instead (block 1 is the target alone).")
+
+    def top2_margin(self, ids: list[int]):
+        try:
+            from ..baseline import Margin
+        except ImportError:
+            return None
+        return Margin()
+
+    # -- generating --------------------------------------------------------------------------------
+    def _body(self, request: GenerationRequest) -> tuple[str, dict]:
+        body: dict = {"model": self.model, "stream": True, "stream_options": {"include_usage": True},
+                      "max_tokens": request.max_new_tokens, "seed": request.seed}
+        for key in ("temperature", "top_p", "top_k", "min_p"):
+            value = getattr(request, key)
+            if value is not None:
+                body[key] = value
+        if request.messages is not None:
+            path = "/chat/completions"
+            body["messages"] = request.messages
+            body["chat_template_kwargs"] = {"enable_thinking": request.thinking}
+        else:
+            path = "/completions"
+            body["prompt"] = list(request.prompt_ids) if request.prompt_ids is not None else request.prompt
+        if self.kind == "dflash":
+            body[EXTENSION] = {"block_size": request.block_size, "stop_ids": request.stop_ids}
+        elif self.kind in ("vllm", "sglang"):
+            if request.stop_ids is not None:
+                body["stop_token_ids"] = list(request.stop_ids)
+            if self.kind == "vllm":
+                body["return_token_ids"] = True
+        return path, body
+
+    def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
+        if request.prompt_ids is not None and not self.token_ids_known:
+            raise UserError(f"Replay needs token ids, and the {self.kind} server at {self.client.host} has no tokenize "
+                            "route while the target's tokenizer is not in the local HF cache; fetch the tokenizer "
+                            "(huggingface-cli download MODEL) or replay on a local engine.")
+        self.last_summary = None
+        self.last_notes = []
+        if self.kind == "dflash":
+            return self._generate_dflash(request)
+        if self.kind == "sglang" and self.tokenizer is not None:
+            return self._generate_sglang(request)
+        return self._generate_openai(request)
+
+    def _summary(self, prompt_tokens: int, ids: list[int], text: str, ttft: float, decode_s: float,
+                 lengths: list[int], tau: float, block_size: int, draft_s: float, verify_s: float,
+                 finish: str, generated: Optional[int] = None) -> Summary:
+        generated = len(ids) if generated is None else generated
+        return Summary(
+            prompt_tokens=prompt_tokens, generated_tokens=generated, token_ids=ids, text=text, ttft_s=ttft,
+            decode_s=decode_s,
+            decode_tokens_per_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
+            acceptance_lengths=lengths, mean_acceptance_length=tau,
+            histogram=acceptance_histogram(lengths, block_size) if lengths else [], draft_s=draft_s,
+            verify_s=verify_s, peak_memory_bytes=0, peak_memory_kind="unknown (remote)", block_size=block_size,
+            engine=self.name, device=self.device, dtype=self.dtype, finish_reason=finish,
+        )
+
+    def _generate_dflash(self, request: GenerationRequest) -> Iterator[StepEvent]:
+        path, body = self._body(request)
+        started = time.perf_counter()
+        first_at = None
+        events: list[StepEvent] = []
+        server_summary = None
+        prompt_tokens = 0
+        finish = "cancelled"
+        with self.client.stream(path, body) as chunks:
+            for chunk in chunks:
+                ext = chunk.get(EXTENSION) or {}
+                usage = chunk.get("usage") or {}
+                prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
+                if "summary" in ext:
+                    server_summary = summary_from_wire(ext["summary"])
+                step = ext.get("step")
+                if step is not None:
+                    event = step_from_wire(step)
+                    if first_at is None:
+                        first_at = time.perf_counter()
+                    events.append(event)
+                    if event.finish_reason:
+                        finish = event.finish_reason
+                    yield event
+                if request.cancel.is_set() and finish == "cancelled":
+                    break  # leaving the stream closes the connection; the server cancels within one step
+        if server_summary is not None:
+            server_summary.engine, server_summary.device = self.name, self.device
+            self.last_summary = server_summary
+            return
+        ids = [t for e in events for t in e.emitted]
+        lengths = [e.accepted + 1 for e in events if not e.is_prefill]
+        now = time.perf_counter()
+        self.last_summary = self._summary(
+            prompt_tokens, ids, "".join(e.text for e in events), (first_at or now) - started, now - (first_at or now),
+            lengths, sum(lengths) / len(lengths) if lengths else 0.0, request.block_size or self.block_size,
+            sum(e.draft_s for e in events), sum(e.verify_s for e in events), finish)
+
+    def _vllm_counters(self) -> Optional[dict]:
+        text = self.client.get_text("/metrics", root=True) if self.kind == "vllm" else None
+        if not text:
+            return None
+        raw = parse_prometheus(text)
+        get = lambda name: raw.get(name + "_total", raw.get(name, 0.0))  # noqa: E731
+        return {"drafts": get("vllm:spec_decode_num_drafts"), "accepted": get("vllm:spec_decode_num_accepted_tokens"),
+                "generated": get("vllm:generation_tokens")}
+
+    def _generate_openai(self, request: GenerationRequest) -> Iterator[StepEvent]:
+        path, body = self._body(request)
+        before = self._vllm_counters()
+        joiner = ThinkingJoiner()
+        started = time.perf_counter()
+        first_at = None
+        ids: list[int] = []
+        text_parts: list[str] = []
+        usage: dict = {}
+        finish = "cancelled"
+        with self.client.stream(path, body) as chunks:
+            for chunk in chunks:
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or []:
+                    if "delta" in choice:
+                        piece = joiner.add(choice.get("delta") or {})
+                    else:
+                        piece = choice.get("text") or ""
+                    new_ids = list(choice.get("token_ids") or [])
+                    reason = choice.get("finish_reason")
+                    if reason:
+                        finish = "length" if reason == "length" else "stop"
+                    if not piece and not new_ids and not reason:
+                        continue
+                    ids += new_ids
+                    text_parts.append(piece)
+                    prefill = first_at is None
+                    if prefill:
+                        first_at = time.perf_counter()
+                    yield StepEvent(drafted=[], accepted=0, emitted=new_ids, pieces=[(piece, "target")] if piece else [],
+                                    finish_reason=finish if reason else None, is_prefill=prefill)
+                if request.cancel.is_set() and finish == "cancelled":
+                    break
+        now = time.perf_counter()
+        tau = 0.0
+        after = self._vllm_counters() if before is not None else None
+        generated = usage.get("completion_tokens") or len(ids)
+        if before and after and after["drafts"] > before["drafts"]:
+            tau = 1 + (after["accepted"] - before["accepted"]) / (after["drafts"] - before["drafts"])
+            if after["generated"] - before["generated"] > generated + 1:
+                self.last_notes.append("tau is approximate: other requests ran on the server meanwhile "
+                                       "(vLLM's spec-decode counters are server-wide)")
+        elif self.kind != "dflash":
+            self.last_notes.append("tau unknown: the server does not report acceptance")
+        self.last_summary = self._summary(
+            usage.get("prompt_tokens") or len(self.prepare(request)), ids, "".join(text_parts),
+            (first_at or now) - started, now - (first_at or now), [], tau, 1, 0.0, 0.0, finish, generated)
+
+    def _generate_sglang(self, request: GenerationRequest) -> Iterator[StepEvent]:
+        """SGLang's native /generate: prompt ids in, `meta_info.spec_verify_ct` out (tau)."""
+        prompt = self.prepare(request)
+        params: dict = {"max_new_tokens": request.max_new_tokens}
+        for key in ("temperature", "top_p", "top_k", "min_p"):
+            if getattr(request, key) is not None:
+                params[key] = getattr(request, key)
+        if request.stop_ids is not None:
+            params["stop_token_ids"] = list(request.stop_ids)
+        body = {"input_ids": prompt, "sampling_params": params, "stream": True}
+        started = time.perf_counter()
+        first_at = None
+        text, ids, meta = "", [], {}
+        finish = "cancelled"
+        with self.client.stream("/generate", body, root=True) as chunks:
+            for chunk in chunks:
+                meta = chunk.get("meta_info") or meta
+                piece, text = _delta_text(text, chunk.get("text") or "")
+                out = list(chunk.get("output_ids") or [])
+                new_ids = out[len(ids):] if out[: len(ids)] == ids and len(out) >= len(ids) else out
+                ids = ids + new_ids
+                reason = (meta.get("finish_reason") or {}).get("type") if isinstance(meta.get("finish_reason"), dict) \
+                    else meta.get("finish_reason")
+                if reason:
+                    finish = "length" if reason == "length" else ("cancelled" if reason == "abort" else "stop")
+                if not piece and not new_ids and not reason:
+                    continue
+                prefill = first_at is None
+                if prefill:
+                    first_at = time.perf_counter()
+                yield StepEvent(drafted=[], accepted=0, emitted=new_ids, pieces=[(piece, "target")] if piece else [],
+                                finish_reason=finish if reason else None, is_prefill=prefill)
+                if request.cancel.is_set() and not reason:
+                    break
+        now = time.perf_counter()
+        generated = meta.get("completion_tokens") or len(ids)
+        verify = meta.get("spec_verify_ct") or 0
+        tau = generated / verify if verify else float(meta.get("spec_accept_length") or 0.0)
+        if not tau:
+            self.last_notes.append("tau unknown: the server reported no spec_verify_ct")
+        self.last_summary = self._summary(
+            meta.get("prompt_tokens") or len(prompt), ids, text, (first_at or now) - started,
+            now - (first_at or now), [], tau, 1, 0.0, 0.0, finish, generated)
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,91 @@
+"""engines.remote without a server: SSE framing, the three thinking forms, the server-kind and URL rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from engines.errors import UserError
+from engines.remote.client import error_text, parse_prometheus, split_url
+from engines.remote.engine import server_kind
+from engines.remote.sse import encode_event, iter_sse_data, iter_sse_json
+from engines.remote.thinking import ThinkingJoiner, ThinkingSplitter, prompt_opens_thinking
+from engines.remote.wire import step_from_wire, step_to_wire
+from engines.events import StepEvent
+
+
+def test_sse_framing_joins_data_lines_skips_comments_and_stops_at_done():
+    lines = [": keep-alive", "data: {\"a\":", "data: 1}", "", "event: x", "data:{\"b\":2}", "", "data: [DONE]", "",
+             "data: {\"c\":3}", ""]
+    assert list(iter_sse_data(lines))[:2] == ['{"a":\n1}', '{"b":2}']
+    assert list(iter_sse_json(lines)) == [{"a": 1}, {"b": 2}]
+    assert list(iter_sse_json(encode_event({"x": "é"}).decode().splitlines())) == [{"x": "é"}]
+
+
+def test_sse_last_event_without_blank_line_is_kept():
+    assert list(iter_sse_data(["data: 1"])) == ["1"]
+
+
+@pytest.mark.parametrize("delta_key", ["reasoning_content", "reasoning"])
+def test_joiner_turns_reasoning_deltas_into_inline_think_text(delta_key):
+    j = ThinkingJoiner()
+    text = "".join(j.add(d) for d in [{delta_key: "ones "}, {delta_key: "carry 1"}, {"content": "123"}, {"content": "."}])
+    assert text == "<think>\nones carry 1\n</think>\n\n123."
+
+
+def test_joiner_leaves_inline_think_text_alone():
+    j = ThinkingJoiner()
+    assert "".join(j.add({"content": c}) for c in ["<think>", "x</think>", "y"]) == "<think>x</think>y"
+
+
+def _split(chunks, opened=False):
+    s = ThinkingSplitter(opened)
+    reasoning, content = [], []
+    for c in chunks:
+        r, t = s.add(c)
+        reasoning.append(r)
+        content.append(t)
+    r, t = s.flush()
+    return "".join(reasoning) + r, "".join(content) + t
+
+
+@pytest.mark.parametrize("cut", range(1, 30))
+def test_splitter_never_leaks_a_tag_whatever_the_chunking(cut):
+    raw = "<think>\nones: 8 + 5\n</think>\n\n48 + 75 = 123."
+    chunks = [raw[i:i + cut] for i in range(0, len(raw), cut)]
+    assert _split(chunks) == ("ones: 8 + 5", "48 + 75 = 123.")
+
+
+def test_splitter_forms():
+    assert _split(["plain answer"]) == ("", "plain answer")
+    assert _split(["<thi", "nking is not a tag"]) == ("", "<thinking is not a tag")
+    assert _split(["inside\n</think>\n\nanswer"], opened=True) == ("inside", "answer")
+    assert _split(["<think>\nstill thinking"]) == ("still thinking", "")
+    assert _split(["<think>\n\n</think>\n\nno thoughts"]) == ("", "no thoughts")
+    assert prompt_opens_thinking("<|im_start|>assistant\n<think>\n")
+    assert not prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_step_wire_round_trip():
+    event = StepEvent(drafted=[5, 6, 7], accepted=2, emitted=[5, 6, 9], pieces=[("ab", "draft"), ("c", "target")],
+                      rejected=[7], rejected_text="z", draft_s=0.1, verify_s=0.2, finish_reason="stop")
+    wire = step_to_wire(event)
+    assert wire["origins"] == ["draft", "draft", "target"]
+    assert step_from_wire(wire) == event
+
+
+def test_urls_kinds_errors_and_metrics_parsing():
+    assert split_url("http://127.0.0.1:8000/v1/") == ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000")
+    assert split_url("http://127.0.0.1:8000") == ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000")
+    with pytest.raises(UserError, match="not an http"):
+        split_url("127.0.0.1:8000")
+    assert server_kind({"id": "m", "owned_by": "vllm"}) == "vllm"
+    assert server_kind({"id": "m", "owned_by": "sglang"}) == "sglang"
+    assert server_kind({"id": "m", "owned_by": "llamacpp"}) == "llama.cpp"
+    assert server_kind({"id": "m", "owned_by": "dflash", "dflash": {}}) == "dflash"
+    assert server_kind({"id": "m"}) == "openai-compatible"
+    assert error_text(b'{"error": {"message": "bad model"}}') == "bad model"
+    assert error_text(b'{"detail": "nope"}') == "nope"
+    text = ('# HELP x\nvllm:spec_decode_num_drafts_total{engine="0"} 2\nvllm:spec_decode_num_drafts_total{engine="1"} 3\n'
+            "vllm:spec_decode_num_accepted_tokens_total 12\n")
+    parsed = parse_prometheus(text)
+    assert parsed["vllm:spec_decode_num_drafts_total"] == 5 and parsed["vllm:spec_decode_num_accepted_tokens_total"] == 12
