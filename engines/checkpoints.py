@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from .config import check_block_size_value
-from .errors import CheckpointError, UserError
+from .errors import CheckpointError, UserError, describe
 
 CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt", "*.model", "*.tiktoken"]
 # Weight formats that are pickles (or other formats a loader could deserialize into code paths we do
@@ -65,7 +65,7 @@ def read_json(path: Path, role: str) -> dict:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"The {role}'s {path} cannot be read ({exc}); re-download the checkpoint.") from None
+        raise CheckpointError(f"The {role}'s {path} cannot be read ({describe(exc)}); re-download the checkpoint.") from None
     if not isinstance(value, dict):
         raise CheckpointError(f"The {role}'s {path} holds a JSON {type(value).__name__}, not an object; re-download the checkpoint.")
     return value
@@ -121,6 +121,20 @@ def safetensors_shapes(directory: Path, role: str = "checkpoint") -> dict[str, l
     return shapes
 
 
+# Shape fields the loaders read besides the ones kept on TargetInfo/DraftInfo: checked here so that a
+# wrong type is one sentence naming the key, not a loader's multi-line validation error.
+SHAPE_FIELDS = ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
+
+
+def _check_shape_fields(config: dict, where: str) -> None:
+    for key in SHAPE_FIELDS:
+        _int_field(config, key, where, required=key == "num_attention_heads")
+    eos = config.get("eos_token_id")
+    if eos is not None and not (isinstance(eos, int) and not isinstance(eos, bool) or
+                                isinstance(eos, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in eos)):
+        raise CheckpointError(f"{where} has eos_token_id {eos!r}, not a token id or a list of them; re-download the checkpoint.")
+
+
 def _int_field(config: dict, key: str, where: str, required: bool = True) -> Optional[int]:
     """A positive integer config value, or one sentence naming the key and the file."""
     value = config.get(key)
@@ -157,6 +171,7 @@ class TargetInfo:
             raise CheckpointError(f"{where} has a text_config that is not an object; re-download the checkpoint.")
         if "hidden_size" not in text or "num_hidden_layers" not in text:
             raise CheckpointError(f"{where} has no hidden_size or num_hidden_layers; it is not a causal language model.")
+        _check_shape_fields(text, where)
         model_type = config.get("model_type", text.get("model_type", "?"))
         if not isinstance(model_type, str):
             raise CheckpointError(f"{where} has model_type {model_type!r}, not a name; re-download the checkpoint.")
@@ -197,6 +212,7 @@ class DraftInfo:
     mask_token_id: int
     fc_in_features: Optional[int]
     config: dict
+    weight_shapes: dict[str, list[int]] = field(default_factory=dict)  # from the safetensors headers
 
     @classmethod
     def read(cls, name: str) -> "DraftInfo":
@@ -214,14 +230,26 @@ class DraftInfo:
         if not isinstance(dflash.get("mask_token_id"), int):
             raise CheckpointError(f"The draft {path}/config.json has no dflash_config.mask_token_id; re-export the draft.")
         where = f"The draft {path}/config.json"
+        _check_shape_fields(config, where)
+        _int_field(config, "num_key_value_heads", where)
+        hidden = _int_field(config, "hidden_size", where)
+        layers = _int_field(config, "num_hidden_layers", where)
+        types = config.get("layer_types")
+        if types is not None and (not isinstance(types, list) or len(types) != layers
+                                  or not all(t in ("full_attention", "sliding_attention") for t in types)):
+            raise CheckpointError(f"{where} has layer_types {types!r}, not one full_attention or sliding_attention "
+                                  f"per layer ({layers}); re-export the draft.")
+        if types and "sliding_attention" in types:
+            _int_field(config, "sliding_window", where)
         check_weight_format(path, "draft")
-        fc = safetensors_shapes(path, "draft").get("fc.weight")
+        shapes = {k.removeprefix("model."): v for k, v in safetensors_shapes(path, "draft").items()}
+        fc = shapes.get("fc.weight")
         if fc is None or len(fc) != 2:
             raise CheckpointError(f"The draft '{name}' has no 2-D fc.weight in its safetensors files; it is incomplete or not a DFlash draft.")
         return cls(
             path=path,
-            hidden_size=_int_field(config, "hidden_size", where),
-            num_layers=_int_field(config, "num_hidden_layers", where),
+            hidden_size=hidden,
+            num_layers=layers,
             vocab_size=_int_field(config, "vocab_size", where, required=False) or 0,
             block_size=_int_field(config, "block_size", where, required=False) or 16,
             num_target_layers=_int_field(config, "num_target_layers", where, required=False),
@@ -229,6 +257,7 @@ class DraftInfo:
             mask_token_id=int(dflash["mask_token_id"]),
             fc_in_features=fc[1],
             config=config,
+            weight_shapes=shapes,
         )
 
 
@@ -243,6 +272,38 @@ def attention_window(draft_window: Optional[int], trained: Optional[int]) -> Opt
     draft window and the layer's trained sliding window (None: all of them). Both engines use this."""
     windows = [w for w in (draft_window, trained) if w]
     return min(windows) if windows else None
+
+
+def draft_weight_shapes(config: dict, fc_in: int) -> dict[str, list[int]]:
+    """Every tensor a draft in the public DFlash layout must have, with the shape its config implies."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    kv, head_dim = config["num_key_value_heads"], config.get("head_dim") or hidden // heads
+    inter = config.get("intermediate_size") or 4 * hidden
+    shapes = {"fc.weight": [hidden, fc_in], "hidden_norm.weight": [hidden], "norm.weight": [hidden]}
+    for n in range(config["num_hidden_layers"]):
+        at, mlp = f"layers.{n}.self_attn", f"layers.{n}.mlp"
+        shapes.update({
+            f"{at}.q_proj.weight": [heads * head_dim, hidden], f"{at}.k_proj.weight": [kv * head_dim, hidden],
+            f"{at}.v_proj.weight": [kv * head_dim, hidden], f"{at}.o_proj.weight": [hidden, heads * head_dim],
+            f"{at}.q_norm.weight": [head_dim], f"{at}.k_norm.weight": [head_dim],
+            f"{mlp}.gate_proj.weight": [inter, hidden], f"{mlp}.up_proj.weight": [inter, hidden],
+            f"{mlp}.down_proj.weight": [hidden, inter],
+            f"layers.{n}.input_layernorm.weight": [hidden], f"layers.{n}.post_attention_layernorm.weight": [hidden],
+        })
+    return shapes
+
+
+def check_draft_weights(config: dict, shapes: dict[str, list[int]], fc_in: int, path: Path) -> None:
+    """The draft's tensors match its config.json (extra tensors are ignored), named in one sentence."""
+    for name, expected in draft_weight_shapes(config, fc_in).items():
+        found = shapes.get(name)
+        if found is None:
+            raise CheckpointError(f"The draft {path} has no tensor {name}; the checkpoint is incomplete, re-download it.")
+        if list(found) != expected:
+            raise CheckpointError(
+                f"The draft {path} has {name} of shape {list(found)} but its config.json implies {expected}; "
+                "the config and the weights disagree, re-export the draft."
+            )
 
 
 def check_block_size(block_size: int, trained: Optional[int], has_draft: bool) -> list[str]:
@@ -296,6 +357,7 @@ def validate_pair(target: TargetInfo, draft: DraftInfo, profile_layer_ids: Optio
             f"The {where} uses mask token id {draft.mask_token_id}, outside the target's {target.vocab_size} "
             "embedding rows; use the draft trained for this target."
         )
+    check_draft_weights(draft.config, draft.weight_shapes, draft.fc_in_features, draft.path)
 
 
 def default_target_layer_ids(num_target_layers: int, num_ids: int) -> list[int]:

@@ -16,3 +16,10 @@ class CheckpointError(UserError):
 
 class EngineUnavailable(UserError):
     """The chosen engine cannot run here (its framework is not installed or has no device)."""
+
+
+def describe(exc: BaseException, limit: int = 160) -> str:
+    """A library's exception as a short clause for a one-sentence message: its type and first line."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from .config import GenerationRequest
-from .errors import UserError
+from .errors import UserError, describe
 
 
 def load_tokenizer(path: Path):
@@ -18,13 +18,15 @@ def load_tokenizer(path: Path):
     try:  # never run a checkpoint's tokenizer code: transformers raises instead of prompting
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as exc:
-        raise UserError(f"The tokenizer in {path} cannot be loaded ({type(exc).__name__}: {exc}); re-download the target.") from None
+        raise UserError(f"The tokenizer in {path} cannot be loaded ({describe(exc)}); re-download the target.") from None
 
 
 def prompt_ids(tokenizer, request: GenerationRequest) -> list[int]:
     given = [x is not None for x in (request.messages, request.prompt, request.prompt_ids)]
     if sum(given) != 1:
         raise UserError("A generation request needs exactly one of messages, prompt or prompt_ids.")
+    for text in [request.prompt] + [m.get("content") for m in request.messages or [] if isinstance(m, dict)]:
+        check_text(text)
     if request.prompt_ids is not None:
         ids = list(request.prompt_ids)
     elif request.prompt is not None:
@@ -34,6 +36,20 @@ def prompt_ids(tokenizer, request: GenerationRequest) -> list[int]:
     if not ids:
         raise UserError("The prompt is empty; type something to send.")
     return ids
+
+
+def check_text(text) -> None:
+    """Text a tokenizer can take: a string of valid Unicode (undecodable input bytes arrive as lone
+    surrogates, which no tokenizer encodes)."""
+    if text is None:
+        return
+    if not isinstance(text, str):
+        raise UserError(f"A message's content is {type(text).__name__}, not text; send a string.")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(f"The prompt has bytes that are not valid UTF-8 (at character {exc.start}); "
+                        "re-type it or fix the file's encoding.") from None
 
 
 def chat_ids(tokenizer, messages: list[dict], thinking: bool) -> list[int]:

@@ -11,7 +11,7 @@ import inspect
 import torch
 
 from ..checkpoints import TargetInfo
-from ..errors import CheckpointError, UserError
+from ..errors import CheckpointError, UserError, describe
 from .cache import BUCKET, bucket, bucket_cache, bucket_layers
 from .hybrid import LinearStateRollback
 
@@ -28,6 +28,21 @@ def check_family(info: TargetInfo) -> None:
         )
 
 
+def check_loaded(info: TargetInfo, loading: dict) -> None:
+    """Refuse a target whose tensors were missing or had the wrong shape (transformers would fill them
+    with random values). Its report is read after its own key conversion, so fused MoE experts and the
+    Qwen3.5 `language_model` prefix are already accounted for; extra tensors (vision, MTP) are fine."""
+    missing = sorted(loading.get("missing_keys") or [])
+    if missing:
+        raise CheckpointError(f"The target {info.path} has no tensor {missing[0]} ({len(missing)} missing in all); "
+                              "the checkpoint is incomplete or not this model, re-download it.")
+    mismatched = loading.get("mismatched_keys") or []
+    if mismatched:
+        name, found, expected = (list(mismatched[0]) + [None, None])[:3]
+        raise CheckpointError(f"The target {info.path} has {name} of shape {found} where its config.json implies "
+                              f"{expected}; the config and the weights disagree, re-download it.")
+
+
 class Target:
     def __init__(self, info: TargetInfo, device: torch.device, dtype: torch.dtype, layer_ids: list[int],
                  device_map=None):
@@ -35,12 +50,14 @@ class Target:
 
         check_family(info)
         try:
-            self.model = AutoModelForCausalLM.from_pretrained(
+            model, loading = AutoModelForCausalLM.from_pretrained(
                 str(info.path), dtype=dtype, attn_implementation="sdpa", device_map=device_map or {"": device},
-                trust_remote_code=False, use_safetensors=True,
-            ).eval()
+                trust_remote_code=False, use_safetensors=True, output_loading_info=True,
+            )
         except Exception as exc:
-            raise CheckpointError(f"The target {info.path} could not be loaded ({type(exc).__name__}: {exc}); re-download it.") from None
+            raise CheckpointError(f"The target {info.path} could not be loaded ({describe(exc)}); re-download it.") from None
+        check_loaded(info, loading)
+        self.model = model.eval()
         self.embed = self.model.get_input_embeddings()
         self.device = self.embed.weight.device
         self.lm_head = self.model.get_output_embeddings()
