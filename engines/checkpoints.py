@@ -10,25 +10,19 @@ both), every transformers loader gets `trust_remote_code=False`, and pickled wei
 from __future__ import annotations
 
 import json
-import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from . import hub
 from .config import check_block_size_value
 from .errors import CheckpointError, UserError, describe
 
-CHECKPOINT_FILES = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.txt", "*.model", "*.tiktoken"]
 # Weight formats that are pickles (or other formats a loader could deserialize into code paths we do
 # not control); a checkpoint that has only these is refused, and beside safetensors they are never read.
 PICKLE_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header is JSON of names and shapes: megabytes at most
-
-
-def _looks_like_hub_id(name: str) -> bool:
-    parts = name.split("/")
-    return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
 
 
 def resolve_checkpoint(name: str, role: str) -> Path:
@@ -38,27 +32,9 @@ def resolve_checkpoint(name: str, role: str) -> Path:
         if not (path / "config.json").is_file():
             raise CheckpointError(f"The {role} '{name}' has no config.json; point at a Hugging Face model directory.")
         return path
-    if not _looks_like_hub_id(name):
+    if not hub.looks_like_hub_id(name):
         raise CheckpointError(f"The {role} '{name}' is neither a directory nor a hub id like 'org/model'; check the path.")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(name, allow_patterns=CHECKPOINT_FILES, local_files_only=True))
-    except Exception:
-        pass
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no"):
-        raise CheckpointError(
-            f"The {role} '{name}' is not in the Hugging Face cache and HF_HUB_OFFLINE is set; "
-            f"run `hf download {name}` with network access, or pass a local directory."
-        )
-    try:
-        return Path(snapshot_download(name, allow_patterns=CHECKPOINT_FILES))
-    except Exception as exc:  # network down, repo missing, gated, ...
-        reason = type(exc).__name__
-        raise CheckpointError(
-            f"The {role} '{name}' could not be fetched from the Hugging Face hub ({reason}); "
-            f"run `hf download {name}` where the hub is reachable, or pass a local directory."
-        ) from None
+    return hub.resolve(name, role)
 
 
 def read_json(path: Path, role: str) -> dict:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+from . import hub
 from .checkpoints import DraftInfo, TargetInfo, check_block_size, validate_pair
 from .config import EngineConfig, GenerationRequest
 from .detokenize import StreamingDetokenizer
@@ -45,6 +46,7 @@ class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.warnings: list[str] = []
+        hub.require_cached({"target": config.target, "draft": config.draft})  # offline: one sentence for both
         self.target_info = TargetInfo.read(config.target)
         self.check_target(self.target_info)  # before the tokenizer: an unknown type never reaches a loader
         self.draft_info: Optional[DraftInfo] = None

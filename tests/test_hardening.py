@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dflash_tui import sessions
+from dflash_tui.core import sessions
 from dflash_tui.cli import main
 from tests.tiny import write_profile
 
@@ -281,3 +281,14 @@ def test_export_never_writes_into_the_sessions_folder(data_dir, tmp_path):
     out = tmp_path / "x.md"
     assert invoke("sessions", "export", "20260101-120000-abcd", "-o", out).exit_code == 0
     assert out.stat().st_mode & 0o777 == 0o600
+
+
+# -- hub checkpoints ------------------------------------------------------------------------------
+
+
+def test_offline_names_every_missing_checkpoint_in_one_sentence(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    result = invoke("generate", "--target", "nobody/target-x", "--draft", "nobody/draft-y", "hi")
+    assert_refused(result, "The target 'nobody/target-x' and the draft 'nobody/draft-y' are not in the Hugging Face cache",
+                   "hf download nobody/target-x && hf download nobody/draft-y")
