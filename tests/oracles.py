@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from engines import EngineConfig, GenerationRequest, load_engine
 
 ENGINES = ["cuda", "mlx"]
@@ -40,10 +42,18 @@ def mlx_lm_greedy(target_dir, prompt_ids, max_new, dtype=None):
 
 
 def framework_greedy(engine: str, target_dir, prompt_ids, max_new):
+    if engine == "mlx":
+        pytest.importorskip("mlx_lm")
     return (transformers_greedy if engine == "cuda" else mlx_lm_greedy)(target_dir, prompt_ids, max_new)
 
 
 def engine_for(engine: str, target, draft=None, **kw):
+    """An engine on the tiny pair; the CUDA engine pinned to the CPU in float32 unless asked otherwise (the
+    oracles run there: on a GPU machine `auto` would be CUDA bf16). Skips when mlx is not installed."""
+    if engine == "mlx":
+        pytest.importorskip("mlx_lm")
+    else:
+        kw = {"device": "cpu", "dtype": "float32", **kw}
     return load_engine(EngineConfig(target=str(target), draft=str(draft) if draft else None, engine=engine, **kw))
 
 

@@ -30,7 +30,7 @@ def test_json_ids_equal_transformers_greedy(pairs, family):
     expected = transformers_greedy(target, ids, 30)
     for block in ("1", "4", "16"):
         result = invoke("generate", "--target", str(target), "--draft", str(draft), "--raw", "--temperature", "0",
-                        "--json", "-n", "30", "-b", block, "The quick brown fox")
+                        "--device", "cpu", "--dtype", "float32", "--json", "-n", "30", "-b", block, "The quick brown fox")
         assert result.exit_code == 0, result.output
         summary = summary_of(result.stdout)
         # generation stops at an eos id, which the reference (run without stops) may pass

@@ -17,7 +17,8 @@ NEW = 48
 @pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
 def qwen3(pairs, request):
     target, draft = pairs(request.param)
-    engine = load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda"))
+    engine = load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
+                                      dtype="float32"))
     ids = engine.prepare(GenerationRequest(prompt="What is 48 + 75?"))
     return engine, ids, transformers_greedy(target, ids, NEW)
 
@@ -82,7 +83,8 @@ def test_draft_with_sliding_layers_and_yarn(pairs, tmp_path):
     draft = tiny.make_draft(tmp_path / "draft", target, [0, 2], layer_types=["sliding_attention", "full_attention"],
                             sliding_window=4, rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                                             "original_max_position_embeddings": 128})
-    engine = load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda"))
+    engine = load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
+                                      dtype="float32"))
     assert engine.draft.rotary.rope_type == "yarn"
     ids = engine.prepare(GenerationRequest(prompt="The quick brown fox"))
     reference = transformers_greedy(target, ids, 24)

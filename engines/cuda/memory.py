@@ -17,7 +17,8 @@ from ..checkpoints import safetensors_shapes
 from ..errors import UserError
 
 VISION_PREFIXES = ("visual.", "model.visual.", "vision_tower.", "model.vision_tower.")
-HEADROOM = 1.15  # activations, caches for a few thousand tokens, allocator slack
+HEADROOM = 1.10  # activations, allocator slack
+CACHE_POSITIONS = 4096  # K/V counted for this many positions (caches grow in 1,024-position buckets)
 
 
 def weight_bytes(directory: Path, dtype: torch.dtype) -> int:
@@ -38,6 +39,21 @@ def free_bytes(device: torch.device) -> tuple[int, str]:
     return pages * os.sysconf("SC_PAGE_SIZE"), "this machine's free RAM"
 
 
+def cache_bytes(directory: Path, dtype: torch.dtype, positions: int = CACHE_POSITIONS) -> int:
+    """K/V bytes of `positions` tokens in the model's full-attention layers (a draft counts all of its
+    layers: its context K/V), from config.json."""
+    import json
+
+    from ..checkpoints import text_config
+
+    config = text_config(json.loads((Path(directory) / "config.json").read_text()))
+    types = config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
+    layers = sum(t != "linear_attention" for t in types)
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    return 2 * layers * kv_heads * head_dim * positions * torch.empty((), dtype=dtype).element_size()
+
+
 def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GB"
 
@@ -45,7 +61,7 @@ def gib(n: float) -> str:
 def check_fits(target: Path, draft: Optional[Path], dtype: torch.dtype, device: torch.device,
                available: Optional[int] = None) -> None:
     need = weight_bytes(target, dtype) + (weight_bytes(draft, dtype) if draft else 0)
-    need = int(need * HEADROOM)
+    need = int(need * HEADROOM) + cache_bytes(target, dtype) + (cache_bytes(draft, dtype) if draft else 0)
     have, where = free_bytes(device)
     have = have if available is None else available
     if have and need > have:

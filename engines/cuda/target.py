@@ -58,6 +58,18 @@ class Target:
             raise CheckpointError(f"The target {info.path} could not be loaded ({describe(exc)}); re-download it.") from None
         check_loaded(info, loading)
         self.model = model.eval()
+        self._attach(layer_ids)
+
+    @classmethod
+    def from_model(cls, model, layer_ids: list[int]) -> "Target":
+        """A Target around a model already in memory (benchmarks build random ones of real shapes)."""
+        target = cls.__new__(cls)
+        target.model = model.eval()
+        target._attach(layer_ids)
+        return target
+
+    def _attach(self, layer_ids: list[int]) -> None:
+        """Embeddings, lm_head, the cache keyword and the context-feature hooks of the loaded model."""
         self.embed = self.model.get_input_embeddings()
         self.device = self.embed.weight.device
         self.lm_head = self.model.get_output_embeddings()
