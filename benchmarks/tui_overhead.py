@@ -173,7 +173,8 @@ def main() -> None:
 
         DflashApp.FLUSH_INTERVAL = args.flush
 
-    from dflash_tui.app import load_profile, quiet_loaders
+    from dflash_tui.app import load_profile
+    from engines.process import quiet_loaders
 
     quiet_loaders()
     with tempfile.TemporaryDirectory() as tmp:

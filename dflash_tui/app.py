@@ -10,9 +10,7 @@ context trimming, requests, session records) lives in `conversation.Conversation
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
-import sys
 import time
 from collections import deque
 from typing import Iterable, Optional
@@ -23,11 +21,12 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Static
 
+from engines.engine import free_memory
 from engines.errors import UserError
 
 from . import sessions
 from .conversation import ChatSettings, Conversation
-from .engine_process import quiet_loaders
+from engines.process import quiet_loaders
 from .screens import (ChatScreen, HelpScreen, LoadErrorScreen, MarkdownScreen, ReplayScreen, SessionsScreen,
                       SystemPromptScreen)
 from .widgets import AnswerView, ChatHeader, NoticeLine, StatsLine, StatsPanel, UserMessage
@@ -169,7 +168,7 @@ class DflashApp(App):
         quiet_loaders()
         from engines import load_engine
 
-        from .engine_process import ProcessEngine
+        from engines.process import ProcessEngine
 
         started = time.perf_counter()
         try:
@@ -513,21 +512,12 @@ class DflashApp(App):
         self.push_screen(SystemPromptScreen(self.conversation.settings.system_prompt), saved)
 
     def _unload(self) -> None:
-        close = getattr(self.engine, "close", None)
-        if close is not None and self._owns_engine:
-            close()
+        if self.engine is not None and self._owns_engine:
+            self.engine.close()
         self.engine = None
         if self.conversation is not None:
             self.conversation.engine = None
-        gc.collect()
-        if "torch" in sys.modules:
-            try:
-                import torch
-
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-            except Exception:  # noqa: BLE001
-                pass
+        free_memory()
 
     def _close_error_screen(self) -> None:
         while isinstance(self.screen, LoadErrorScreen):
@@ -554,9 +544,8 @@ class DflashApp(App):
         self.start_load()
 
     def on_unmount(self) -> None:
-        close = getattr(self.engine, "close", None)
-        if close is not None and self._owns_engine:
-            close()
+        if self.engine is not None and self._owns_engine:
+            self.engine.close()
 
     async def action_quit(self) -> None:
         if self.active is not None:

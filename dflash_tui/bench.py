@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import importlib.resources
 import json
-import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -231,70 +230,11 @@ def summarize(block_size: int, records: list[dict]) -> dict:
 # -- the framework's own generate ------------------------------------------------------------------
 
 
-def framework_name(engine) -> Optional[str]:
-    return {"cuda": "transformers generate", "mlx": "mlx-lm generate_step"}.get(getattr(engine, "name", ""))
-
-
 def framework_generate(engine, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> dict:
-    """The target alone through its framework's own generation loop: ids, time to first token, decode time."""
-    stops = set(engine.stop_ids())
-    if engine.name == "cuda":
-        import torch
-        from transformers.generation.streamers import BaseStreamer
-
-        class Clock(BaseStreamer):
-            def __init__(self):
-                self.calls, self.first = 0, None
-
-            def put(self, value):
-                self.calls += 1
-                if self.calls == 2:  # the first call carries the prompt
-                    self.first = time.perf_counter()
-
-            def end(self):
-                pass
-
-        model = engine.target.model
-        device = getattr(engine.target, "device", None) or next(model.parameters()).device
-        clock = Clock()
-        sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else \
-            {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-        pad = next(iter(stops), 0)
-        started = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(torch.tensor([prompt_ids], device=device), max_new_tokens=max_new_tokens,
-                                 eos_token_id=sorted(stops) or None, pad_token_id=pad, streamer=clock, **sampling)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        ended = time.perf_counter()
-        ids = out[0, len(prompt_ids):].tolist()
-        first = clock.first or ended
-    else:
-        import mlx.core as mx
-        from mlx_lm.generate import generate_step
-
-        if temperature > 0:
-            from mlx_lm.sample_utils import make_sampler
-
-            sampler = make_sampler(temp=temperature)
-        else:
-            def sampler(logits):
-                return mx.argmax(logits, axis=-1)
-        ids, first = [], None
-        started = time.perf_counter()
-        for token, _ in generate_step(mx.array(prompt_ids), engine.model, max_tokens=max_new_tokens, sampler=sampler):
-            token = int(token)
-            if first is None:
-                first = time.perf_counter()
-            ids.append(token)
-            if token in stops:
-                break
-        ended = time.perf_counter()
-        first = first or ended
-    hit = next((i for i, t in enumerate(ids) if t in stops), None)
-    if hit is not None:
-        ids = ids[: hit + 1]
-    return {"token_ids": ids, "generated_tokens": len(ids), "ttft_s": first - started, "decode_s": ended - first}
+    """The target alone through its framework's own generation loop (engines/baseline.py)."""
+    run = engine.baseline_generate(prompt_ids, max_new_tokens, temperature)
+    return {"token_ids": run.token_ids, "generated_tokens": run.generated_tokens, "ttft_s": run.ttft_s,
+            "decode_s": run.decode_s}
 
 
 def run_framework(engine, prompts: list[list[int]], max_new_tokens: int, temperature: float,
@@ -302,7 +242,7 @@ def run_framework(engine, prompts: list[list[int]], max_new_tokens: int, tempera
     out = []
     for number, ids in enumerate(prompts, 1):
         if tick:
-            tick(f"{framework_name(engine)} · turn {number}")
+            tick(f"{engine.baseline_name} · turn {number}")
         out.append(framework_generate(engine, ids, max_new_tokens, temperature))
     return out
 
@@ -320,7 +260,7 @@ def run_bench(engine, samples: list[dict], block_sizes: list[int], max_new_token
     block_sizes = parse_block_sizes(block_sizes)
     if getattr(engine, "draft_info", None) is None:
         block_sizes = [1]
-    name = framework_name(engine) if framework else None
+    name = engine.baseline_name if framework else None
     n_turns = sum(len(s["turns"]) for s in samples)
     total = n_turns * (len(block_sizes) + (1 if name else 0)) + ((len(block_sizes) + (1 if name else 0)) if warmup else 0)
     state = {"done": 0}

@@ -216,7 +216,7 @@ def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optiona
     from engines import load_engine
 
     from .app import engine_config_for, load_profile, resolved_profile
-    from .engine_process import quiet_loaders
+    from engines.process import quiet_loaders
 
     quiet_loaders()
     profile = load_profile(profile_ref)

@@ -186,35 +186,6 @@ def same_target(session: sessions.Session, engine) -> bool:
         not header.get("target_path")
 
 
-# -- the target's top-2 margin ----------------------------------------------------------------------
-
-
-def top2_margin(engine, ids: list[int]) -> tuple[Optional[float], list[int]]:
-    """(logit of the best minus the second best, [best id, second id]) of the target's next token after
-    `ids`, from one plain forward pass of the engine's target; (None, []) when the engine has none."""
-    name = getattr(engine, "name", "")
-    try:
-        if name == "cuda":
-            import torch
-
-            model = engine.target.model
-            device = getattr(engine.target, "device", None) or next(model.parameters()).device
-            with torch.no_grad():
-                logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, -1].float()
-            values, top = torch.topk(logits, 2)
-            return float(values[0] - values[1]), [int(t) for t in top.tolist()]
-        if name == "mlx":
-            import mlx.core as mx
-
-            logits = engine.model(mx.array([ids]))[0, -1].astype(mx.float32)
-            order = mx.argsort(-logits)[:2]
-            values = logits[order]
-            return float((values[0] - values[1]).item()), [int(t) for t in order.tolist()]
-    except Exception:  # noqa: BLE001 - a margin is a diagnostic; never fail the replay for it
-        return None, []
-    return None, []
-
-
 # -- running ---------------------------------------------------------------------------------------
 
 
@@ -347,7 +318,8 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
     def margin_at(turn: RecordedTurn, ids: list[int], position: int):
         key = (turn.index, tuple(ids[:position]))
         if key not in margins:
-            margins[key] = top2_margin(engine, turn.prompt_ids + list(ids[:position]))
+            found = engine.top2_margin(turn.prompt_ids + list(ids[:position]))
+            margins[key] = (found.value, found.top2)
         return margins[key]
 
     if greedy:

@@ -1,4 +1,4 @@
-"""`dflash train-draft`: train a DFlash draft for a target (engines/cuda/train.py does the work)."""
+"""`dflash train-draft`: train a DFlash draft for a target (engines/cuda/training/ does the work)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def train_draft(**options) -> None:
     A rerun with the same arguments resumes from OUT/train_state.pt (Ctrl-C saves it). The last line
     printed is the measured mean acceptance length (tau) on held-out prompts at the trained block size.
     """
-    from engines.cuda.train import Interrupted, TrainConfig, train_draft as run
+    from engines.cuda.training import Interrupted, TrainConfig, train_draft as run
 
     cfg = TrainConfig(**options)
     if cfg.val_prompts is not None and cfg.val_prompts < 0:

@@ -1,7 +1,7 @@
 """The DFlash decoding library: engines that stream `StepEvent`s and end with a `Summary`.
 
 Framework-free here; `engines.cuda` (PyTorch + transformers) and `engines.mlx` (MLX) are imported
-only when chosen. See DESIGN.md, "The engine contract".
+only when chosen. The contract is docs/engine-contract.md.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import platform
 import sys
 
 from .config import EngineConfig, GenerationRequest
+from .engine import EngineLike
 from .errors import CheckpointError, EngineUnavailable, UserError
-from .events import StepEvent, Summary
+from .events import CONTRACT_VERSION, StepEvent, Summary
 
 __all__ = [
-    "EngineConfig", "GenerationRequest", "StepEvent", "Summary", "UserError", "CheckpointError",
-    "EngineUnavailable", "load_engine", "choose_engine",
+    "EngineConfig", "GenerationRequest", "StepEvent", "Summary", "CONTRACT_VERSION", "EngineLike", "UserError",
+    "CheckpointError", "EngineUnavailable", "load_engine", "choose_engine",
 ]
 
 # On a CPU without CUDA or Metal, the PyTorch engine decodes faster than MLX's CPU backend
@@ -33,7 +34,7 @@ def _has(module: str) -> bool:
 
 
 def choose_engine(name: str = "auto") -> str:
-    """'cuda' or 'mlx' for an engine name, `auto` resolved as DESIGN.md says."""
+    """'cuda' or 'mlx' for an engine name, `auto` resolved as docs/design.md, "Choosing an engine", says."""
     if name not in ("auto", "cuda", "mlx"):
         raise UserError(f"Engine '{name}' is unknown; choose auto, cuda or mlx.")
     if name != "auto":
@@ -54,7 +55,7 @@ def choose_engine(name: str = "auto") -> str:
     raise EngineUnavailable(f"Neither engine is installed; {INSTALL_HINT['cuda']}, or {INSTALL_HINT['mlx']}.")
 
 
-def load_engine(config: EngineConfig):
+def load_engine(config: EngineConfig) -> EngineLike:
     """Load target, draft and tokenizer on the chosen engine (checks run before any weight loads)."""
     name = choose_engine(config.engine)
     if name == "cuda":

@@ -1,19 +1,22 @@
-"""What every engine shares: loading checks, the request -> events driver, and the Summary.
+"""What every engine shares: the `EngineLike` protocol front ends program against, and `Engine`, the
+base of the framework engines (loading checks, the request -> events driver, the Summary).
 
 A framework engine implements `_decode`, a generator of `RawStep`s (ids and timings only). The
 driver here turns them into `StepEvent`s (text pieces by origin, ghosts), enforces stop ids and
-cancellation between steps, and builds the `Summary`.
+cancellation between steps, and builds the `Summary`. The contract is docs/engine-contract.md.
 """
 
 from __future__ import annotations
 
+import gc
+import importlib
 import resource
 import sys
 import time
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional, Protocol, runtime_checkable
 
-from . import hub
+from .baseline import BaselineRun, Margin
 from .checkpoints import DraftInfo, TargetInfo, check_block_size, validate_pair
 from .config import EngineConfig, GenerationRequest
 from .detokenize import StreamingDetokenizer
@@ -38,6 +41,52 @@ def process_peak_rss() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+def free_memory() -> None:
+    """Give back what an unloaded engine held: Python objects, and the CUDA allocator's cached blocks."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@runtime_checkable
+class EngineLike(Protocol):
+    """What a front end may use of an engine: `Engine` here, `ProcessEngine` (engines/process.py) and
+    any engine served elsewhere satisfy it. Everything a front end reads is listed; nothing else."""
+
+    name: str  # "cuda" or "mlx"
+    device: str
+    dtype: str
+    config: EngineConfig
+    block_size: int  # the default block size (the draft's trained one unless configured)
+    warnings: list[str]  # notes from loading, one sentence each
+    target_info: TargetInfo
+    draft_info: Optional[DraftInfo]  # None: the target runs alone (block size 1)
+    generation_config: dict  # the target's generation_config.json (sampling defaults)
+    tokenizer: Any
+    last_summary: Optional[Summary]  # set when a generation's stream ends
+
+    @property
+    def trained_block_size(self) -> Optional[int]: ...
+
+    def prepare(self, request: GenerationRequest) -> list[int]: ...
+
+    def generate(self, request: GenerationRequest) -> Iterator[StepEvent]: ...
+
+    def decode(self, ids) -> str: ...
+
+    def stop_ids(self) -> list[int]: ...
+
+    @property
+    def baseline_name(self) -> str: ...
+
+    def baseline_generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> BaselineRun: ...
+
+    def top2_margin(self, ids: list[int]) -> Margin: ...
+
+    def close(self) -> None: ...
+
+
 class Engine:
     """Base of the CUDA and MLX engines. Subclasses set name/device/dtype and implement `_decode`."""
 
@@ -46,7 +95,6 @@ class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.warnings: list[str] = []
-        hub.require_cached({"target": config.target, "draft": config.draft})  # offline: one sentence for both
         self.target_info = TargetInfo.read(config.target)
         self.check_target(self.target_info)  # before the tokenizer: an unknown type never reaches a loader
         self.draft_info: Optional[DraftInfo] = None
@@ -74,6 +122,28 @@ class Engine:
 
     def stop_ids(self) -> list[int]:
         return self.target_info.stop_ids()
+
+    def close(self) -> None:
+        """Nothing to stop in this process; the weights go with the last reference."""
+
+    # -- baselines, from the framework's `baseline` module (engines/baseline.py) -----------------
+    def _baseline(self):
+        return importlib.import_module(f"{__package__}.{self.name}.baseline")
+
+    @property
+    def baseline_name(self) -> str:
+        return self._baseline().NAME
+
+    def baseline_generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> BaselineRun:
+        """The target alone through the framework's own generation loop."""
+        return self._baseline().generate(self, prompt_ids, max_new_tokens, temperature)
+
+    def top2_margin(self, ids: list[int]) -> Margin:
+        """The target's next-token margin after `ids`; unknown (not an error) if it cannot be computed."""
+        try:
+            return self._baseline().top2_margin(self, ids)
+        except Exception:  # noqa: BLE001 - a margin is a diagnostic; never fail the caller for it
+            return Margin()
 
     # -- implemented by each engine -------------------------------------------------------------
     @classmethod

@@ -5,7 +5,9 @@ time comes straight out of the engine's tokens/s (measured: a tiny pair kept a t
 TUI therefore runs the engine in a spawned process: requests go down a pipe, `StepEvent`s and the
 `Summary` come back. The parent keeps only the tokenizer (for prompt ids, context trimming and the
 session header). Cancelling sets a process-shared event the engine checks between steps, so escape
-still stops within one step. Anything the child raises comes back as the same kind of error.
+still stops within one step. Anything the child raises comes back as the same kind of error. The
+baselines (`top2_margin`, `baseline_generate`) are answered by the child too, so `ProcessEngine` is
+an `EngineLike` (engines/engine.py) like any other.
 """
 
 from __future__ import annotations
@@ -16,16 +18,17 @@ import os
 import sys
 import time
 from dataclasses import fields
-from pathlib import Path
-from types import SimpleNamespace
-from typing import Iterator
+from typing import Iterator, Optional
 
-from engines.config import EngineConfig, GenerationRequest
-from engines.errors import CheckpointError, EngineUnavailable, UserError
+from .baseline import BaselineRun, Margin
+from .config import EngineConfig, GenerationRequest
+from .errors import CheckpointError, EngineUnavailable, UserError
+from .prompting import load_tokenizer, prompt_ids
 
 ERRORS = {"UserError": UserError, "CheckpointError": CheckpointError, "EngineUnavailable": EngineUnavailable}
 BATCH_S = 0.05  # events travel in batches: one wake-up of the UI process per 50 ms, not one per step
 REQUEST_FIELDS = [f.name for f in fields(GenerationRequest) if f.name != "cancel"]
+CALLS = ("top2_margin", "baseline_generate")  # engine methods the child answers with one value
 
 
 def _error(exc: BaseException) -> tuple:
@@ -66,7 +69,7 @@ def _serve(config: EngineConfig, conn, cancel) -> None:
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     quiet_loaders()
-    from engines import load_engine
+    from . import load_engine
 
     _leave_a_core_for_the_ui()
     try:
@@ -74,18 +77,21 @@ def _serve(config: EngineConfig, conn, cancel) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         conn.send(_error(exc))
         return
-    info = {
-        "name": engine.name, "device": engine.device, "dtype": engine.dtype, "block_size": engine.block_size,
-        "warnings": list(engine.warnings), "trained_block_size": engine.trained_block_size,
-        "target_path": str(engine.target_info.path), "max_positions": engine.target_info.max_positions,
-        "draft_path": str(engine.draft_info.path) if engine.draft_info else None,
-    }
+    info = {"name": engine.name, "device": engine.device, "dtype": engine.dtype, "block_size": engine.block_size,
+            "warnings": list(engine.warnings), "target_info": engine.target_info, "draft_info": engine.draft_info,
+            "baseline_name": engine.baseline_name}
     conn.send(("ready", info))
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
             return  # the parent is gone
+        if message[0] == "call" and message[1] in CALLS:
+            try:
+                conn.send(("result", getattr(engine, message[1])(*message[2])))
+            except BaseException as exc:  # noqa: BLE001
+                conn.send(_error(exc))
+            continue
         if message[0] != "generate":
             return
         request = GenerationRequest(**message[1])
@@ -121,8 +127,8 @@ def _real_stdio():
 
 
 class ProcessEngine:
-    """The engine interface the chat uses (`prepare`, `generate`, `last_summary`, names and sizes),
-    served by a child process. Construction blocks until the child has loaded (or failed)."""
+    """An `EngineLike` served by a child process. Construction blocks until the child has loaded (or
+    failed)."""
 
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -146,14 +152,15 @@ class ProcessEngine:
         info = message[1]
         self.name, self.device, self.dtype = info["name"], info["device"], info["dtype"]
         self.block_size, self.warnings = info["block_size"], info["warnings"]
-        self.trained_block_size = info["trained_block_size"]
-        self.target_info = SimpleNamespace(path=Path(info["target_path"]), max_positions=info["max_positions"])
-        self.draft_info = SimpleNamespace(path=Path(info["draft_path"])) if info["draft_path"] else None
-        from engines.prompting import load_tokenizer
-
+        self.target_info, self.draft_info = info["target_info"], info["draft_info"]
+        self.baseline_name = info["baseline_name"]
+        self.generation_config = self.target_info.generation_config()
         self.tokenizer = load_tokenizer(self.target_info.path)
         self.last_summary = None
-        self.in_process = False
+
+    @property
+    def trained_block_size(self) -> Optional[int]:
+        return self.draft_info.block_size if self.draft_info else None
 
     @staticmethod
     def _raise(message: tuple) -> None:
@@ -163,10 +170,24 @@ class ProcessEngine:
     def decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def prepare(self, request: GenerationRequest) -> list[int]:
-        from engines.prompting import prompt_ids
+    def stop_ids(self) -> list[int]:
+        return self.target_info.stop_ids()
 
+    def prepare(self, request: GenerationRequest) -> list[int]:
         return prompt_ids(self.tokenizer, request)
+
+    def _call(self, method: str, *args):
+        self._conn.send(("call", method, args))
+        message = self._recv()
+        if message[0] == "error":
+            self._raise(message)
+        return message[1]
+
+    def top2_margin(self, ids: list[int]) -> Margin:
+        return self._call("top2_margin", list(ids))
+
+    def baseline_generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> BaselineRun:
+        return self._call("baseline_generate", list(prompt_ids), max_new_tokens, temperature)
 
     def generate(self, request: GenerationRequest) -> Iterator:
         self.last_summary = None

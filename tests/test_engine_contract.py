@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from engines import CheckpointError, GenerationRequest, UserError
+from engines import CONTRACT_VERSION, CheckpointError, EngineLike, GenerationRequest, Summary, UserError
 from tests.oracles import ENGINES, edited_copy, engine_for, framework_greedy, run
 
 NEW = 48
@@ -82,7 +82,30 @@ def test_summary_fields(loaded):
     assert summary.peak_memory_bytes > 0 and summary.engine == engine.name
     assert (summary.device, summary.dtype) == ("cpu", "float32")
     assert summary.draft_s > 0 and summary.verify_s > 0 and summary.ttft_s > 0
-    json.dumps(summary.to_dict())
+    assert summary.contract == CONTRACT_VERSION
+    assert Summary.from_dict(json.loads(json.dumps(summary.to_dict()))) == summary
+
+
+def test_engines_are_engine_like_and_answer_the_baselines(loaded):
+    engine, ids, reference = loaded
+    assert isinstance(engine, EngineLike)
+    baseline = engine.baseline_generate(ids, 8, 0.0)
+    assert baseline.token_ids == reference[:8] and baseline.generated_tokens == 8
+    margin = engine.top2_margin(ids)
+    assert margin.top2[0] == reference[0] and margin.value >= 0
+
+
+def test_a_summary_written_before_the_contract_had_a_version_still_loads():
+    """A session file's summary from before `contract` and `graphs` (no token_ids or text either: the
+    session leaves them out), plus a key from some later version."""
+    old = {"prompt_tokens": 21, "generated_tokens": 40, "ttft_s": 0.01, "decode_s": 0.1, "decode_tokens_per_s": 390.0,
+           "acceptance_lengths": [4, 8], "mean_acceptance_length": 6.0, "histogram": [0, 0, 0, 1, 0, 0, 0, 1],
+           "draft_s": 0.02, "verify_s": 0.05, "peak_memory_bytes": 1 << 20, "peak_memory_kind": "device",
+           "block_size": 8, "engine": "cuda", "device": "cpu", "dtype": "float32", "finish_reason": "stop",
+           "from_the_future": True}
+    summary = Summary.from_dict(old)
+    assert summary.mean_acceptance_length == 6.0 and summary.token_ids == [] and summary.text == ""
+    assert summary.graphs is False and summary.contract == CONTRACT_VERSION
 
 
 def test_target_alone_runs_block_1(pairs, loaded):

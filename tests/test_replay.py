@@ -212,9 +212,8 @@ def test_mlx_replay_matches_the_cuda_recording_and_margins_agree(recorded, data_
     comparison = replay.run_replay(mlx_engine, session, [1, 4], warmup=False)
     assert comparison["same_target"] and not comparison["differences"]
     ids = session.turns[0]["prompt_ids"]
-    cuda_margin, cuda_top = replay.top2_margin(engine, ids)
-    mlx_margin, mlx_top = replay.top2_margin(mlx_engine, ids)
-    assert cuda_top == mlx_top and abs(cuda_margin - mlx_margin) < 1e-3
+    cuda, mlx = engine.top2_margin(ids), mlx_engine.top2_margin(ids)
+    assert cuda.top2 == mlx.top2 and abs(cuda.value - mlx.value) < 1e-3
 
 
 def test_unknown_session_exits_2_in_one_sentence(data_dir):
@@ -355,7 +354,7 @@ def test_replay_help_documents_the_json_schema():
 
 def test_replay_through_the_tuis_engine_process(recorded, data_dir):
     """The chat runs its engine in a child process; the replay screen reuses it (no second copy)."""
-    from dflash_tui.engine_process import ProcessEngine
+    from engines.process import ProcessEngine
 
     engine, session_id, _ = recorded
     served = ProcessEngine(engine.config)

@@ -1,4 +1,4 @@
-"""`dflash train-draft` (engines/cuda/train.py): the batched objective matches the decoding loop, a few
+"""`dflash train-draft` (engines/cuda/training/): the batched objective matches the decoding loop, a few
 seeded steps lower the loss and raise the measured acceptance length, the saved draft reloads in both
 engines and stays lossless, an interrupted run resumes where it stopped, and bad input exits 2.
 
@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from engines import EngineConfig, GenerationRequest, load_engine
-from engines.cuda.train import (Interrupted, TrainConfig, Trainer, default_gamma, given_response_ids,
+from engines.cuda.training import (Interrupted, TrainConfig, Trainer, default_gamma, given_response_ids,
                                 load_conversations)
 from tests import tiny
 
@@ -108,7 +108,7 @@ def test_batched_blocks_match_the_decoding_loop(counting, tmp_path):
     ids = torch.tensor([seq])
     anchors = torch.tensor([[5, 9, 14, 20]])
     with torch.no_grad():
-        batched = trainer.block_hiddens(ids, trainer.features(ids), anchors)
+        batched = trainer.objective.block_hiddens(ids, trainer.objective.features(ids), anchors)
         _, features = trainer.target.forward(ids, 0, DynamicCache(config=trainer.target.model.config),
                                              last_only=False, capture=True)
         for j, a in enumerate(anchors[0].tolist()):
@@ -141,9 +141,9 @@ def test_bfloat16_compute_keeps_the_objective(counting, tmp_path):
     losses = {}
     for compute in ("float32", "bfloat16"):
         trainer = Trainer(config(counting, tmp_path / compute, compute=compute))
-        assert trainer.autocast == (compute == "bfloat16")
+        assert trainer.objective.autocast == (compute == "bfloat16")
         batch = trainer.samples(trainer.split()[0])[:4]
-        losses[compute] = trainer.batch_loss(batch, torch.Generator().manual_seed(0))[0].item()
+        losses[compute] = trainer.objective.loss(batch, torch.Generator().manual_seed(0))[0].item()
     assert abs(losses["bfloat16"] - losses["float32"]) < 0.02 * losses["float32"], losses
 
 

@@ -36,7 +36,7 @@ def engine(pair):
 
 @pytest.fixture(scope="module")
 def process_engine(pair):
-    from dflash_tui.engine_process import ProcessEngine
+    from engines.process import ProcessEngine
 
     target, draft = pair
     engine = ProcessEngine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
@@ -441,7 +441,9 @@ def test_snapshot_sessions_browser(snap_compare, profile, engine, data_dir):
 
 
 def test_engine_process_streams_the_same_tokens(process_engine, engine):
-    from engines import GenerationRequest
+    from engines import EngineLike, GenerationRequest
+
+    assert isinstance(process_engine, EngineLike)
 
     def run(e, **kw):
         request = GenerationRequest(messages=[{"role": "user", "content": "What is 48 + 75?"}], max_new_tokens=40,
@@ -483,7 +485,7 @@ def test_engine_process_cancels_within_a_step_and_reports_user_errors(process_en
 
 
 def test_engine_process_load_error_is_the_same_user_error(tmp_path, pair):
-    from dflash_tui.engine_process import ProcessEngine
+    from engines.process import ProcessEngine
     from engines import CheckpointError
 
     with pytest.raises(CheckpointError, match="nothing-here"):

@@ -16,7 +16,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..checkpoints import DraftInfo
+from ..checkpoints import DraftInfo, attention_window, layer_windows
 from ..errors import CheckpointError
 
 
@@ -36,12 +36,6 @@ def make_rope(cfg: dict, head_dim: int) -> nn.Module:
     theta, scaling = rope_settings(cfg)
     return initialize_rope(head_dim, base=theta, traditional=False, scaling_config=scaling,
                            max_position_embeddings=cfg.get("max_position_embeddings"))
-
-
-def layer_windows(cfg: dict) -> list[Optional[int]]:
-    """The trained sliding window of each layer (None for full attention)."""
-    types = cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"]
-    return [cfg.get("sliding_window") if t == "sliding_attention" else None for t in types]
 
 
 class DraftAttention(nn.Module):
@@ -164,8 +158,7 @@ class DraftCache:
     def __init__(self, draft: DFlashDraft, window: Optional[int]):
         self.draft = draft
         self.length = 0  # committed positions covered (including ones trimmed away)
-        self.windows = [min(w for w in (window, layer.self_attn.window) if w) if (window or layer.self_attn.window)
-                        else None for layer in draft.layers]
+        self.windows = [attention_window(window, layer.self_attn.window) for layer in draft.layers]
         n = len(draft.layers)
         self._keys: list[Optional[mx.array]] = [None] * n
         self._values: list[Optional[mx.array]] = [None] * n

@@ -1,4 +1,4 @@
-"""The speculative loop on MLX (DESIGN.md, "The loop"), step for step the loop of engines/cuda/loop.py.
+"""The speculative loop on MLX (docs/engine-contract.md, "The loop"), step for step the loop of engines/cuda/loop.py.
 
 After prefill the target cache holds the prompt; the first sampled token is not yet in it. Each step
 drafts a block [last, mask x (B-1)] at positions start.., verifies it in one target pass, keeps the

@@ -268,7 +268,7 @@ def tap_mixers(model: nn.Module, store: MixerCapture) -> dict[int, nn.Module]:
 
 class CacheRollback:
     """Puts the target cache back to 'every committed token except the newest' after a verify pass
-    (DESIGN.md, invariant 3). Three ways, chosen once from the cache's types:
+    (docs/engine-contract.md, invariant 3). Three ways, chosen once from the cache's types:
 
     - "trim": every layer has a plain KV cache; each is trimmed by the tokens not kept.
     - "mixers": hybrid targets (Qwen3.5/3.6 and other gated-delta-net models with a `linear_attn`
@@ -301,7 +301,6 @@ class CacheRollback:
             self.mode = "mixers"
         else:
             self.mode = "refeed"
-        self.exact = self.mode == "trim"
         self.mixers = {i: mixers[i] for i, r in enumerate(recomputable) if r} if self.mode == "mixers" else {}
         self._capture = capture
         self._saved: list = []

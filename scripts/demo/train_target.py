@@ -93,7 +93,7 @@ def train(tokenizer, records: list[dict], work: Path, out: Path, steps: int, see
     import torch
     from tqdm import tqdm
 
-    from engines.cuda.train import bf16_autocast_pays
+    from engines.cuda.training import bf16_autocast_pays
 
     torch.set_num_threads(threads)
     autocast = bf16_autocast_pays(torch.device("cpu"))
