@@ -34,9 +34,11 @@ def _has(module: str) -> bool:
 
 
 def choose_engine(name: str = "auto") -> str:
-    """'cuda' or 'mlx' for an engine name, `auto` resolved as docs/design.md, "Choosing an engine", says."""
+    """'cuda', 'mlx' or 'remote' for an engine name, `auto` resolved as docs/design.md, "Choosing an engine", says."""
+    if name == "remote":  # a server does the decoding (engines/remote); nothing to install here
+        return name
     if name not in ("auto", "cuda", "mlx"):
-        raise UserError(f"Engine '{name}' is unknown; choose auto, cuda or mlx.")
+        raise UserError(f"Engine '{name}' is unknown; choose auto, cuda, mlx or remote.")
     if name != "auto":
         needed = "torch" if name == "cuda" else "mlx"
         if not _has(needed) or not _has("transformers"):
@@ -58,6 +60,10 @@ def choose_engine(name: str = "auto") -> str:
 def load_engine(config: EngineConfig) -> EngineLike:
     """Load target, draft and tokenizer on the chosen engine (checks run before any weight loads)."""
     name = choose_engine(config.engine)
+    if name == "remote":
+        from .remote import RemoteEngine
+
+        return RemoteEngine(config)
     if name == "cuda":
         from .cuda.engine import CudaEngine
 

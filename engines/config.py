@@ -10,7 +10,7 @@ from typing import Optional
 
 from .errors import UserError
 
-ENGINES = ("auto", "cuda", "mlx")
+ENGINES = ("auto", "cuda", "mlx", "remote")  # remote: an OpenAI-compatible server (engines/remote)
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MAX_BLOCK_SIZE = 64
 MAX_SEED = 2**63  # seeds are 64-bit signed in torch and unsigned in MLX: [0, 2**63) fits both
@@ -49,13 +49,16 @@ class EngineConfig:
     draft_window: Optional[int] = None  # the block attends to at most this many recent context positions
     target_layer_ids: Optional[list[int]] = None  # a profile's restatement; must equal the draft's own
     cuda_graphs: Optional[bool] = None  # CUDA engine on a GPU: replay captured decode steps; None: DFLASH_CUDA_GRAPHS=1
+    url: Optional[str] = None  # remote engine: the server's API root, http://HOST:PORT/v1
+    model: Optional[str] = None  # remote engine: the served model (None: the first the server lists)
+    api_key: Optional[str] = field(default=None, repr=False)  # remote engine (None: DFLASH_API_KEY)
     source: str = "command line"  # where these values came from, for error messages
 
     def __post_init__(self) -> None:
         """Every value checked before anything loads: bad input is one sentence, not a crash mid-load."""
         where = f"in {self.source}"
         if self.engine not in ENGINES:
-            raise UserError(f"Engine '{self.engine}' {where} is unknown; choose auto, cuda or mlx.")
+            raise UserError(f"Engine '{self.engine}' {where} is unknown; choose auto, cuda, mlx or remote.")
         if self.dtype not in DTYPES:
             raise UserError(f"dtype '{self.dtype}' {where} is unknown; use auto, float32, float16 or bfloat16.")
         if not isinstance(self.device, str) or not DEVICE_PATTERN.fullmatch(self.device):

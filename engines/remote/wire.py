@@ -12,7 +12,6 @@ and `Summary` a local engine would have produced:
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Optional
 
 from ..events import StepEvent, Summary
@@ -47,12 +46,9 @@ def step_from_wire(data: dict) -> StepEvent:
     )
 
 
-SUMMARY_FIELDS = {f.name for f in fields(Summary)}
-
-
 def summary_from_wire(data: dict) -> Optional[Summary]:
-    """A Summary from its dict; fields a newer server adds are dropped, missing optional ones default."""
+    """A Summary from a server of any contract version (unknown keys ignored, missing ones filled)."""
     try:
-        return Summary(**{k: v for k, v in data.items() if k in SUMMARY_FIELDS})
-    except TypeError:
+        return Summary.from_dict(data)
+    except (TypeError, ValueError):
         return None
