@@ -129,7 +129,7 @@ class RemoteEngine:
         self.unknown: list[str] = []
         self.last_notes: list[str] = []
         self.last_summary: Optional[Summary] = None
-        max_len = card.get("max_model_len") or self.info.get("max_model_len")
+        max_len = card.get("max_model_len") or self.info.get("max_model_len") or self._llamacpp_context()
         target = self.info.get("target") or card.get("root") or self.model
         self.generation_config = dict(self.info.get("generation_config") or {})
         self.target_info = RemoteTarget(self.info.get("target_path") or target, max_len,
@@ -157,6 +157,16 @@ class RemoteEngine:
             self.warnings.append(f"{self.kind} server at {self.client.host}: unknown here: {'; '.join(self.unknown)}.")
         elif not max_len:
             self.warnings.append(f"The server at {self.client.host} reports no context size; history is not trimmed.")
+
+    def _llamacpp_context(self) -> Optional[int]:
+        """llama.cpp lists no context size on /v1/models; its /props has the slot's n_ctx."""
+        if self.kind != "llama.cpp":
+            return None
+        try:
+            props = self.client.get_json("/props", root=True)
+            return int((props.get("default_generation_settings") or {}).get("n_ctx") or 0) or None
+        except (UserError, TypeError, ValueError):
+            return None
 
     # -- token ids -------------------------------------------------------------------------------
     def _check_ids(self) -> None:
