@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from engines import GenerationRequest, load_engine  # noqa: E402
 from engines.events import acceptance_histogram  # noqa: E402
 from engines.prompting import load_tokenizer  # noqa: E402
-from dflash_tui.settings import load_settings  # noqa: E402
+from dflash_tui.core.settings import load_settings  # noqa: E402
 
 PROMPTS = [  # the demo's domain, answered with a reasoning trace (thinking on by default)
     "What is 48 + 75?",

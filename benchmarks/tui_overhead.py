@@ -49,7 +49,7 @@ def tiny_profile(folder: Path) -> Path:
 
 
 def pick_profile(name: str | None, folder: Path) -> str:
-    from dflash_tui.profiles import load_profile
+    from dflash_tui.core.profiles import load_profile
 
     if name:
         return name
@@ -64,7 +64,7 @@ def pick_profile(name: str | None, folder: Path) -> str:
 
 
 def settings_for(profile, max_new_tokens: int, thinking: bool):
-    from dflash_tui.conversation import ChatSettings
+    from dflash_tui.core.conversation import ChatSettings
 
     settings = ChatSettings.from_profile(profile, thinking=thinking)
     settings.max_new_tokens = max_new_tokens
@@ -110,7 +110,7 @@ def direct(engine, settings, prompts) -> list[tuple[int, float]]:
 async def interleaved(profile_ref, engine, settings, prompts, repeats: int):
     """Each prompt in turn: once driven directly, once through the app (as `dflash chat` runs it, loading
     its own engine in its engine process); best of `repeats` for each, so a busy machine hurts both alike."""
-    from dflash_tui.app import DflashApp
+    from dflash_tui.tui.app import DflashApp
 
     app = DflashApp(profile=profile_ref, animate=False, max_new_tokens=settings.max_new_tokens,
                     thinking=settings.thinking, block_size=settings.block_size)
@@ -143,15 +143,15 @@ async def interleaved(profile_ref, engine, settings, prompts, repeats: int):
                     await asyncio.sleep(0.02)
                 s = app.finished[-1].turn.summary
                 if child is not None:
-                    count_cpu("engine process", s["generated_tokens"], process_cpu(pid) - child)
-                count_cpu("UI process", s["generated_tokens"], time.process_time() - ui)
-                keep(tui, prompt, (s["generated_tokens"], s["decode_s"]))
+                    count_cpu("engine process", s.generated_tokens, process_cpu(pid) - child)
+                count_cpu("UI process", s.generated_tokens, time.process_time() - ui)
+                keep(tui, prompt, (s.generated_tokens, s.decode_s))
         flushes = app.flushes
     return [base[p] for p in prompts], [tui[p] for p in prompts], flushes
 
 
 def flush_interval() -> float:
-    from dflash_tui.app import DflashApp
+    from dflash_tui.tui.app import DflashApp
 
     return DflashApp.FLUSH_INTERVAL
 
@@ -169,11 +169,11 @@ def main() -> None:
     parser.add_argument("--flush", type=float, help="the app's UI flush interval in seconds (default: the app's)")
     args = parser.parse_args()
     if args.flush:
-        from dflash_tui.app import DflashApp
+        from dflash_tui.tui.app import DflashApp
 
         DflashApp.FLUSH_INTERVAL = args.flush
 
-    from dflash_tui.app import load_profile
+    from dflash_tui.core.settings import profile_for as load_profile
     from engines.process import quiet_loaders
 
     quiet_loaders()

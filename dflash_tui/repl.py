@@ -15,8 +15,12 @@ from typing import Optional, TextIO
 
 from engines.errors import UserError
 
-from . import sessions
-from .conversation import ChatSettings, Conversation, printable, thinking_layout
+from engines import load_engine
+from engines.process import quiet_loaders
+
+from dflash_tui.core import sessions
+from dflash_tui.core.conversation import ChatFlags, Conversation, open_conversation, printable, resume, thinking_layout
+from dflash_tui.core.settings import profile_for
 
 ANSI = {"draft": "\033[1;32m", "target": "\033[36m", "ghost": "\033[2;9;31m", "dim": "\033[2m", "reset": "\033[0m",
         "think": "\033[2;3m", "warn": "\033[33m"}
@@ -101,19 +105,18 @@ class Repl:
         if not turn or not turn.summary:
             return f"no turns yet · {self.status()}"
         m = turn.summary
-        steps = len(m.get("acceptance_lengths", []))
-        speed, kind = self.conv.speedup(m["decode_tokens_per_s"], m["mean_acceptance_length"], m["draft_s"],
-                                        m["verify_s"], steps, m["block_size"])
-        total = m["draft_s"] + m["verify_s"]
-        split = f"draft {m['draft_s'] / total * 100:.0f}% · verify {m['verify_s'] / total * 100:.0f}%" if total else ""
-        hist = " ".join(f"{n + 1}:{c}" for n, c in enumerate(m.get("histogram", [])) if c)
+        speed, kind = self.conv.speedup(m.decode_tokens_per_s, m.mean_acceptance_length, m.draft_s, m.verify_s,
+                                        len(m.acceptance_lengths), m.block_size)
+        total = m.draft_s + m.verify_s
+        split = f"draft {m.draft_s / total * 100:.0f}% · verify {m.verify_s / total * 100:.0f}%" if total else ""
+        hist = " ".join(f"{n + 1}:{c}" for n, c in enumerate(m.histogram) if c)
         lines = [
-            f"{m['generated_tokens']} tokens · {m['decode_tokens_per_s']:.1f} tok/s · "
+            f"{m.generated_tokens} tokens · {m.decode_tokens_per_s:.1f} tok/s · "
             + (f"{speed:.2f}x vs block 1 ({kind})" if speed else "speedup –"),
-            f"tau {m['mean_acceptance_length']:.2f} (session {self.conv.session_tau():.2f}) · acceptance {hist}",
-            f"{split} · peak {m['peak_memory_bytes'] / 2**20:.0f} MB ({m['peak_memory_kind']}) · "
-            f"context {m['prompt_tokens'] + m['generated_tokens']}",
-            f"{m['engine']} · {m['device']} · {m['dtype']} · {self.status()}",
+            f"tau {m.mean_acceptance_length:.2f} (session {self.conv.session_tau():.2f}) · acceptance {hist}",
+            f"{split} · peak {m.peak_memory_bytes / 2**20:.0f} MB ({m.peak_memory_kind}) · "
+            f"context {m.prompt_tokens + m.generated_tokens}",
+            f"{m.engine} · {m.device} · {m.dtype} · {self.status()}",
         ]
         return "\n".join(lines)
 
@@ -148,11 +151,11 @@ class Repl:
         self.out.write("\n")
         self.out.flush()
         turn = active.turn
-        if turn is not None:
-            m = turn.summary or {}
+        if turn is not None and turn.summary is not None:
+            m = turn.summary
             mark = " · cancelled" if turn.cancelled else ""
-            self.info(f"[{m.get('generated_tokens', 0)} tokens · {m.get('decode_tokens_per_s', 0):.1f} tok/s · "
-                      f"tau {m.get('mean_acceptance_length', 0):.2f} · block {active.block_size}{mark}]")
+            self.info(f"[{m.generated_tokens} tokens · {m.decode_tokens_per_s:.1f} tok/s · "
+                      f"tau {m.mean_acceptance_length:.2f} · block {active.block_size}{mark}]")
 
     def handle(self, line: str) -> None:
         if line.startswith("/"):
@@ -210,46 +213,28 @@ def threading_main() -> bool:
 
 
 def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optional[int] = None,
-             thinking: Optional[bool] = None, resume: Optional[sessions.Session] = None,
+             thinking: Optional[bool] = None, session: Optional[sessions.Session] = None,
              max_new_tokens: Optional[int] = None, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout,
              err: TextIO = sys.stderr) -> int:
-    from engines import load_engine
-
-    from .app import engine_config_for, load_profile, resolved_profile
-    from engines.process import quiet_loaders
-
     quiet_loaders()
-    profile = load_profile(profile_ref)
-    config = engine_config_for(profile, engine, block_size)
+    profile = profile_for(profile_ref)
+    config = profile.engine_config(engine, block_size=block_size)
     err.write(f"loading {config.target}" + (f" + {config.draft}" if config.draft else "") + "…\n")
     err.flush()
     loaded = load_engine(config)
+    flags = ChatFlags(block_size, thinking, max_new_tokens)
+    conv, notices = open_conversation(loaded, profile, flags)
     for warning in loaded.warnings:
         err.write(f"note: {warning}\n")
-    profile = resolved_profile(profile, loaded.name)
-    settings = ChatSettings.from_profile(profile, block_size, thinking)
-    if max_new_tokens:
-        settings.max_new_tokens = max_new_tokens
-    conv = Conversation(loaded, settings, profile=profile,
-                        profile_block_size=getattr(profile, "block_size", None) or loaded.block_size,
-                        engine_name=loaded.name)
     repl = Repl(conv, out=out, err=err)
     conv.on_notice = repl.info
-    if settings.thinking:
-        warning = conv.set_thinking(True)
-        if warning:
+    for notice in notices:
+        repl.info(notice)
+    if session is not None:
+        for warning in session.warnings:
             repl.info(warning)
-    if resume is not None:
-        for warning in resume.warnings:
-            repl.info(warning)
-        conv.restore(resume)
-        if block_size:  # flags win over what the session recorded
-            settings.block_size = block_size
-        if thinking is not None:
-            settings.thinking = thinking
-        if max_new_tokens:
-            settings.max_new_tokens = max_new_tokens
-        repl.info(f"resumed session {resume.id} ({len(resume.turns)} turns)")
+        resume(conv, session, flags)
+        repl.info(f"resumed session {session.id} ({len(session.turns)} turns)")
     if stdin.isatty() and out.isatty():
         repl.run_interactive()
     else:

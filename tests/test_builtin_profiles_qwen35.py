@@ -11,7 +11,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from dflash_tui import profiles
+from dflash_tui.core import profiles
 from dflash_tui.cli import main
 
 # name -> (target, draft, has an [engines.mlx] target override)

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dflash_tui import profiles
-from dflash_tui.profile_cli import profile as profile_cli
+from dflash_tui.core import profiles
+from dflash_tui.cli.profile import profile as profile_cli
 from engines.errors import UserError
 
 BUILTINS = ["qwen3-4b", "qwen3-8b", "llama3.1-8b-instruct"]
@@ -328,7 +328,7 @@ def test_dflash_command_has_profile_group():
 
 
 def test_checkpoint_paths_beside_the_profile_file_resolve(tmp_path):
-    from dflash_tui.profiles import load_profile
+    from dflash_tui.core.profiles import load_profile
 
     (tmp_path / "models" / "t").mkdir(parents=True)
     path = tmp_path / "local.toml"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_tui import sessions
+from dflash_tui.core import sessions
 from tests import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,8 +91,8 @@ def test_interactive_loop_with_key_bindings(profile, data_dir, pairs):
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
 
-    from dflash_tui.app import load_profile
-    from dflash_tui.conversation import ChatSettings, Conversation
+    from dflash_tui.core.settings import profile_for as load_profile
+    from dflash_tui.core.conversation import ChatSettings, Conversation
     from dflash_tui.repl import Repl
     from engines import load_engine
 

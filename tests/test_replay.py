@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dflash_tui import replay, sessions
+from dflash_tui.measure import replay
+
+from dflash_tui.core import sessions
 from dflash_tui.cli import main
-from dflash_tui.conversation import ChatSettings, Conversation
-from dflash_tui.profiles import Profile
+from dflash_tui.core.conversation import ChatSettings, Conversation
+from dflash_tui.core.profiles import Profile
 from engines import EngineConfig, UserError, load_engine
 from tests import tiny
 
@@ -249,7 +251,7 @@ def test_chart_falls_back_to_plain_text_bars():
 @pytest.mark.skipif(not (DEMO / "draft" / "model.safetensors").exists() or not (DEMO / "target" / "model.safetensors").exists(),
                     reason="the demo pair (profiles/demo/) has not been built yet")
 def test_demo_session_replays_identically(tmp_path, monkeypatch):
-    from dflash_tui.settings import load_settings
+    from dflash_tui.core.settings import load_settings
 
     monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path))
     profile, config = load_settings("demo", "cuda", device="cpu")
@@ -269,9 +271,9 @@ async def test_tui_replay_screen_runs_and_compares_a_turn_side_by_side(recorded,
 
     from textual.widgets import DataTable, Input, Static
 
-    from dflash_tui.app import DflashApp
-    from dflash_tui.conversation import printable
-    from dflash_tui.screens.replay import ReplayScreen
+    from dflash_tui.tui.app import DflashApp
+    from dflash_tui.core.conversation import printable
+    from dflash_tui.tui.screens.replay import ReplayScreen
 
     engine, session_id, _ = recorded
     target, draft = engine.config.target, engine.config.draft

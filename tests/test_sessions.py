@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dflash_tui import sessions
+from dflash_tui.core import sessions
 from engines.errors import UserError
 from tests import tiny
 

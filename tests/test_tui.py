@@ -51,7 +51,7 @@ def profile(tmp_path, pair):
 
 
 def make_app(profile, engine=None, **kwargs):
-    from dflash_tui.app import DflashApp
+    from dflash_tui.tui.app import DflashApp
 
     return DflashApp(profile=str(profile), loaded_engine=engine, animate=False, **kwargs)
 
@@ -90,8 +90,8 @@ def session_lines(app):
 @pytest.mark.asyncio
 async def test_prompt_streams_coloured_text_and_updates_stats(profile, data_dir):
     """The real load path (worker), then a turn: text coloured by origin, stats moving, session saved."""
-    from dflash_tui.widgets import AnswerView, StatsPanel
-    from dflash_tui.widgets.stats import DRAFT_STYLE, TARGET_STYLE
+    from dflash_tui.tui.widgets import AnswerView, StatsPanel
+    from dflash_tui.tui.widgets.stats import DRAFT_STYLE, TARGET_STYLE
 
     app = make_app(profile)
     async with app.run_test(size=SIZE) as pilot:
@@ -105,7 +105,7 @@ async def test_prompt_streams_coloured_text_and_updates_stats(profile, data_dir)
         styles = {str(span.style) for span in answer.answer_rich.spans}
         assert styles and styles <= {str(Style.parse(DRAFT_STYLE)), str(Style.parse(TARGET_STYLE))}
         stats = app._last_stats
-        assert stats.tokens == active.turn.summary["generated_tokens"] == 48
+        assert stats.tokens == active.turn.summary.generated_tokens == 48
         assert stats.tokens_per_s > 0 and stats.tau >= 1.0 and sum(stats.histogram) > 0
         assert stats.speedup is not None and stats.speedup_kind == "est."
         panel = str(app.screen.query_one(StatsPanel).render())
@@ -181,18 +181,18 @@ async def test_block_size_change_takes_effect_on_the_next_turn(profile, engine, 
         second = await send(pilot, "two")
         first = app.finished[0]
         assert "block 8" in str(app.screen.query_one("#header-state").render())
-    assert first.request.block_size == 4 and first.turn.summary["block_size"] == 4
+    assert first.request.block_size == 4 and first.turn.summary.block_size == 4
     # blocks of 4 (3 drafted ids; the last blocks shrink near max_new_tokens)
     assert max(len(step["drafted"]) for step in first.steps) == 3
-    assert second.request.block_size == 8 and second.turn.summary["block_size"] == 8
+    assert second.request.block_size == 8 and second.turn.summary.block_size == 8
     assert max(len(step["drafted"]) for step in second.steps) == 7
 
 
 @pytest.mark.asyncio
 async def test_ghosts_toggle_and_markdown_view(profile, engine, data_dir):
-    from dflash_tui.screens import HelpScreen, MarkdownScreen, ReplayScreen
-    from dflash_tui.widgets import AnswerView
-    from dflash_tui.widgets.stats import GHOST_STYLE
+    from dflash_tui.tui.screens import HelpScreen, MarkdownScreen, ReplayScreen
+    from dflash_tui.tui.widgets import AnswerView
+    from dflash_tui.tui.widgets.stats import GHOST_STYLE
 
     app = make_app(profile, engine)
     async with app.run_test(size=SIZE) as pilot:
@@ -216,8 +216,8 @@ async def test_ghosts_toggle_and_markdown_view(profile, engine, data_dir):
 
 @pytest.mark.asyncio
 async def test_resume_restores_history_and_settings(profile, engine, data_dir):
-    from dflash_tui import sessions
-    from dflash_tui.widgets import AnswerView, UserMessage
+    from dflash_tui.core import sessions
+    from dflash_tui.tui.widgets import AnswerView, UserMessage
 
     app = make_app(profile, engine, block_size=2)
     async with app.run_test(size=SIZE) as pilot:
@@ -246,7 +246,7 @@ async def test_resume_restores_history_and_settings(profile, engine, data_dir):
 
 @pytest.mark.asyncio
 async def test_missing_model_shows_the_error_screen(tmp_path, pair, data_dir):
-    from dflash_tui.screens import LoadErrorScreen
+    from dflash_tui.tui.screens import LoadErrorScreen
 
     missing = tmp_path / "no-such-model"
     profile = write_profile(tmp_path / "broken.toml", missing, pair[1])
@@ -266,8 +266,8 @@ async def test_missing_model_shows_the_error_screen(tmp_path, pair, data_dir):
 
 @pytest.mark.asyncio
 async def test_new_session_and_sessions_browser_resume(profile, engine, data_dir):
-    from dflash_tui.screens import SessionsScreen
-    from dflash_tui.widgets import UserMessage
+    from dflash_tui.tui.screens import SessionsScreen
+    from dflash_tui.tui.widgets import UserMessage
 
     app = make_app(profile, engine)
     async with app.run_test(size=SIZE) as pilot:
@@ -289,7 +289,7 @@ async def test_new_session_and_sessions_browser_resume(profile, engine, data_dir
 
 @pytest.mark.asyncio
 async def test_palette_commands_include_profiles_engines_and_system_prompt(profile, engine, data_dir):
-    from dflash_tui.screens import SystemPromptScreen
+    from dflash_tui.tui.screens import SystemPromptScreen
 
     app = make_app(profile, engine)
     async with app.run_test(size=SIZE) as pilot:
@@ -328,7 +328,7 @@ async def test_engine_switch_reloads_and_keeps_history(profile, data_dir):
 
 
 def test_context_trimming_drops_the_oldest_turns_with_a_notice(engine, data_dir):
-    from dflash_tui.conversation import ChatSettings, Conversation, Turn
+    from dflash_tui.core.conversation import ChatSettings, Conversation, Turn
 
     conv = Conversation(engine, ChatSettings(max_new_tokens=64), record=False)
     notices = []
@@ -346,7 +346,7 @@ def test_context_trimming_drops_the_oldest_turns_with_a_notice(engine, data_dir)
 
 
 def test_thinking_layout_and_answer_view_split():
-    from dflash_tui.conversation import split_thinking, thinking_layout
+    from dflash_tui.core.conversation import split_thinking, thinking_layout
 
     raw = "<think>\nones: 8 + 5 = 13\n</think>\n\n48 + 75 = 123."
     start, end, answer = thinking_layout(raw, True)
@@ -362,7 +362,7 @@ async def test_answer_view_puts_thinking_in_a_collapsible(data_dir):
     from textual.app import App
     from textual.widgets import Collapsible
 
-    from dflash_tui.widgets import AnswerView
+    from dflash_tui.tui.widgets import AnswerView
 
     class One(App):
         def compose(self):
@@ -420,7 +420,7 @@ def test_snapshot_help(snap_compare, profile, engine, data_dir):
 
 
 def test_snapshot_sessions_browser(snap_compare, profile, engine, data_dir):
-    from dflash_tui import sessions
+    from dflash_tui.core import sessions
 
     for n, (created, prompt) in enumerate([("2026-01-02T10:00:00+00:00", "What is 48 + 75?"),
                                            ("2026-01-03T11:30:00+00:00", "Write a haiku about drafts")]):
@@ -493,8 +493,8 @@ def test_engine_process_load_error_is_the_same_user_error(tmp_path, pair):
 
 
 def test_thinking_warns_once_when_the_draft_lacks_thinking_traces(tmp_path, pair, engine):
-    from dflash_tui.app import load_profile
-    from dflash_tui.conversation import DRAFT_THINKING_WARNING, ChatSettings, Conversation
+    from dflash_tui.core.settings import profile_for as load_profile
+    from dflash_tui.core.conversation import DRAFT_THINKING_WARNING, ChatSettings, Conversation
 
     path = write_profile(tmp_path / "nothink.toml", *pair, thinking=False, block_size=16)
     text = path.read_text().replace("block_size = 16", "block_size = 16\nthinking_trained = false")
@@ -508,13 +508,15 @@ def test_thinking_warns_once_when_the_draft_lacks_thinking_traces(tmp_path, pair
 
 
 def test_speedup_is_measured_once_a_block_1_turn_exists(engine):
-    from dflash_tui.conversation import ChatSettings, Conversation, Turn
+    from dflash_tui.core.conversation import ChatSettings, Conversation, Turn
+    from engines import Summary
 
     conv = Conversation(engine, ChatSettings(block_size=8), record=False)
     value, kind = conv.speedup(300.0, 4.0, 0.1, 0.3, 10, 8)
     assert kind == "est." and value == pytest.approx(4.0 * 0.3 / 0.4)
-    conv.turns.append(Turn(user="x", summary={"block_size": 1, "engine": engine.name, "generated_tokens": 50,
-                                              "decode_tokens_per_s": 100.0}))
+    # a summary as an older session file holds it: only some fields (Summary.from_dict fills the rest)
+    old = {"block_size": 1, "engine": engine.name, "generated_tokens": 50, "decode_tokens_per_s": 100.0}
+    conv.turns.append(Turn(user="x", summary=Summary.from_dict(old)))
     assert conv.speedup(300.0, 4.0, 0.1, 0.3, 10, 8) == (pytest.approx(3.0), "measured")
     assert conv.speedup(100.0, 1.0, 0.0, 0.3, 10, 1) == (1.0, "block 1")
 
@@ -522,8 +524,8 @@ def test_speedup_is_measured_once_a_block_1_turn_exists(engine):
 @pytest.mark.asyncio
 async def test_demo_pair_streams_both_colours(data_dir):
     """With the trained demo pair, accepted draft tokens and target tokens both show, in their colours."""
-    from dflash_tui.profiles import load_profile
-    from dflash_tui.widgets import AnswerView
+    from dflash_tui.core.profiles import load_profile
+    from dflash_tui.tui.widgets import AnswerView
 
     try:
         config = load_profile("demo").engine_config("cuda")
@@ -531,7 +533,7 @@ async def test_demo_pair_streams_both_colours(data_dir):
         pytest.skip(f"no demo profile here ({exc})")
     if not (Path(config.target).is_dir() and config.draft and Path(config.draft).is_dir()):
         pytest.skip("the demo pair is not built (make demo-models)")
-    from dflash_tui.app import DflashApp
+    from dflash_tui.tui.app import DflashApp
 
     app = DflashApp(profile="demo", engine="cuda", thinking=True, animate=False)
     async with app.run_test(size=SIZE) as pilot:

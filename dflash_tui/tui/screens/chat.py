@@ -8,7 +8,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, LoadingIndicator, Static
 
-from ..widgets import ChatHeader, PromptInput, StatsLine, StatsPanel
+from dflash_tui.tui.widgets import ChatHeader, PromptInput, StatsLine, StatsPanel
 
 # Priority bindings: the message box (a TextArea) would otherwise take ctrl+k and friends.
 KEYS = [

@@ -1,7 +1,7 @@
 """Replay: re-run a session's turns across block sizes, see the table and chart, then compare one turn's
 text side by side per block size, coloured by origin (accepted draft tokens vs the target's own).
 
-The work runs in a thread worker (`dflash_tui.replay.run_replay`), reporting progress back with
+The work runs in a thread worker (`dflash_tui.measure.replay.run_replay`), reporting progress back with
 `call_from_thread`; escape stops it between generations. The engine of the chat is reused when it runs
 the session's target (and is idle); otherwise the session's own engine is loaded in the worker. The
 comparison is saved next to the session, as `dflash replay` saves it, and the newest saved one is shown
@@ -22,9 +22,11 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, ProgressBar, Static
 
-from .. import replay, sessions
-from ..conversation import printable
-from ..widgets.stats import DRAFT_STYLE, TARGET_STYLE
+from dflash_tui.measure import replay
+
+from dflash_tui.core import sessions
+from dflash_tui.core.conversation import printable
+from dflash_tui.tui.widgets.stats import DRAFT_STYLE, TARGET_STYLE
 
 ORIGIN_STYLES = {"draft": DRAFT_STYLE, "target": TARGET_STYLE}
 
@@ -162,8 +164,8 @@ class ReplayScreen(ModalScreen):
     def _chat_engine(self, session):
         """The chat's engine when it runs the session's target and is idle (no second copy in memory)."""
         app = self.app
-        engine = getattr(app, "engine", None)
-        if engine is None or getattr(app, "active", None) is not None:
+        engine = app.engine
+        if engine is None or app.active is not None:
             return None
         return engine if replay.same_target(session, engine) else None
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
-from typing import Optional
+from typing import Optional, Union
 
 from engines import EngineConfig, GenerationRequest, choose_engine
 
-from .profiles import DEFAULT_PROFILE, Profile, load_profile
+from dflash_tui.core.profiles import DEFAULT_PROFILE, Profile, load_profile
 
 
 def load_settings(profile: Optional[str], engine: Optional[str] = None, target: Optional[str] = None,
@@ -38,3 +39,10 @@ def generation_request(profile: Profile, **given) -> GenerationRequest:
     }
     values.update({k: v for k, v in given.items() if v is not None})
     return GenerationRequest(**values)
+
+
+def profile_for(ref: Union[str, os.PathLike, Profile, None]) -> Profile:
+    """A Profile from a name, a path, or a Profile itself (None: the default profile)."""
+    if isinstance(ref, Profile):
+        return ref
+    return load_profile(str(ref) if ref is not None else DEFAULT_PROFILE)

@@ -18,8 +18,8 @@ import tomlkit
 
 from engines.errors import UserError
 
-from .bench import run_block, summarize
-from .replay import ProgressFn
+from dflash_tui.measure.bench import run_block, summarize
+from dflash_tui.measure.replay import ProgressFn
 
 NONE_WORDS = ("none", "off", "no", "0")
 
@@ -41,7 +41,7 @@ def windows_for(text: Optional[str], profile, config) -> list[Optional[int]]:
             if value not in out:
                 out.append(value)
         return out or [None]
-    window = getattr(config, "draft_window", None)
+    window = config.draft_window
     if not window:
         return [None]
     values = sorted({max(1, window // 4), max(1, window // 2), window})
@@ -51,7 +51,7 @@ def windows_for(text: Optional[str], profile, config) -> list[Optional[int]]:
 def sweep(engine, samples: list[dict], block_sizes: list[int], windows: list[Optional[int]], max_new_tokens: int = 256,
           thinking: bool = False, system_prompt: str = "", progress: Optional[ProgressFn] = None) -> dict:
     """Rows of (block size, draft window, throughput, speedup, tau) and the best one."""
-    if getattr(engine, "draft_info", None) is None:
+    if engine.draft_info is None:
         block_sizes = [1]
     block_sizes = sorted(set(block_sizes) | {1})
     others = [b for b in block_sizes if b > 1]
@@ -92,7 +92,7 @@ def sweep(engine, samples: list[dict], block_sizes: list[int], windows: list[Opt
 
 
 def format_sweep(result: dict) -> str:
-    from .replay import histogram_text
+    from dflash_tui.measure.replay import histogram_text
 
     show_window = result["windows"] != [None]
     titles = ["block"] + (["window"] if show_window else []) + ["tok/s", "speedup", "tau", "acceptance 1..B", ""]
@@ -115,7 +115,7 @@ def format_sweep(result: dict) -> str:
 
 
 def user_copy_path(profile) -> Path:
-    from .profiles import check_name, user_profile_dir
+    from dflash_tui.core.profiles import check_name, user_profile_dir
 
     if profile.path is None:
         raise UserError("Tune writes its result into a profile; give one with --profile (a name or a TOML file).")
@@ -199,5 +199,5 @@ def write_best(profile, best: dict, tune_window: bool = False, engine: Optional[
 
 
 def _engine_of(profile) -> Optional[str]:
-    engine = getattr(profile, "engine", None)
+    engine = profile.engine
     return engine if engine in ("cuda", "mlx") else None

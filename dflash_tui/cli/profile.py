@@ -10,7 +10,7 @@ import click
 
 from engines.errors import UserError
 
-from . import profiles
+from dflash_tui.core import profiles
 
 
 def _style(text: str, **kw) -> str:

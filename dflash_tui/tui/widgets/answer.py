@@ -15,8 +15,8 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Collapsible, Static
 
-from ..conversation import THINK_CLOSE, printable, thinking_layout
-from .stats import DRAFT_STYLE, GHOST_STYLE, TARGET_STYLE
+from dflash_tui.core.conversation import THINK_CLOSE, printable, thinking_layout
+from dflash_tui.tui.widgets.stats import DRAFT_STYLE, GHOST_STYLE, TARGET_STYLE
 
 LAYOUT_EVERY_S = 0.3  # while streaming, a new row shows within this; text in existing rows every frame
 STYLES = {"draft": Style.parse(DRAFT_STYLE), "target": Style.parse(TARGET_STYLE), "ghost": Style.parse(GHOST_STYLE),

@@ -8,10 +8,10 @@ import click
 
 from engines import load_engine
 
-from . import bench as bench_mod
-from . import replay as replay_mod
-from .generate_cli import engine_options
-from .style import color_enabled
+from dflash_tui.measure import bench as bench_mod
+from dflash_tui.measure import replay as replay_mod
+from dflash_tui.cli.generate import engine_options
+from dflash_tui.cli.style import color_enabled
 
 
 class Progress:
@@ -70,7 +70,7 @@ def replay(session_id, block_sizes, engine, device, dtype, temperature, no_save,
     build) says "different target". The comparison is saved next to the session as
     `<session>.replay-<time>.json` (schema "dflash-replay/1"); --json prints it. Progress goes to stderr.
     """
-    from . import sessions
+    from dflash_tui.core import sessions
 
     sizes = replay_mod.parse_block_sizes(block_sizes)
     session = sessions.load_session(session_id)
@@ -127,7 +127,7 @@ def bench(profile, target, draft, engine, device, dtype, block_size, draft_windo
     Prints, per block size, throughput against the baseline, speedup, mean acceptance length (tau) and
     the acceptance histogram, as the public DFlash benchmark does. Progress goes to stderr.
     """
-    from .settings import load_settings
+    from dflash_tui.core.settings import load_settings
 
     settings, config = load_settings(profile, engine, target, draft, device=device, dtype=dtype,
                                      block_size=block_size, draft_window=draft_window)
@@ -169,8 +169,8 @@ def tune(profile, target, draft, engine, device, dtype, block_size, draft_window
     """Sweep block sizes (and draft windows when the profile sets one) on a prompt set at temperature 0,
     print the table and write the fastest setting into your copy of the profile (created from the
     built-in one in `dflash profile path` if needed; comments are kept), saying what changed."""
-    from . import tune as tune_mod
-    from .settings import load_settings
+    from dflash_tui.measure import tune as tune_mod
+    from dflash_tui.core.settings import load_settings
 
     settings, config = load_settings(profile, engine, target, draft, device=device, dtype=dtype,
                                      block_size=block_size, draft_window=draft_window)

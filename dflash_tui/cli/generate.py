@@ -9,8 +9,9 @@ import click
 
 from engines import load_engine
 
-from .settings import generation_request, load_settings
-from .style import ORIGIN_STYLE, color_enabled
+from dflash_tui.measure.replay import format_bytes
+from dflash_tui.core.settings import generation_request, load_settings
+from dflash_tui.cli.style import ORIGIN_STYLE, color_enabled
 
 def engine_options(fn):
     """Options every command that loads an engine shares."""
@@ -28,14 +29,6 @@ def engine_options(fn):
     for option in reversed(options):
         fn = option(fn)
     return fn
-
-
-def format_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def stats_line(summary) -> str:

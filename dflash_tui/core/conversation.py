@@ -12,10 +12,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Optional
 
+from engines.checkpoints import check_block_size
 from engines.config import GenerationRequest
-from engines.events import StepEvent
+from engines.engine import EngineLike
+from engines.events import StepEvent, Summary
 
-from . import sessions
+from dflash_tui.core import sessions
+from dflash_tui.core.profiles import Profile
 
 BLOCK_CHOICES = (1, 2, 4, 8, 16)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -38,17 +41,14 @@ class ChatSettings:
     system_prompt: str = ""
 
     @classmethod
-    def from_profile(cls, profile, block_size: Optional[int] = None, thinking: Optional[bool] = None) -> "ChatSettings":
-        """Flags first, then the profile, then the defaults (DESIGN.md, "Profiles")."""
-        def get(name, default=None):
-            value = getattr(profile, name, None) if profile is not None else None
-            return default if value is None else value
-
+    def from_profile(cls, profile: Profile, block_size: Optional[int] = None,
+                     thinking: Optional[bool] = None) -> "ChatSettings":
+        """Flags first, then the profile, then the defaults (docs/design.md, "Profiles")."""
         return cls(
-            block_size=block_size if block_size is not None else get("block_size"),
-            thinking=thinking if thinking is not None else bool(get("thinking", True)),
-            temperature=get("temperature"), top_p=get("top_p"), top_k=get("top_k"), min_p=get("min_p"),
-            max_new_tokens=int(get("max_new_tokens", 512)), system_prompt=get("system_prompt", "") or "",
+            block_size=block_size if block_size is not None else profile.block_size,
+            thinking=thinking if thinking is not None else profile.thinking,
+            temperature=profile.temperature, top_p=profile.top_p, top_k=profile.top_k, min_p=profile.min_p,
+            max_new_tokens=profile.max_new_tokens, system_prompt=profile.system_prompt,
         )
 
     def to_dict(self) -> dict:
@@ -61,6 +61,24 @@ class ChatSettings:
 
 
 @dataclass
+class ChatFlags:
+    """`dflash chat`'s own flags: they win over the profile and over what a resumed session recorded."""
+
+    block_size: Optional[int] = None
+    thinking: Optional[bool] = None
+    max_new_tokens: Optional[int] = None
+
+    def apply(self, settings: ChatSettings) -> ChatSettings:
+        if self.block_size:
+            settings.block_size = self.block_size
+        if self.thinking is not None:
+            settings.thinking = self.thinking
+        if self.max_new_tokens:
+            settings.max_new_tokens = self.max_new_tokens
+        return settings
+
+
+@dataclass
 class Turn:
     """One exchange as the chat shows and resends it."""
 
@@ -68,7 +86,7 @@ class Turn:
     answer: str = ""
     status: str = "completed"  # "completed", "cancelled" or "error"
     thinking: Optional[bool] = None
-    summary: Optional[dict] = None
+    summary: Optional[Summary] = None  # a resumed turn's lacks token_ids and text (the file keeps them apart)
 
     @property
     def cancelled(self) -> bool:
@@ -186,15 +204,14 @@ class ActiveTurn:
 class Conversation:
     """History + settings + session for one engine. `begin()` a turn, iterate `stream()` over it."""
 
-    def __init__(self, engine, settings: ChatSettings, profile=None, profile_block_size: Optional[int] = None,
-                 engine_name: Optional[str] = None, record: bool = True):
+    def __init__(self, engine: EngineLike, settings: ChatSettings, profile: Optional[Profile] = None,
+                 record: bool = True):
         self.engine = engine
         self.settings = settings
         self.profile = profile
-        self.engine_name = engine_name or getattr(engine, "name", "?")
-        self.profile_block_size = profile_block_size or settings.block_size or getattr(engine, "block_size", 1)
+        self.profile_block_size = (profile.block_size if profile else None) or settings.block_size or engine.block_size
         if settings.block_size is None:
-            settings.block_size = getattr(engine, "block_size", 1)
+            settings.block_size = engine.block_size
         self.turns: list[Turn] = []
         self.dropped = 0  # the oldest turns no longer sent (context full)
         self.notices: list[str] = []
@@ -206,8 +223,12 @@ class Conversation:
 
     # -- settings --------------------------------------------------------------------------------
     @property
+    def engine_name(self) -> str:
+        return self.engine.name
+
+    @property
     def has_draft(self) -> bool:
-        return getattr(self.engine, "draft_info", None) is not None
+        return self.engine.draft_info is not None
 
     def block_choices(self) -> list[int]:
         if not self.has_draft:
@@ -222,9 +243,7 @@ class Conversation:
         return self.settings.block_size
 
     def set_block(self, block_size: int) -> int:
-        from engines.checkpoints import check_block_size
-
-        check_block_size(block_size, getattr(self.engine, "trained_block_size", None), self.has_draft)
+        check_block_size(block_size, self.engine.trained_block_size, self.has_draft)
         self.settings.block_size = block_size
         return block_size
 
@@ -232,7 +251,7 @@ class Conversation:
         """Set thinking for the next turns; returns a one-time warning when the draft lacks thinking traces."""
         self.settings.thinking = on
         if on and not self._warned_draft_thinking and self.profile is not None \
-                and getattr(self.profile, "draft_thinking", True) is False:
+                and not self.profile.draft_thinking:
             self._warned_draft_thinking = True
             return DRAFT_THINKING_WARNING
         return None
@@ -259,8 +278,7 @@ class Conversation:
         )
 
     def context_limit(self) -> Optional[int]:
-        info = getattr(self.engine, "target_info", None)
-        return getattr(info, "max_positions", None)
+        return self.engine.target_info.max_positions
 
     def begin(self, user: str) -> ActiveTurn:
         """Build the next turn's request over the history that still fits the context."""
@@ -281,7 +299,7 @@ class Conversation:
             self.notice(f"Context full: {newly} oldest turn{'s' if newly > 1 else ''} no longer sent "
                         f"({self.dropped} dropped in all; prompt {len(ids)} of {limit} tokens).")
         self.last_request = request
-        block = self.settings.block_size or getattr(self.engine, "block_size", 1)
+        block = self.settings.block_size or self.engine.block_size
         return ActiveTurn(user=user, request=request, prompt_ids=list(ids), messages=messages, dropped=self.dropped,
                           block_size=block, stats=LiveStats(block_size=block, prompt_tokens=len(ids)))
 
@@ -319,8 +337,7 @@ class Conversation:
         if active.recorded:
             return
         active.recorded = True
-        summary = getattr(self.engine, "last_summary", None)
-        summary_dict = summary.to_dict() if summary is not None else None
+        summary = self.engine.last_summary
         text = summary.text if summary is not None else active.text
         if error is not None:
             status = "error"
@@ -328,10 +345,8 @@ class Conversation:
             status = "cancelled"
         else:
             status = "completed"
-        if summary_dict:
-            summary_dict.pop("token_ids", None)
-            summary_dict.pop("text", None)
-        turn = Turn(user=active.user, answer=text, status=status, thinking=active.request.thinking, summary=summary_dict)
+        summary_dict = stored(summary)
+        turn = Turn(user=active.user, answer=text, status=status, thinking=active.request.thinking, summary=summary)
         active.turn = turn
         if status == "error" and not active.emitted:
             return
@@ -342,7 +357,7 @@ class Conversation:
                 "user": active.user, "answer": text, "messages": active.messages, "dropped_turns": active.dropped,
                 "settings": {**self.settings.to_dict(), "block_size": active.block_size,
                              "thinking": active.request.thinking, "engine": self.engine_name,
-                             "device": getattr(self.engine, "device", "?"), "dtype": getattr(self.engine, "dtype", "?")},
+                             "device": self.engine.device, "dtype": self.engine.dtype},
                 "prompt_ids": active.prompt_ids, "emitted_ids": active.emitted, "steps": active.steps,
                 "finish_reason": active.finish_reason or status, "summary": summary_dict,
             })
@@ -350,18 +365,17 @@ class Conversation:
     # -- the session -----------------------------------------------------------------------------
     def header(self) -> dict:
         engine = self.engine
-        target = getattr(engine, "config", None)
-        target_path = getattr(getattr(engine, "target_info", None), "path", None)
-        draft_path = getattr(getattr(engine, "draft_info", None), "path", None)
+        target_path = engine.target_info.path
+        draft_path = engine.draft_info.path if engine.draft_info else None
         return {
             "profile": profile_snapshot(self.profile),
-            "engine": self.engine_name, "device": getattr(engine, "device", "?"), "dtype": getattr(engine, "dtype", "?"),
-            "target": getattr(target, "target", None) or (str(target_path) if target_path else None),
-            "draft": getattr(target, "draft", None) or (str(draft_path) if draft_path else None),
-            "target_path": str(target_path) if target_path else None,
+            "engine": self.engine_name, "device": engine.device, "dtype": engine.dtype,
+            "target": engine.config.target or str(target_path),
+            "draft": engine.config.draft or (str(draft_path) if draft_path else None),
+            "target_path": str(target_path),
             "draft_path": str(draft_path) if draft_path else None,
             "target_revision": sessions.revision_of(target_path), "draft_revision": sessions.revision_of(draft_path),
-            "chat_template_hash": sessions.template_hash(getattr(engine, "tokenizer", None)),
+            "chat_template_hash": sessions.template_hash(engine.tokenizer),
             "settings": self.settings.to_dict(),
         }
 
@@ -382,7 +396,8 @@ class Conversation:
     def restore(self, session: sessions.Session) -> None:
         """Continue a recorded session: its history, its last settings, appending to its file."""
         self.turns = [Turn(user=t["user"], answer=t["answer"], status=t["status"], thinking=t.get("thinking"),
-                           summary=t.get("summary")) for t in session.history()]
+                           summary=Summary.from_dict(t["summary"]) if t.get("summary") else None)
+                      for t in session.history()]
         self.dropped = max([t.get("dropped_turns", 0) for t in session.turns] or [0])
         settings = session.last_settings()
         self.settings.update({k: v for k, v in settings.items() if k not in ("engine", "device", "dtype")})
@@ -392,13 +407,13 @@ class Conversation:
 
     # -- session statistics ----------------------------------------------------------------------
     def session_tau(self) -> float:
-        lengths = [n for t in self.turns if t.summary for n in t.summary.get("acceptance_lengths", [])]
+        lengths = [n for t in self.turns if t.summary for n in t.summary.acceptance_lengths]
         return sum(lengths) / len(lengths) if lengths else 0.0
 
     def block1_rate(self) -> Optional[float]:
-        rates = [t.summary["decode_tokens_per_s"] for t in self.turns
-                 if t.summary and t.summary.get("block_size") == 1 and t.summary.get("engine") == self.engine.name
-                 and t.summary.get("generated_tokens", 0) > 1 and t.summary.get("decode_tokens_per_s")]
+        rates = [t.summary.decode_tokens_per_s for t in self.turns
+                 if t.summary and t.summary.block_size == 1 and t.summary.engine == self.engine.name
+                 and t.summary.generated_tokens > 1 and t.summary.decode_tokens_per_s]
         return sum(rates) / len(rates) if rates else None
 
     def speedup(self, tokens_per_s: float, tau: float, draft_s: float, verify_s: float, steps: int,
@@ -416,18 +431,39 @@ class Conversation:
         return None, "est."
 
 
-def profile_snapshot(profile) -> dict:
-    """The profile's values as plain JSON (for the session header)."""
+def open_conversation(engine: EngineLike, profile: Profile, flags: ChatFlags,
+                      record: bool = True) -> tuple[Conversation, list[str]]:
+    """A new chat on `engine` (profile resolved for it, flags applied) and the notices it starts with
+    (the engine's own warnings are the caller's to show)."""
+    profile = profile.resolved(engine.name)
+    conv = Conversation(engine, flags.apply(ChatSettings.from_profile(profile)), profile=profile, record=record)
+    warning = conv.set_thinking(True) if conv.settings.thinking else None
+    return conv, [warning] if warning else []
+
+
+def resume(conv: Conversation, session: sessions.Session, flags: ChatFlags) -> None:
+    """Continue `session` in `conv`; the command-line flags still win over what it recorded."""
+    conv.restore(session)
+    flags.apply(conv.settings)
+
+
+def profile_snapshot(profile: Optional[Profile]) -> dict:
+    """The profile's values as plain JSON (for the session header; its per-engine overrides left out)."""
     if profile is None:
         return {}
-    out = {}
-    for key in ("name", "description", "path", "target", "draft", "engine", "dtype", "block_size",
-                "target_layer_ids", "draft_window", "temperature", "top_p", "top_k", "min_p", "max_new_tokens",
-                "thinking", "system_prompt", "draft_thinking"):
-        if hasattr(profile, key):
-            value = getattr(profile, key)
-            out[key] = str(value) if value is not None and not isinstance(value, (str, int, float, bool, list, dict)) else value
-    return out
+    values = asdict(profile)
+    values.pop("engines")
+    values["path"] = str(profile.path) if profile.path is not None else None
+    return values
+
+
+def stored(summary: Optional[Summary]) -> Optional[dict]:
+    """A turn's Summary as the session file keeps it: without token_ids and text."""
+    if summary is None:
+        return None
+    data = summary.to_dict()
+    del data["token_ids"], data["text"]
+    return data
 
 
 _CONTROL = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}

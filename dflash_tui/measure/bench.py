@@ -52,7 +52,7 @@ from engines.config import GenerationRequest
 from engines.errors import UserError
 from engines.events import acceptance_histogram
 
-from .replay import DEFAULT_BLOCK_SIZES, ProgressFn, parse_block_sizes
+from dflash_tui.measure.replay import DEFAULT_BLOCK_SIZES, ProgressFn, parse_block_sizes
 
 SCHEMA = "dflash-bench/1"
 BUILTIN_SETS = ("chat", "math", "code", "demo")
@@ -96,7 +96,7 @@ def parse_jsonl(text: str, where: str) -> list[dict]:
 
 
 def builtin_set(name: str) -> list[dict]:
-    text = importlib.resources.files("dflash_tui.prompts").joinpath(f"{name}.jsonl").read_text(encoding="utf-8")
+    text = importlib.resources.files("dflash_tui.measure.prompts").joinpath(f"{name}.jsonl").read_text(encoding="utf-8")
     return parse_jsonl(text, f"built-in prompt set {name}")
 
 
@@ -146,7 +146,7 @@ def load_dataset(name: str, max_samples: Optional[int] = None) -> tuple[list[dic
 
 
 def default_dataset(profile) -> str:
-    return "demo" if getattr(profile, "name", "") == "demo" else "chat"
+    return "demo" if profile.name == "demo" else "chat"
 
 
 def max_new_for(flag: Optional[int], profile) -> int:
@@ -154,18 +154,18 @@ def max_new_for(flag: Optional[int], profile) -> int:
         if flag < 1:
             raise UserError(f"--max-new-tokens {flag} must be at least 1.")
         return flag
-    return min(int(getattr(profile, "max_new_tokens", DEFAULT_MAX_NEW) or DEFAULT_MAX_NEW), DEFAULT_MAX_NEW)
+    return min(profile.max_new_tokens or DEFAULT_MAX_NEW, DEFAULT_MAX_NEW)
 
 
 def block_sizes_for(text: Optional[str], profile, config) -> list[int]:
     """--block-sizes, else 1,2,4,8,16 and the profile's; block 1 only without a draft."""
-    if not getattr(config, "draft", None):
+    if not config.draft:
         if text and any(b > 1 for b in parse_block_sizes(text)):
             raise UserError("Block sizes above 1 need a draft; this profile has none (pass --draft or use block 1).")
         return [1]
     if text:
         return parse_block_sizes(text)
-    extra = [b for b in (getattr(profile, "block_size", None), config.block_size) if b]
+    extra = [b for b in (profile.block_size, config.block_size) if b]
     return parse_block_sizes(list(DEFAULT_BLOCK_SIZES) + extra)
 
 
@@ -255,10 +255,10 @@ def run_bench(engine, samples: list[dict], block_sizes: list[int], max_new_token
               progress: Optional[ProgressFn] = None, system_prompt: str = "", dataset: str = "?",
               profile: str = "?", warmup: bool = True) -> dict:
     """Block 1, every other block size, and the framework's generate; the result dict (module docstring)."""
-    from .sessions import now_iso
+    from dflash_tui.core.sessions import now_iso
 
     block_sizes = parse_block_sizes(block_sizes)
-    if getattr(engine, "draft_info", None) is None:
+    if engine.draft_info is None:
         block_sizes = [1]
     name = engine.baseline_name if framework else None
     n_turns = sum(len(s["turns"]) for s in samples)
@@ -328,7 +328,7 @@ def format_result(result: dict, colour: bool = False) -> str:
     """The benchmark as a table plus, per block size, the public benchmark's summary lines."""
     import click
 
-    from .replay import histogram_text
+    from dflash_tui.measure.replay import histogram_text
 
     r = result
     lines = [f"bench {r['profile']} on {r['dataset']} ({r['samples']} samples, {r['turns']} turns) · {r['engine']} engine "

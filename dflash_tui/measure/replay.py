@@ -57,7 +57,7 @@ from engines.config import MAX_BLOCK_SIZE, EngineConfig, GenerationRequest
 from engines.errors import UserError
 from engines.events import acceptance_histogram
 
-from . import sessions
+from dflash_tui.core import sessions
 
 SCHEMA = "dflash-replay/1"
 DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 16)
@@ -149,7 +149,7 @@ def engine_config_for(session: sessions.Session, engine: Optional[str] = None, d
     chosen = choose_engine(engine or recorded_engine or "auto")
     flags = {"device": device, "dtype": dtype}
     if chosen != recorded_engine and snapshot.get("path") and Path(snapshot["path"]).is_file():
-        from .profiles import load_profile
+        from dflash_tui.core.profiles import load_profile
 
         return load_profile(snapshot["path"]).engine_config(chosen, **flags)
     target = header.get("target_path") or header.get("target")
@@ -178,11 +178,11 @@ def _same_path(a, b) -> bool:
 def same_target(session: sessions.Session, engine) -> bool:
     """Whether `engine` runs the target the session was recorded with (same checkpoint)."""
     header = session.header
-    path = getattr(getattr(engine, "target_info", None), "path", None)
+    path = engine.target_info.path
     if _same_path(path, header.get("target_path")):
         return True
-    config = getattr(engine, "config", None)
-    return bool(getattr(config, "target", None)) and config.target == header.get("target") and \
+    config = engine.config
+    return bool(config.target) and config.target == header.get("target") and \
         not header.get("target_path")
 
 
@@ -258,15 +258,7 @@ def effective_temperature(engine, turns: list[RecordedTurn], temperature: Option
     """The temperature the replay samples at (a request's None takes the generation_config's)."""
     from engines.sampling import resolve_sampling
 
-    config = getattr(engine, "generation_config", None)
-    if config is None:  # an engine served by another process (the TUI's) has no copy here: read it
-        from engines.checkpoints import TargetInfo
-
-        try:
-            config = TargetInfo.read(str(engine.target_info.path)).generation_config()
-        except Exception:  # noqa: BLE001 - without one, None means greedy, as in the engines
-            config = {}
-    values = {resolve_sampling(t.request(1, temperature), config or {}).temperature for t in turns}
+    values = {resolve_sampling(t.request(1, temperature), engine.generation_config).temperature for t in turns}
     return max(values)
 
 
@@ -276,7 +268,7 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
     """Re-run every completed turn at every block size on `engine`; the comparison dict (module docstring)."""
     turns = recorded_turns(session)
     block_sizes = parse_block_sizes(block_sizes)
-    has_draft = getattr(engine, "draft_info", None) is not None
+    has_draft = engine.draft_info is not None
     warnings = list(session.warnings)
     if not has_draft and any(b > 1 for b in block_sizes):
         warnings.append("The replayed target has no draft; only block size 1 runs.")
@@ -353,9 +345,8 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
     header = session.header
     return {
         "schema": SCHEMA, "session": session.id, "session_path": str(session.path), "created": sessions.now_iso(),
-        "engine": getattr(engine, "name", "?"), "device": getattr(engine, "device", "?"),
-        "dtype": getattr(engine, "dtype", "?"),
-        "target": str(getattr(getattr(engine, "target_info", None), "path", "") or ""),
+        "engine": engine.name, "device": engine.device, "dtype": engine.dtype,
+        "target": str(engine.target_info.path),
         "recorded_target": header.get("target_path") or header.get("target"),
         "recorded_engine": header.get("engine"), "same_target": matched, "temperature": temp, "greedy": greedy,
         "block_sizes": block_sizes,
@@ -393,9 +384,11 @@ CHECK, CROSS = "✓", "✗"
 
 
 def format_bytes(n: int) -> str:
-    from .generate_cli import format_bytes as fmt
-
-    return fmt(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
 
 
 def histogram_text(histogram: list[int], width: int = 16) -> str:

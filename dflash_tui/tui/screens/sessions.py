@@ -10,7 +10,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
-from .. import sessions
+from dflash_tui.core import sessions
 
 
 class SessionsScreen(ModalScreen[str | None]):

@@ -10,7 +10,6 @@ context trimming, requests, session records) lives in `conversation.Conversation
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import deque
 from typing import Iterable, Optional
@@ -23,47 +22,28 @@ from textual.widgets import Static
 
 from engines.engine import free_memory
 from engines.errors import UserError
+from engines.events import Summary
 
-from . import sessions
-from .conversation import ChatSettings, Conversation
+from dflash_tui.core import sessions
+from dflash_tui.core.conversation import ChatFlags, Conversation, open_conversation, resume
+from dflash_tui.core.profiles import list_profiles
+from dflash_tui.core.settings import profile_for
 from engines.process import quiet_loaders
-from .screens import (ChatScreen, HelpScreen, LoadErrorScreen, MarkdownScreen, ReplayScreen, SessionsScreen,
+from dflash_tui.tui.screens import (ChatScreen, HelpScreen, LoadErrorScreen, MarkdownScreen, ReplayScreen, SessionsScreen,
                       SystemPromptScreen)
-from .widgets import AnswerView, ChatHeader, NoticeLine, StatsLine, StatsPanel, UserMessage
-from .widgets.stats import StatsData
+from dflash_tui.tui.widgets import AnswerView, ChatHeader, NoticeLine, StatsLine, StatsPanel, UserMessage
+from dflash_tui.tui.widgets.stats import StatsData
 
 ENGINE_CHOICES = ("auto", "cuda", "mlx")
 PROMPT = "#prompt"
 
 
-def load_profile(ref):
-    """A Profile from a name, a path, or a Profile object itself (None: the demo profile)."""
-    if ref is not None and not isinstance(ref, (str, os.PathLike)):
-        return ref
-    from .profiles import DEFAULT_PROFILE, load_profile as _load
-
-    return _load(str(ref) if ref is not None else DEFAULT_PROFILE)
-
-
 def profile_names() -> list[str]:
+    """Every profile the palette offers (none when the folder cannot be read)."""
     try:
-        from .profiles import list_profiles
-
-        return [getattr(p, "name", p) for p in list_profiles(errors=[])]
-    except Exception:  # noqa: BLE001 - the palette simply offers none
+        return [p.name for p in list_profiles(errors=[])]
+    except UserError:
         return []
-
-
-def engine_config_for(profile, engine: Optional[str], block_size: Optional[int] = None):
-    """The EngineConfig for a profile under the command-line flags (engine None: the profile's)."""
-    return profile.engine_config(engine, block_size=block_size)
-
-
-def resolved_profile(profile, engine_name: str):
-    try:
-        return profile.resolved(engine_name)
-    except Exception:  # noqa: BLE001 - a profile without per-engine overrides
-        return profile
 
 
 class DflashApp(App):
@@ -80,9 +60,7 @@ class DflashApp(App):
         self.profile_ref = profile
         self.profile = None
         self.engine_flag = engine
-        self.block_flag = block_size
-        self.thinking_flag = thinking
-        self.max_new_tokens = max_new_tokens
+        self.flags = ChatFlags(block_size, thinking, max_new_tokens)
         self.record = record
         self.pending_resume = resume
         self.engine = None
@@ -120,7 +98,7 @@ class DflashApp(App):
     def _use_loaded_engine(self) -> None:
         engine, self.loaded_engine = self.loaded_engine, None
         try:
-            self.profile = load_profile(self.profile_ref)
+            self.profile = profile_for(self.profile_ref)
         except UserError as exc:
             self.show_load_error(str(exc))
             return
@@ -141,12 +119,12 @@ class DflashApp(App):
         self._show_loading(True)
         try:
             if self.profile is None:
-                self.profile = load_profile(self.profile_ref)
-            config = engine_config_for(self.profile, self.engine_flag, self.block_flag)
+                self.profile = profile_for(self.profile_ref)
+            config = self.profile.engine_config(self.engine_flag, block_size=self.flags.block_size)
         except UserError as exc:
             self.show_load_error(str(exc))
             return
-        draft = f" and draft {config.draft}" if getattr(config, "draft", None) else ""
+        draft = f" and draft {config.draft}" if config.draft else ""
         self._loading_what = f"Loading target {config.target}{draft} ({config.engine} engine)"
         self._load_started = time.perf_counter()
         self._tick_loading()
@@ -202,29 +180,20 @@ class DflashApp(App):
         self.engine = engine
         self.loading = False
         self._show_loading(False)
-        profile = resolved_profile(self.profile, engine.name)
         if self._keep_conversation and self.conversation is not None:
             conv = self.conversation
-            conv.engine, conv.engine_name = engine, engine.name
+            conv.engine = engine
             if conv.settings.block_size and conv.settings.block_size > 1 and not conv.has_draft:
                 conv.settings.block_size = 1
             self.notice(f"Reloaded on the {engine.name} engine ({engine.device}, {engine.dtype}); history kept.")
+            notices = []
         else:
-            settings = ChatSettings.from_profile(profile, self.block_flag, self.thinking_flag)
-            if self.max_new_tokens:
-                settings.max_new_tokens = self.max_new_tokens
-            conv = Conversation(engine, settings, profile=profile,
-                                profile_block_size=getattr(profile, "block_size", None) or engine.block_size,
-                                engine_name=engine.name, record=self.record)
+            conv, notices = open_conversation(engine, self.profile, self.flags, record=self.record)
             self.conversation = conv
-            if settings.thinking:
-                warning = conv.set_thinking(True)
-                if warning:
-                    self.notice(warning)
         self._keep_conversation = False
         conv.on_notice = self.notice
-        for warning in getattr(engine, "warnings", []):
-            self.notice(warning)
+        for notice in [*notices, *engine.warnings]:
+            self.notice(notice)
         if self.pending_resume is not None:
             session, self.pending_resume = self.pending_resume, None
             self.resume_session(session)
@@ -232,15 +201,20 @@ class DflashApp(App):
         self.q(PROMPT).focus()
 
     # -- chrome: header, stats -------------------------------------------------------------------
+    def _thinking_before_load(self) -> bool:
+        """Thinking as the header shows it while no conversation exists: the flag, else the profile's."""
+        if self.flags.thinking is not None:
+            return self.flags.thinking
+        return self.profile.thinking if self.profile else True
+
     def _refresh_chrome(self) -> None:
         try:
             header = self.q("#header", ChatHeader)
         except Exception:  # noqa: BLE001
             return
         conv = self.conversation
-        name = getattr(self.profile, "name", None) or str(self.profile_ref or "demo")
-        thinking = conv.settings.thinking if conv else bool(self.thinking_flag if self.thinking_flag is not None
-                                                            else getattr(self.profile, "thinking", True))
+        name = self.profile.name if self.profile else str(self.profile_ref or "demo")
+        thinking = conv.settings.thinking if conv else self._thinking_before_load()
         if self.engine is None:
             header.show(name, "?", "?", "?", "?", thinking, self.ghosts, loading=self.loading)
         else:
@@ -256,36 +230,32 @@ class DflashApp(App):
             d.block_size = engine.block_size
         d.ghosts = self.ghosts
         if conv is None:
-            d.thinking = bool(self.thinking_flag if self.thinking_flag is not None else True)
+            d.thinking = self._thinking_before_load()
             return d
         d.thinking = conv.settings.thinking
-        d.block_size = conv.settings.block_size
+        d.block_size = turn_block = conv.settings.block_size  # the next turn's, except while one runs
         d.session_tau = conv.session_tau()
-        d.context_limit = conv.context_limit()
+        d.context_limit = conv.context_limit() if engine is not None else None  # None while switching engines
         steps = 0
         if self.active is not None:
             s = self.active.stats
             d.tokens_per_s, d.tokens, d.tau, d.histogram = s.tokens_per_s, s.tokens, s.tau, s.histogram()
             d.draft_s, d.verify_s, steps = s.draft_s, s.verify_s, len(s.lengths)
             d.context_tokens = s.prompt_tokens + s.tokens
-            d.block_size = self.active.block_size
+            d.block_size = turn_block = self.active.block_size
             d.peak_bytes, d.peak_kind = self._last_stats.peak_bytes, self._last_stats.peak_kind
             d.state = "generating"
         elif conv.turns and conv.turns[-1].summary:
             m = conv.turns[-1].summary
-            d.tokens_per_s, d.tokens = m.get("decode_tokens_per_s", 0.0), m.get("generated_tokens", 0)
-            d.tau, d.histogram = m.get("mean_acceptance_length", 0.0), m.get("histogram", [])
-            d.draft_s, d.verify_s = m.get("draft_s", 0.0), m.get("verify_s", 0.0)
-            steps = len(m.get("acceptance_lengths", []))
-            d.context_tokens = m.get("prompt_tokens", 0) + m.get("generated_tokens", 0)
-            d.peak_bytes, d.peak_kind = m.get("peak_memory_bytes", 0), m.get("peak_memory_kind", "device")
-            if m.get("block_size"):
-                d.block_size = m["block_size"]
+            d.tokens_per_s, d.tokens, d.tau, d.histogram = m.decode_tokens_per_s, m.generated_tokens, \
+                m.mean_acceptance_length, m.histogram
+            d.draft_s, d.verify_s, steps = m.draft_s, m.verify_s, len(m.acceptance_lengths)
+            d.context_tokens = m.prompt_tokens + m.generated_tokens
+            d.peak_bytes, d.peak_kind = m.peak_memory_bytes, m.peak_memory_kind
+            turn_block = m.block_size or turn_block
             d.state = "done"
         if steps:
-            d.speedup, d.speedup_kind = conv.speedup(d.tokens_per_s, d.tau, d.draft_s, d.verify_s, steps, d.block_size)
-        if d.state == "done":
-            d.block_size = conv.settings.block_size
+            d.speedup, d.speedup_kind = conv.speedup(d.tokens_per_s, d.tau, d.draft_s, d.verify_s, steps, turn_block)
         return d
 
     def _show_stats(self, d: StatsData) -> None:
@@ -387,8 +357,7 @@ class DflashApp(App):
     # -- actions ---------------------------------------------------------------------------------
     def action_toggle_thinking(self) -> None:
         if self.conversation is None:
-            current = self.thinking_flag if self.thinking_flag is not None else getattr(self.profile, "thinking", True)
-            self.thinking_flag = not current
+            self.flags.thinking = not self._thinking_before_load()
         else:
             warning = self.conversation.toggle_thinking()
             if warning:
@@ -460,8 +429,7 @@ class DflashApp(App):
             return
         for warning in session.warnings:
             self.notify(warning, severity="warning", timeout=8)
-        self.conversation.restore(session)
-        self._apply_flags()
+        resume(self.conversation, session, self.flags)
         prompt = self.q(PROMPT)
         for turn in self.conversation.turns:  # up recalls the session's prompts too
             prompt.remember(turn.user)
@@ -475,16 +443,6 @@ class DflashApp(App):
             answer.call_after_refresh(answer.finish, turn.status, footer_for(turn.summary))
         self.notice(f"Resumed session {session.id} ({len(session.turns)} turns).")
         self._refresh_chrome()
-
-    def _apply_flags(self) -> None:
-        """Command-line flags win over what a resumed session recorded."""
-        settings = self.conversation.settings
-        if self.block_flag:
-            settings.block_size = self.block_flag
-        if self.thinking_flag is not None:
-            settings.thinking = self.thinking_flag
-        if self.max_new_tokens:
-            settings.max_new_tokens = self.max_new_tokens
 
     def action_replay(self) -> None:
         self.push_screen(ReplayScreen(self.conversation.session_id if self.conversation else None))
@@ -579,9 +537,9 @@ class DflashApp(App):
 
 
 
-def footer_for(summary: Optional[dict]) -> Optional[str]:
-    if not summary:
+def footer_for(summary: Optional[Summary]) -> Optional[str]:
+    if summary is None:
         return None
-    parts = [f"{summary.get('generated_tokens', 0)} tokens", f"{summary.get('decode_tokens_per_s', 0):.1f} tok/s",
-             f"tau {summary.get('mean_acceptance_length', 0):.2f}", f"block {summary.get('block_size', '?')}"]
+    parts = [f"{summary.generated_tokens} tokens", f"{summary.decode_tokens_per_s:.1f} tok/s",
+             f"tau {summary.mean_acceptance_length:.2f}", f"block {summary.block_size}"]
     return " · ".join(parts)

@@ -10,7 +10,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ..widgets.stats import DRAFT_STYLE, GHOST_STYLE, TARGET_STYLE
+from dflash_tui.tui.widgets.stats import DRAFT_STYLE, GHOST_STYLE, TARGET_STYLE
 
 KEY_HELP = [
     ("enter", "send the message"),

@@ -1,4 +1,4 @@
-"""Per-model tuning profiles as TOML (DESIGN.md, "Profiles (TOML)").
+"""Per-model tuning profiles as TOML (docs/design.md, "Profiles").
 
 Built-in profiles ship in the package `dflash_tui.profiles_data` (the repository's `profiles/`); user
 profiles live in the platformdirs config dir and shadow built-ins of the same name. Files are read with

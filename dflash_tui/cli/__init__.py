@@ -41,10 +41,10 @@ def main() -> None:
 
 
 # Subcommands register here, one line each.
-from .generate_cli import generate  # noqa: E402
+from dflash_tui.cli.generate import generate  # noqa: E402
 
 main.add_command(generate)
-from .profile_cli import profile; main.add_command(profile)  # noqa: E402,E702
-from .train_cli import train_draft; main.add_command(train_draft)  # noqa: E402,E702
-from .chat_cli import chat, sessions; main.add_command(chat); main.add_command(sessions)  # noqa: E402,E702
-from .replay_cli import bench, replay, tune; main.add_command(replay); main.add_command(bench); main.add_command(tune)  # noqa: E402,E702
+from dflash_tui.cli.profile import profile; main.add_command(profile)  # noqa: E402,E702
+from dflash_tui.cli.train import train_draft; main.add_command(train_draft)  # noqa: E402,E702
+from dflash_tui.cli.chat import chat, sessions; main.add_command(chat); main.add_command(sessions)  # noqa: E402,E702
+from dflash_tui.cli.measure import bench, replay, tune; main.add_command(replay); main.add_command(bench); main.add_command(tune)  # noqa: E402,E702

@@ -12,7 +12,7 @@ import click
 
 from engines.errors import UserError
 
-from . import sessions as store
+from dflash_tui.core import sessions as store
 
 
 def profile_from_session(session: store.Session) -> Optional[str]:
@@ -45,10 +45,10 @@ def chat(profile, engine, block_size, thinking, resume_id, plain, max_new_tokens
     if session is not None and profile is None:
         profile = profile_from_session(session)
     if plain or not sys.stdin.isatty() or not sys.stdout.isatty():
-        from .repl import run_repl
+        from dflash_tui.repl import run_repl
 
         sys.exit(run_repl(profile, engine, block_size, thinking, session, max_new_tokens))
-    from .app import DflashApp
+    from dflash_tui.tui.app import DflashApp
 
     app = DflashApp(profile=profile, engine=engine, block_size=block_size, thinking=thinking, resume=session,
                     max_new_tokens=max_new_tokens)
