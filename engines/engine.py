@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Protocol, runtime_checkable
 
+from . import hub
 from .baseline import BaselineRun, Margin
 from .checkpoints import DraftInfo, TargetInfo, check_block_size, validate_pair
 from .config import EngineConfig, GenerationRequest
@@ -95,6 +96,7 @@ class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.warnings: list[str] = []
+        hub.require_cached({"target": config.target, "draft": config.draft})  # offline: one sentence for both
         self.target_info = TargetInfo.read(config.target)
         self.check_target(self.target_info)  # before the tokenizer: an unknown type never reaches a loader
         self.draft_info: Optional[DraftInfo] = None
