@@ -1,0 +1,72 @@
+"""`dflash serve` and `dflash profile serve-command` (registered in dflash_tui.cli)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+ENGINE_CHOICES = ["auto", "cuda", "mlx"]
+
+
+def _settings(profile: Optional[str], engine: Optional[str], block_size: Optional[int]):
+    from dflash_tui.core.settings import load_settings
+
+    return load_settings(profile, engine, block_size=block_size)
+
+
+@click.command()
+@click.option("--profile", "-p", metavar="NAME|PATH", help="A profile name or TOML file (default: demo).")
+@click.option("--engine", type=click.Choice(ENGINE_CHOICES), default=None, help="Engine (default: the profile's, else auto).")
+@click.option("--block-size", "-b", type=int, default=None,
+              help="Default block size (requests may choose their own through the dflash extension field).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; beyond loopback an API key is required.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--api-key", envvar="DFLASH_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on every route but /health (env: DFLASH_API_KEY).")
+@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Requests that may wait for the engine; one more gets HTTP 429 with Retry-After.")
+@click.option("--reasoning-split/--no-reasoning-split", default=True, show_default=True,
+              help="Thinking in reasoning_content and reasoning (split), or inline <think> text in content.")
+@click.option("--served-model-name", "names", multiple=True, metavar="NAME",
+              help="Model name(s) clients send (default: the profile's name, and its target).")
+def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning_split, names) -> None:
+    """Serve a profile's pair over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models,
+    /tokenize, /metrics and /health.
+
+    The pair loads once, in the engine process, and answers one request at a time; others wait in a
+    queue of --max-queue. Interleaved clients share one cache, so they get no turn-cache reuse.
+    Each streamed chunk carries the DFlash step (drafted, accepted, origins) in a `dflash` field that
+    standard clients ignore; `dflash chat --engine remote --url http://HOST:PORT/v1` shows it all.
+    """
+    from .run import check_host, check_port, serve as run_server
+
+    check_host(host, api_key)  # both before any weight loads
+    check_port(host, port)
+    settings, config = _settings(profile, engine, block_size)
+    defaults = {k: getattr(settings, k) for k in ("max_new_tokens", "temperature", "top_p", "top_k", "min_p",
+                                                    "thinking")}
+    served = list(names) or list(dict.fromkeys([settings.name, settings.target]))
+    run_server(config, served, defaults, host=host, port=port, api_key=api_key, max_queue=max_queue,
+               reasoning_split=reasoning_split, say=lambda text: click.echo(text, err=True))
+
+
+@click.command("serve-command")
+@click.argument("name")
+@click.option("--for", "server", type=click.Choice(["vllm", "sglang"]), required=True, help="The server to launch.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=None, help="Default: 8000 for vLLM, 30000 for SGLang.")
+def serve_command(name: str, server: str, host: str, port: Optional[int]) -> None:
+    """Print the vLLM or SGLang launch command for profile NAME's pair (then chat with it through
+    `dflash chat --engine remote --url http://HOST:PORT/v1`)."""
+    from dflash_tui.core.profiles import load_profile
+
+    from .launch import DEFAULT_PORTS, serve_command as build
+
+    line, notes = build(load_profile(name), server, host, port)
+    click.echo(line)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    shown = port or DEFAULT_PORTS[server]
+    click.echo(f"then: dflash chat --engine remote --url http://{host}:{shown}/v1", err=True)

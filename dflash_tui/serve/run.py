@@ -1,0 +1,93 @@
+"""Starting `dflash serve`: the host check (a key beyond loopback), the engine process, uvicorn."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from typing import Optional
+
+from engines.errors import UserError
+
+from .app import ServeState, build_app
+from .metrics import Metrics
+from .worker import EngineWorker
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and names that resolve only to those."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def check_host(host: str, api_key: Optional[str]) -> None:
+    if not api_key and not is_loopback(host):
+        raise UserError(f"Serving on {host} reaches beyond this machine, so it needs an API key: pass --api-key KEY "
+                        "(or set DFLASH_API_KEY), or serve on 127.0.0.1.")
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a port another server holds before the weights load (uvicorn binds only after)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host.strip("[]"), port))
+        except OSError as exc:
+            raise UserError(f"Port {port} on {host} cannot be used ({exc.strerror or exc}); pick another with --port.") \
+                from None
+
+
+def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", port: int = 8000,
+          api_key: Optional[str] = None, max_queue: int = 64, reasoning_split: bool = True,
+          in_process: bool = False, say=lambda text: print(text, file=sys.stderr, flush=True)) -> None:
+    """Load the engine (in the engine process unless `in_process`), then serve until interrupted."""
+    check_host(host, api_key)
+    check_port(host, port)
+    import uvicorn
+
+    if in_process:
+        from engines import load_engine
+
+        engine = load_engine(config)
+    else:
+        from engines.process import ProcessEngine
+
+        engine = ProcessEngine(config)
+    metrics = Metrics(names[0], getattr(engine, "block_size", 1) or 1)
+    worker = EngineWorker(engine, max_queue=max_queue, metrics=metrics)
+    state = ServeState(engine=engine, worker=worker, metrics=metrics, names=names, defaults=defaults,
+                       reasoning_split=reasoning_split, api_key=api_key)
+    app = build_app(state)
+    for warning in getattr(engine, "warnings", []):
+        say(f"note: {warning}")
+    shown = f"[{host}]" if ":" in host else host
+    say(f"dflash serve: {names[0]} on the {engine.name} engine ({engine.device}, {engine.dtype}, block "
+        f"{engine.block_size}) at http://{shown}:{port}/v1" + (" · API key required" if api_key else "")
+        + " · ctrl+c stops")
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                           timeout_graceful_shutdown=3, access_log=False))
+    try:
+        server.run()
+    except SystemExit:
+        raise UserError(f"Port {port} on {host} cannot be used (another server may hold it); pick another with --port.") \
+            from None
+    finally:
+        worker.close()
+        close = getattr(engine, "close", None)
+        if close:
+            close()
+    if not server.started:
+        raise UserError(f"Port {port} on {host} cannot be used (another server may hold it); pick another with --port.")

@@ -1,0 +1,475 @@
+"""`dflash serve` for real: the command started on a free loopback port with a random tiny pair, spoken to
+over HTTP (httpx, the official openai client, the remote engine). No mocks. Every wait is for an event
+(the server answering /health, a metric changing), bounded by a count of polls, never a timing."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("torch")
+
+from engines import EngineConfig, EngineLike, GenerationRequest, load_engine  # noqa: E402
+from engines.remote import RemoteConfig, RemoteEngine  # noqa: E402
+from engines.remote.client import parse_prometheus  # noqa: E402
+from engines.remote.thinking import ThinkingSplitter  # noqa: E402
+from tests import tiny  # noqa: E402
+
+POLLS = 1200  # at 0.05 s apart: how long a wait may last before the test gives up
+LONG = 400  # max_tokens for a generation that must be stopped from outside (the context holds 512)
+KEY = "sesame"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+PROMPTS = ["What is 48 + 75?", "Hello world", "sort 3 1 2", "The quick brown fox", "0123456789", "Ünïcödé ✓"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`dflash serve` in a child process; `ready()` waits for /health (servers start side by side)."""
+
+    def __init__(self, profile: Path, *args: str, host: str = "127.0.0.1", log: Path):
+        self.host, self.port = host, free_port(host)
+        self.root = f"http://{host}:{self.port}"
+        self.base = self.root + "/v1"
+        self.log = log
+        cmd = [sys.executable, "-m", "dflash_tui", "serve", "--profile", str(profile), "--host", host,
+               "--port", str(self.port), *args]
+        environment = {k: v for k, v in os.environ.items() if k != "DFLASH_API_KEY"}
+        environment.update({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=environment)
+
+    def ready(self) -> "Server":
+        for _ in range(POLLS):
+            if self.proc.poll() is not None:
+                raise AssertionError(f"dflash serve exited {self.proc.returncode}: {self.log.read_text()}")
+            try:
+                if httpx.get(self.root + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.close()
+        raise AssertionError(f"dflash serve never answered /health: {self.log.read_text()}")
+
+    def metrics(self, headers: dict | None = None) -> dict[str, float]:
+        text = httpx.get(self.root + "/metrics", headers=headers or {}, timeout=10).text
+        return parse_prometheus(text)
+
+    def wait_metric(self, name: str, predicate, headers: dict | None = None) -> float:
+        for _ in range(POLLS):
+            value = self.metrics(headers).get(name, 0.0)
+            if predicate(value):
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"{name} never reached the expected value (last {value})")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def pair(pairs):
+    return pairs("qwen3")
+
+
+@pytest.fixture(scope="module")
+def profile(pair, tmp_path_factory):
+    target, draft = pair
+    return tiny.write_profile(tmp_path_factory.mktemp("serve") / "tiny.toml", target, draft, max_new_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def servers(profile, tmp_path_factory):
+    """Two servers, started side by side: an open one on 127.0.0.1, and one on 127.0.0.2 (still
+    loopback) that requires an API key and lets one request wait."""
+    logs = tmp_path_factory.mktemp("serve-log")
+    started = [Server(profile, log=logs / "open.log"),
+               Server(profile, "--api-key", KEY, "--max-queue", "1", host="127.0.0.2", log=logs / "guarded.log")]
+    try:
+        yield [s.ready() for s in started]
+    finally:
+        for s in started:
+            s.close()
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def guarded(servers):
+    return servers[1]
+
+
+@pytest.fixture(scope="module")
+def local(pair):
+    target, draft = pair
+    return load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", dtype="float32"))
+
+
+def chat_body(prompt: str, max_tokens: int = 24, **extra) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, **extra}
+
+
+def local_run(local, prompt: str, max_new: int = 24, block_size=None, thinking=True):
+    request = GenerationRequest(messages=[{"role": "user", "content": prompt}], max_new_tokens=max_new,
+                                temperature=0.0, block_size=block_size, thinking=thinking)
+    events = list(local.generate(request))
+    return events, local.last_summary
+
+
+def split_whole(text: str) -> tuple[str, str]:
+    """(reasoning, content) the server's split gives for a whole reply."""
+    splitter = ThinkingSplitter()
+    r1, c1 = splitter.add(text)
+    r2, c2 = splitter.flush()
+    return r1 + r2, c1 + c2
+
+
+def sse_chunks(response) -> list[dict]:
+    out = []
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            out.append(json.loads(line[6:]))
+    return out
+
+
+# -- the answers themselves ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", [None, 1, 4])
+def test_ids_over_http_equal_local_greedy(server, local, block):
+    for prompt in PROMPTS[:3]:
+        events, summary = local_run(local, prompt, block_size=block)
+        ext = {"dflash": {"block_size": block}} if block else {}
+        whole = httpx.post(server.base + "/chat/completions", json=chat_body(prompt, return_token_ids=True, **ext),
+                           timeout=60).json()
+        assert whole["dflash"]["summary"]["token_ids"] == summary.token_ids
+        assert whole["choices"][0]["token_ids"] == summary.token_ids
+        assert whole["usage"]["completion_tokens"] == len(summary.token_ids)
+        assert whole["usage"]["mean_acceptance_length"] == round(summary.mean_acceptance_length, 4)
+        with httpx.stream("POST", server.base + "/chat/completions", timeout=60,
+                          json=chat_body(prompt, stream=True, **ext)) as response:
+            chunks = sse_chunks(response)
+        steps = [c["dflash"]["step"] for c in chunks if "step" in c.get("dflash", {})]
+        assert [s["emitted"] for s in steps] == [e.emitted for e in events]
+        assert [(s["drafted"], s["accepted"]) for s in steps] == [(e.drafted, e.accepted) for e in events]
+        assert [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]][-1]["choices"][0][
+            "finish_reason"] == summary.finish_reason
+
+
+def test_remote_engine_shows_what_a_local_engine_shows(server, local):
+    remote = load_engine(EngineConfig(target="served", engine="remote", url=server.base))
+    assert isinstance(remote, RemoteEngine) and isinstance(remote, EngineLike)
+    assert (remote.kind, remote.block_size, remote.target_info.max_positions) == ("dflash", local.block_size, 512)
+    assert remote.draft_info is not None and remote.token_ids_known
+    for prompt in PROMPTS[:2]:
+        request = GenerationRequest(messages=[{"role": "user", "content": prompt}], max_new_tokens=24, temperature=0.0)
+        assert remote.prepare(request) == local.prepare(request)
+        got = list(remote.generate(request))
+        want, summary = local_run(local, prompt)
+        fields = lambda e: (e.drafted, e.accepted, e.emitted, e.pieces, e.rejected, e.is_prefill, e.finish_reason)  # noqa: E731
+        assert [fields(e) for e in got] == [fields(e) for e in want]
+        assert remote.last_summary.token_ids == summary.token_ids
+        assert remote.last_summary.acceptance_lengths == summary.acceptance_lengths
+        assert remote.last_summary.engine == "remote"
+    ids = local.prepare(GenerationRequest(messages=[{"role": "user", "content": "hi"}]))  # replay resends ids
+    got = list(remote.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=10, temperature=0.0)))
+    want = list(local.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=10, temperature=0.0)))
+    assert [e.emitted for e in got] == [e.emitted for e in want]
+    cancel = GenerationRequest(messages=[{"role": "user", "content": "go on"}], max_new_tokens=LONG, temperature=0.0)
+    for _ in remote.generate(cancel):
+        cancel.cancel.set()
+    assert remote.last_summary.finish_reason == "cancelled" and remote.last_summary.generated_tokens < LONG
+    remote.close()
+
+
+def test_openai_client_streams_and_answers(server, local):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    prompt = PROMPTS[0]
+    events, summary = local_run(local, prompt)
+    want_reasoning, want_content = split_whole(summary.text)
+    stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=24,
+                                            temperature=0, stream=True, stream_options={"include_usage": True})
+    content, reasoning, ids, usage, finish = [], [], [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            content.append(choice.delta.content or "")
+            reasoning.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
+            finish = choice.finish_reason or finish
+        step = (chunk.model_extra or {}).get("dflash", {}).get("step")
+        if step:
+            ids += step["emitted"]
+    assert ids == summary.token_ids
+    assert "".join(content) == want_content and "".join(reasoning) == want_reasoning
+    assert finish == summary.finish_reason
+    assert usage.completion_tokens == len(summary.token_ids)
+    assert usage.model_extra["mean_acceptance_length"] == pytest.approx(summary.mean_acceptance_length, abs=1e-3)
+    whole = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=24,
+                                           temperature=0)
+    assert whole.choices[0].message.content == want_content
+    done = client.completions.create(model="tiny", prompt="The quick brown", max_tokens=8, temperature=0)
+    raw = local.generate(GenerationRequest(prompt="The quick brown", max_new_tokens=8, temperature=0.0))
+    list(raw)
+    assert done.choices[0].text == local.last_summary.text
+
+
+def test_thinking_split_and_inline(server, local):
+    """With a template that leaves thinking to the model, the split follows the reply's own <think>."""
+    for prompt in PROMPTS[:4]:
+        _, summary = local_run(local, prompt)
+        inline = httpx.post(server.base + "/chat/completions", json=chat_body(prompt, separate_reasoning=False),
+                            timeout=60).json()
+        assert inline["choices"][0]["message"]["content"] == summary.text
+        split = httpx.post(server.base + "/chat/completions", json=chat_body(prompt), timeout=60).json()
+        message = split["choices"][0]["message"]
+        reasoning, content = split_whole(summary.text)
+        assert message["content"] == content
+        assert message.get("reasoning_content", "") == message.get("reasoning", "") == reasoning
+
+
+def test_stop_strings_are_cut_and_held_back(server, local):
+    list(local.generate(GenerationRequest(prompt="Hello world", max_new_tokens=24, temperature=0.0)))
+    text = local.last_summary.text
+    stop = text[6:8]
+    want = text[: text.find(stop)]
+    body = {"model": "tiny", "prompt": "Hello world", "max_tokens": 24, "temperature": 0, "stop": [stop, "never here"]}
+    whole = httpx.post(server.base + "/completions", json=body, timeout=60).json()
+    assert whole["choices"][0]["text"] == want and whole["choices"][0]["finish_reason"] == "stop"
+    with httpx.stream("POST", server.base + "/completions", json={**body, "stream": True}, timeout=60) as response:
+        chunks = sse_chunks(response)
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == want
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+
+
+def test_tokenize_models_metrics(server, local):
+    request = GenerationRequest(messages=[{"role": "user", "content": "hi"}])
+    got = httpx.post(server.root + "/tokenize", json={"model": "tiny", "messages": request.messages}, timeout=30).json()
+    assert got["tokens"] == local.prepare(request) and got["max_model_len"] == 512
+    text = httpx.post(server.root + "/detokenize", json={"tokens": got["tokens"]}, timeout=30).json()["prompt"]
+    assert text == local.decode(got["tokens"])
+    card = httpx.get(server.base + "/models", timeout=30).json()["data"][0]
+    assert card["owned_by"] == "dflash" and card["dflash"]["block_size"] == local.block_size
+    metrics = server.metrics()
+    for name in ("dflash:requests_total", "dflash:generation_tokens_total", "dflash:acceptance_length_count",
+                 "dflash:time_to_first_token_seconds_count", "dflash:num_requests_waiting",
+                 "dflash:spec_decode_num_drafts_total"):
+        assert name in metrics
+
+
+# -- errors, cancellation, the queue, auth --------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (chat_body("hi") | {"model": "gpt-4"}, 404, "model"),
+    (chat_body("hi", max_tokens=0), 400, "max_tokens"),
+    (chat_body("hi", max_tokens=-5), 400, "max_tokens"),
+    (chat_body("hi") | {"max_completion_tokens": 0}, 400, "max_completion_tokens"),
+    (chat_body("7 " * 600), 400, "messages"),
+    ({"model": "tiny"}, 400, "messages"),
+    (chat_body("hi") | {"n": 2}, 400, "n"),
+    (chat_body("hi") | {"temperature": "hot"}, 400, "temperature"),
+    (chat_body("hi") | {"stop": 5}, 400, "stop"),
+    ([1, 2], 400, None),
+])
+def test_bad_requests_get_openai_style_4xx(server, body, status, param):
+    response = httpx.post(server.base + "/chat/completions", json=body, timeout=30)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["message"] and error["type"] and error["param"] == param
+
+
+def test_bad_json_unknown_route_and_method(server):
+    assert httpx.post(server.base + "/chat/completions", content=b"{nope", timeout=30).status_code == 400
+    for prompt in ([10**6], [], ["a", "b"]):
+        response = httpx.post(server.base + "/completions", json={"model": "tiny", "prompt": prompt}, timeout=30)
+        assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+    for response, status in [(httpx.get(server.base + "/nowhere", timeout=30), 404),
+                             (httpx.get(server.base + "/chat/completions", timeout=30), 405)]:
+        assert response.status_code == status and response.json()["error"]["message"]
+
+
+def test_a_client_that_disconnects_cancels_its_generation(server):
+    aborted = server.metrics().get("dflash:request_finished_total", 0.0)
+    generated = server.metrics().get("dflash:generation_tokens_total", 0.0)
+    with httpx.stream("POST", server.base + "/chat/completions", timeout=60,
+                      json=chat_body("go on", max_tokens=LONG, stream=True)) as response:
+        for line in response.iter_lines():
+            if '"step"' in line:
+                break  # the generation is running: hang up
+    server.wait_metric("dflash:request_finished_total", lambda v: v >= aborted + 1)
+    after = server.metrics()
+    assert after["dflash:generation_tokens_total"] - generated < LONG
+    assert after["dflash:num_requests_running"] == 0
+    # not streaming: the request is sent on a raw socket that closes once the engine runs it
+    started = after["dflash:request_finished_total"]
+    body = json.dumps(chat_body("go on", max_tokens=LONG)).encode()
+    with socket.create_connection((server.host, server.port)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        server.wait_metric("dflash:num_requests_running", lambda v: v == 1)
+    server.wait_metric("dflash:request_finished_total", lambda v: v >= started + 1)
+    assert server.metrics()["dflash:generation_tokens_total"] - generated < 2 * LONG
+    ok = httpx.post(server.base + "/chat/completions", json=chat_body("hi", max_tokens=4), timeout=60)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+
+
+def test_a_full_queue_answers_429_and_a_gone_client_leaves_the_queue(guarded):
+    s = guarded
+    with httpx.Client(timeout=60, headers=AUTH) as a, httpx.Client(timeout=60, headers=AUTH) as b:
+        with a.stream("POST", s.base + "/chat/completions", json=chat_body("go on", max_tokens=LONG, stream=True)) as running:
+            lines = running.iter_lines()
+            while '"step"' not in next(lines):
+                pass
+            with b.stream("POST", s.base + "/chat/completions", json=chat_body("wait", stream=True)):
+                s.wait_metric("dflash:num_requests_waiting", lambda v: v == 1, AUTH)
+                full = httpx.post(s.base + "/chat/completions", json=chat_body("one more"), headers=AUTH, timeout=30)
+                assert full.status_code == 429
+                assert int(full.headers["Retry-After"]) >= 1
+                assert full.json()["error"]["code"] == "queue_full"
+            s.wait_metric("dflash:requests_dropped_total", lambda v: v == 1, AUTH)
+            assert s.metrics(AUTH)["dflash:num_requests_waiting"] == 0
+    s.wait_metric("dflash:num_requests_running", lambda v: v == 0, AUTH)
+    ok = httpx.post(s.base + "/chat/completions", json=chat_body("hi", max_tokens=3), headers=AUTH, timeout=60)
+    assert ok.status_code == 200
+
+
+def test_beyond_loopback_needs_a_key(profile):
+    env = {k: v for k, v in os.environ.items() if k != "DFLASH_API_KEY"}
+    refused = subprocess.run([sys.executable, "-m", "dflash_tui", "serve", "--profile", str(profile), "--host", "0.0.0.0",
+                              "--port", "9"], capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode == 2 and "API key" in refused.stderr
+
+
+def test_a_key_is_enforced_on_every_route_but_health(guarded):
+    s = guarded
+    assert httpx.get(s.root + "/health", timeout=30).status_code == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        response = httpx.get(s.base + "/models", headers=headers, timeout=30)
+        assert response.status_code == 401 and response.json()["error"]["type"] == "authentication_error"
+    for path in ("/metrics", "/tokenize"):
+        assert httpx.request("GET" if path == "/metrics" else "POST", s.root + path, timeout=30).status_code == 401
+    assert httpx.post(s.base + "/chat/completions", json=chat_body("hi"), timeout=30).status_code == 401
+    assert httpx.get(s.base + "/models", headers=AUTH, timeout=30).status_code == 200
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=s.base, api_key=KEY, max_retries=0)
+    assert client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=3).usage.completion_tokens == 3
+    remote = RemoteEngine(RemoteConfig(url=s.base, api_key=KEY))
+    assert len(list(remote.generate(GenerationRequest(messages=[{"role": "user", "content": "hi"}],
+                                                      max_new_tokens=3)))) >= 1
+    with pytest.raises(Exception, match="401"):
+        RemoteEngine(RemoteConfig(url=s.base, api_key="wrong"))
+
+
+# -- load -------------------------------------------------------------------------------------------
+
+
+def test_16_streaming_clients_3_requests_each_all_answered_in_order(server, local):
+    openai = pytest.importorskip("openai")
+    max_new = 8
+    expected = {}
+    for prompt in PROMPTS:
+        _, summary = local_run(local, prompt, max_new=max_new)
+        expected[prompt] = summary.token_ids
+    before = server.metrics()
+    results: dict[int, list] = {}
+    errors: list[BaseException] = []
+
+    def client_run(i: int) -> None:
+        try:
+            client = openai.OpenAI(base_url=server.base, api_key="unused", max_retries=0, timeout=300)
+            answers = []
+            for j in range(3):
+                prompt = PROMPTS[(i + j) % len(PROMPTS)]
+                ids, finish = [], None
+                for chunk in client.chat.completions.create(
+                        model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=max_new, temperature=0,
+                        stream=True):
+                    step = (chunk.model_extra or {}).get("dflash", {}).get("step")
+                    if step:
+                        ids += step["emitted"]
+                    for choice in chunk.choices:
+                        finish = choice.finish_reason or finish
+                answers.append((prompt, ids, finish))
+            results[i] = answers
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client_run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sorted(results) == list(range(16))
+    for i, answers in results.items():
+        assert [a[0] for a in answers] == [PROMPTS[(i + j) % len(PROMPTS)] for j in range(3)]
+        for prompt, ids, finish in answers:
+            assert ids == expected[prompt] and finish in ("length", "stop")
+    after = server.metrics()
+    finished = after["dflash:request_finished_total"] - before.get("dflash:request_finished_total", 0.0)
+    assert finished == 48
+    assert after.get("dflash:requests_rejected_total", 0.0) == before.get("dflash:requests_rejected_total", 0.0)
+
+
+def test_remote_engine_on_the_plain_openai_path(server, local):
+    """The path used for vLLM and other servers (no dflash extension read): ids from return_token_ids,
+    thinking rejoined from reasoning deltas, unknowns listed, and nothing claimed about drafting."""
+    remote = RemoteEngine(RemoteConfig(url=server.base))
+    remote.kind = "vllm"  # our server answers return_token_ids and /tokenize as vLLM does
+    request = GenerationRequest(messages=[{"role": "user", "content": PROMPTS[0]}], max_new_tokens=24, temperature=0.0)
+    events = list(remote.generate(request))
+    _, summary = local_run(local, PROMPTS[0])
+    assert [t for e in events for t in e.emitted] == summary.token_ids == remote.last_summary.token_ids
+    assert all(e.drafted == [] and e.accepted == 0 for e in events) and events[0].is_prefill
+    assert remote.last_summary.finish_reason == summary.finish_reason
+    reasoning, content = split_whole(summary.text)
+    text = "".join(e.text for e in events)
+    assert text.endswith(content) and reasoning in text
+    remote.close()
+
+
+def test_profile_serve_command_prints_vllm_and_sglang_launch_lines(pair, profile):
+    from click.testing import CliRunner
+
+    from dflash_tui.cli import main
+
+    target, draft = pair
+    vllm = CliRunner().invoke(main, ["profile", "serve-command", str(profile), "--for", "vllm"])
+    assert vllm.exit_code == 0, vllm.output
+    line = vllm.stdout.strip().splitlines()[0]
+    assert line.startswith(f"vllm serve {target} --speculative-config ")
+    spec = json.loads(line.split("--speculative-config ", 1)[1].split("' ", 1)[0].strip("'"))
+    assert spec == {"method": "dflash", "model": str(draft), "num_speculative_tokens": 15}
+    sglang = CliRunner().invoke(main, ["profile", "serve-command", str(profile), "--for", "sglang", "--port", "31000"])
+    assert sglang.exit_code == 0
+    assert (f"--model-path {target} --speculative-algorithm DFLASH --speculative-draft-model-path {draft} "
+            "--speculative-num-draft-tokens 16") in sglang.stdout and "--port 31000" in sglang.stdout
+    assert "dflash chat --engine remote --url http://127.0.0.1:31000/v1" in sglang.stderr
