@@ -473,3 +473,35 @@ def test_profile_serve_command_prints_vllm_and_sglang_launch_lines(pair, profile
     assert (f"--model-path {target} --speculative-algorithm DFLASH --speculative-draft-model-path {draft} "
             "--speculative-num-draft-tokens 16") in sglang.stdout and "--port 31000" in sglang.stdout
     assert "dflash chat --engine remote --url http://127.0.0.1:31000/v1" in sglang.stderr
+
+
+@pytest.mark.asyncio
+async def test_the_tui_over_the_remote_engine_colours_tokens_and_shows_the_stats(server, profile, local, data_dir):
+    """`dflash chat --engine remote --url ...`: the real load path, a turn, origins and tau as a local turn."""
+    from dflash_tui.core.settings import profile_for, with_remote
+    from dflash_tui.tui.app import DflashApp
+    from dflash_tui.tui.widgets import AnswerView
+
+    app = DflashApp(profile=with_remote(profile_for(str(profile)), url=server.base), engine="remote", animate=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(POLLS):
+            if app.conversation is not None or app.load_error is not None:
+                break
+            await pilot.pause(0.05)
+        assert app.load_error is None and app.engine.name == "remote"
+        await pilot.press(*PROMPTS[0], "enter")
+        for _ in range(POLLS):
+            if app.turns_done:
+                break
+            await pilot.pause(0.05)
+        await pilot.pause()
+        answer = app.query(AnswerView).last()
+        assert answer.status == "completed"
+        summary = app.finished[-1].turn.summary
+        events, want = local_run(local, PROMPTS[0])
+        assert summary.generated_tokens == want.generated_tokens
+        assert summary.acceptance_lengths == want.acceptance_lengths
+        kinds = {kind for _, kind in answer.segments}
+        want_kinds = {origin for e in events for _, origin in e.pieces}
+        assert want_kinds <= kinds <= want_kinds | {"ghost"}
+        assert app._last_stats.tau == pytest.approx(want.mean_acceptance_length)

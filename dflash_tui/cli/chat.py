@@ -25,14 +25,17 @@ def profile_from_session(session: store.Session) -> Optional[str]:
 
 @click.command()
 @click.option("--profile", "-p", "profile", metavar="NAME|PATH", help="A profile name or TOML file (default: demo).")
-@click.option("--engine", type=click.Choice(["auto", "cuda", "mlx"]), default=None,
+@click.option("--engine", type=click.Choice(["auto", "cuda", "mlx", "remote"]), default=None,
               help="Engine (default: the profile's, else auto).")
+@click.option("--url", help="Remote engine: an OpenAI-compatible server, http://HOST:PORT/v1 (implies --engine remote).")
+@click.option("--model", help="Remote engine: the served model (default: the first the server lists).")
+@click.option("--api-key", help="Remote engine: the server's API key (default: DFLASH_API_KEY).")
 @click.option("--block-size", type=int, default=None, help="Block size (1 = plain decoding; default: the profile's).")
 @click.option("--thinking/--no-thinking", default=None, help="Thinking for the first turn (ctrl+t toggles it).")
 @click.option("--resume", "resume_id", metavar="ID", help="Continue a recorded session (`dflash sessions list`).")
 @click.option("--plain", is_flag=True, help="The plain prompt-toolkit REPL instead of the full-screen TUI.")
 @click.option("--max-new-tokens", type=int, default=None, help="Answer length cap (default: the profile's).")
-def chat(profile, engine, block_size, thinking, resume_id, plain, max_new_tokens) -> None:
+def chat(profile, engine, url, model, api_key, block_size, thinking, resume_id, plain, max_new_tokens) -> None:
     """Chat with a target and its DFlash draft; drafted tokens are coloured as they stream.
 
     Keys: enter send, ctrl+j newline, ctrl+t thinking, ctrl+g ghosts, ctrl+k block size, escape stop,
@@ -44,6 +47,10 @@ def chat(profile, engine, block_size, thinking, resume_id, plain, max_new_tokens
     session = store.load_session(resume_id) if resume_id else None
     if session is not None and profile is None:
         profile = profile_from_session(session)
+    if url or model or api_key:
+        from dflash_tui.core.settings import profile_for, with_remote
+
+        profile, engine = with_remote(profile_for(profile), url, model, api_key), engine or "remote"
     if plain or not sys.stdin.isatty() or not sys.stdout.isatty():
         from dflash_tui.repl import run_repl
 

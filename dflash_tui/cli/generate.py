@@ -19,7 +19,10 @@ def engine_options(fn):
         click.option("--profile", "-p", help="Profile name or TOML file (default: demo)."),
         click.option("--target", help="Target checkpoint: a directory or a hub id (overrides the profile)."),
         click.option("--draft", help="DFlash draft checkpoint: a directory or a hub id."),
-        click.option("--engine", type=click.Choice(["auto", "cuda", "mlx"]), help="Engine (default: the profile's, else auto)."),
+        click.option("--engine", type=click.Choice(["auto", "cuda", "mlx", "remote"]), help="Engine (default: the profile's, else auto)."),
+        click.option("--url", help="Remote engine: an OpenAI-compatible server, http://HOST:PORT/v1 (implies --engine remote)."),
+        click.option("--model", help="Remote engine: the served model (default: the first the server lists)."),
+        click.option("--api-key", help="Remote engine: the server's API key (default: DFLASH_API_KEY)."),
         click.option("--device", help="auto (default), cpu, or cuda / cuda:N on the CUDA engine, gpu on MLX."),
         click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), help="Weights dtype."),
         click.option("--block-size", "-b", type=int, help="Tokens per verify step, 1 to 64 (1 = plain decoding)."),
@@ -53,7 +56,7 @@ def stats_line(summary) -> str:
 @click.option("--system", help="System prompt (default: the profile's).")
 @click.option("--raw", is_flag=True, help="Send PROMPT as plain text: no chat template, no special tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per step, then the summary.")
-def generate(prompt, profile, target, draft, engine, device, dtype, block_size, draft_window, max_new_tokens,
+def generate(prompt, profile, target, draft, engine, url, model, api_key, device, dtype, block_size, draft_window, max_new_tokens,
              temperature, top_p, top_k, min_p, seed, thinking, system, raw, as_json):
     """Generate an answer to PROMPT ('-' reads standard input).
 
@@ -62,8 +65,9 @@ def generate(prompt, profile, target, draft, engine, device, dtype, block_size, 
     """
     if prompt == "-":
         prompt = sys.stdin.read()
-    settings, config = load_settings(profile, engine, target, draft, device=device, dtype=dtype,
-                                     block_size=block_size, draft_window=draft_window)
+    settings, config = load_settings(profile, engine or ("remote" if url else None), target, draft, device=device,
+                                     dtype=dtype, block_size=block_size, draft_window=draft_window, url=url,
+                                     model=model, api_key=api_key)
     if raw:
         content = {"prompt": prompt}
     else:

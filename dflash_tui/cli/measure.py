@@ -119,7 +119,7 @@ def _dataset_option(fn):
 @click.option("--no-framework", is_flag=True, help="Skip the framework's own generate baseline.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the results to FILE as JSON (schema below).")
-def bench(profile, target, draft, engine, device, dtype, block_size, draft_window, dataset, block_sizes, max_samples,
+def bench(profile, target, draft, engine, url, model, api_key, device, dtype, block_size, draft_window, dataset, block_sizes, max_samples,
           max_new_tokens, thinking, temperature, no_framework, json_file):
     """Benchmark a profile on a prompt set: block 1 (the baseline), each block size, and the framework's own
     generate (transformers on the CUDA engine, mlx-lm on MLX), after a warm-up.
@@ -129,10 +129,12 @@ def bench(profile, target, draft, engine, device, dtype, block_size, draft_windo
     """
     from dflash_tui.core.settings import load_settings
 
-    settings, config = load_settings(profile, engine, target, draft, device=device, dtype=dtype,
-                                     block_size=block_size, draft_window=draft_window)
+    settings, config = load_settings(profile, engine or ("remote" if url else None), target, draft, device=device,
+                                     dtype=dtype, block_size=block_size, draft_window=draft_window, url=url,
+                                     model=model, api_key=api_key)
     samples, dataset_name = bench_mod.load_dataset(dataset or bench_mod.default_dataset(settings), max_samples)
     sizes = bench_mod.block_sizes_for(block_sizes, settings, config)
+    no_framework = no_framework or config.engine == "remote"  # the weights stay on the server
     loaded = load_engine(config)
     for warning in loaded.warnings:
         click.echo(f"note: {warning}", err=True)
@@ -164,7 +166,7 @@ def bench(profile, target, draft, engine, device, dtype, block_size, draft_windo
 @click.option("--max-new-tokens", type=int, default=None, help=f"Most tokens per turn (default: the profile's, at most {bench_mod.DEFAULT_MAX_NEW}).")
 @click.option("--thinking/--no-thinking", default=None, help="enable_thinking (default: the profile's).")
 @click.option("--dry-run", is_flag=True, help="Print the table and the best setting; write nothing.")
-def tune(profile, target, draft, engine, device, dtype, block_size, draft_window, dataset, block_sizes, draft_windows,
+def tune(profile, target, draft, engine, url, model, api_key, device, dtype, block_size, draft_window, dataset, block_sizes, draft_windows,
          max_samples, max_new_tokens, thinking, dry_run):
     """Sweep block sizes (and draft windows when the profile sets one) on a prompt set at temperature 0,
     print the table and write the fastest setting into your copy of the profile (created from the
@@ -172,8 +174,9 @@ def tune(profile, target, draft, engine, device, dtype, block_size, draft_window
     from dflash_tui.measure import tune as tune_mod
     from dflash_tui.core.settings import load_settings
 
-    settings, config = load_settings(profile, engine, target, draft, device=device, dtype=dtype,
-                                     block_size=block_size, draft_window=draft_window)
+    settings, config = load_settings(profile, engine or ("remote" if url else None), target, draft, device=device,
+                                     dtype=dtype, block_size=block_size, draft_window=draft_window, url=url,
+                                     model=model, api_key=api_key)
     samples, dataset_name = bench_mod.load_dataset(dataset or bench_mod.default_dataset(settings), max_samples)
     sizes = bench_mod.block_sizes_for(block_sizes, settings, config)
     windows = tune_mod.windows_for(draft_windows, settings, config)

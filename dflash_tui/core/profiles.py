@@ -58,6 +58,9 @@ class Profile:
     thinking: bool = True
     system_prompt: str = ""
     draft_thinking: bool = True  # [dflash] thinking_trained: was the draft trained on thinking traces
+    url: Optional[str] = None  # [engines.remote]: the server's API root, http://HOST:PORT/v1
+    model: Optional[str] = None  # [engines.remote]: the served model (None: the server's first)
+    api_key: Optional[str] = field(default=None, repr=False)  # [engines.remote] (DFLASH_API_KEY is better)
     engines: dict[str, dict] = field(default_factory=dict)  # [engines.cuda] / [engines.mlx] overrides
 
     @property
@@ -92,7 +95,7 @@ class Profile:
             raise UserError(f"Engine '{engine}' is unknown; choose one of {', '.join(ENGINES)}.")
         name = choose_engine(engine) if engine == "auto" else engine
         p = self.resolved(name)
-        keys = ("target", "draft", "dtype", "block_size", "draft_window", "target_layer_ids")
+        keys = ("target", "draft", "dtype", "block_size", "draft_window", "target_layer_ids", "url", "model", "api_key")
         values = {k: getattr(p, k) for k in keys}
         for key in ("target", "draft"):  # a directory beside the profile file wins over a hub id
             values[key] = self.local_path(values[key])
@@ -172,7 +175,13 @@ SCHEMA: dict[str, dict[str, _Spec]] = {
 }
 OVERRIDES: dict[str, _Spec] = {"target": _TARGET, "draft": _DRAFT, "dtype": _DTYPE, "block_size": _BLOCK,
                                "draft_window": _WINDOW}
-OVERRIDE_ENGINES = ("cuda", "mlx")
+OVERRIDES.update({  # the remote engine's server (engines/remote), in [engines.remote]
+    "url": _Spec("url", "an http(s) URL", 'url = "http://127.0.0.1:8000/v1"',
+                 lambda v: isinstance(v, str) and v.startswith(("http://", "https://"))),
+    "model": _Spec("model", "a non-empty model name", 'model = "Qwen/Qwen3-8B"', _text),
+    "api_key": _Spec("api_key", "a non-empty string", 'api_key = "..."', _text),
+})
+OVERRIDE_ENGINES = ("cuda", "mlx", "remote")
 
 
 # --- locations ----------------------------------------------------------------------------------

@@ -41,6 +41,15 @@ def generation_request(profile: Profile, **given) -> GenerationRequest:
     return GenerationRequest(**values)
 
 
+def with_remote(profile: Profile, url: Optional[str] = None, model: Optional[str] = None,
+                api_key: Optional[str] = None) -> Profile:
+    """The profile with the remote engine's command-line flags (None: not given) over its [engines.remote]."""
+    given = {k: v for k, v in (("url", url), ("model", model), ("api_key", api_key)) if v is not None}
+    if not given:
+        return profile
+    return replace(profile, engines={**profile.engines, "remote": {**profile.engines.get("remote", {}), **given}})
+
+
 def profile_for(ref: Union[str, os.PathLike, Profile, None]) -> Profile:
     """A Profile from a name, a path, or a Profile itself (None: the default profile)."""
     if isinstance(ref, Profile):

@@ -150,7 +150,8 @@ class DflashApp(App):
 
         started = time.perf_counter()
         try:
-            engine = ProcessEngine(config) if self.engine_process else load_engine(config)
+            # a remote engine only waits on the network: it needs no process of its own
+            engine = ProcessEngine(config) if self.engine_process and config.engine != "remote" else load_engine(config)
         except UserError as exc:
             self.call_from_thread(self.show_load_error, str(exc))
             return
