@@ -20,7 +20,7 @@ else
 endif
 EXTRAS := cuda,mlx,dev
 
-.PHONY: install chat test bench demo-models clean
+.PHONY: install chat test bench demo-models smoke-pythons clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ bench: $(STAMP)
 
 demo-models: $(STAMP)
 	$(PY) scripts/make_demo_models.py
+
+# The oldest and newest Pythons the classifiers claim, each in a fresh venv with the MLX engine only.
+SMOKE_PYTHONS ?= python3.10 python3.13
+smoke-pythons:
+	for py in $(SMOKE_PYTHONS); do sh scripts/smoke_python.sh $$py || exit 1; done
 
 clean:
 	rm -rf $(VENV)

@@ -8,7 +8,6 @@ Streaming text is coloured by origin unless NO_COLOR is set or stdout is not a t
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from typing import Optional, TextIO
@@ -19,8 +18,9 @@ from engines import load_engine
 from engines.process import quiet_loaders
 
 from dflash_tui.core import sessions
-from dflash_tui.core.conversation import ChatFlags, Conversation, open_conversation, printable, resume, thinking_layout
+from dflash_tui.core.conversation import ChatFlags, Conversation, open_conversation, resume, thinking_layout
 from dflash_tui.core.settings import profile_for
+from dflash_tui.core.terminal import color_enabled, printable
 
 ANSI = {"draft": "\033[1;32m", "target": "\033[36m", "ghost": "\033[2;9;31m", "dim": "\033[2m", "reset": "\033[0m",
         "think": "\033[2;3m", "warn": "\033[33m"}
@@ -34,18 +34,12 @@ HELP = """commands:
   /quit               leave (also ctrl+d)"""
 
 
-def use_colour(stream: TextIO) -> bool:
-    if os.environ.get("NO_COLOR"):
-        return False
-    return hasattr(stream, "isatty") and stream.isatty()
-
-
 class Repl:
     def __init__(self, conversation: Conversation, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
                  colour: Optional[bool] = None):
         self.conv = conversation
         self.out, self.err = out, err
-        self.colour = use_colour(out) if colour is None else colour
+        self.colour = color_enabled(out) if colour is None else colour
         self.ghosts = False
         self.quit = False
 
@@ -153,7 +147,7 @@ class Repl:
         turn = active.turn
         if turn is not None and turn.summary is not None:
             m = turn.summary
-            mark = " · cancelled" if turn.cancelled else ""
+            mark = (" · cancelled" if turn.cancelled else "") + (f" · {turn.save_error}" if turn.save_error else "")
             self.info(f"[{m.generated_tokens} tokens · {m.decode_tokens_per_s:.1f} tok/s · "
                       f"tau {m.mean_acceptance_length:.2f} · block {active.block_size}{mark}]")
 
@@ -165,6 +159,8 @@ class Repl:
 
     # -- loops -----------------------------------------------------------------------------------
     def run_piped(self, stdin: TextIO) -> None:
+        if hasattr(stdin, "reconfigure"):  # an undecodable line becomes one error, not the end of the REPL
+            stdin.reconfigure(errors="surrogateescape")
         for line in stdin:
             self.handle(line.rstrip("\n"))
             if self.quit:
@@ -175,8 +171,7 @@ class Repl:
         from prompt_toolkit.history import FileHistory
         from prompt_toolkit.key_binding import KeyBindings
 
-        path = sessions.data_dir() / "repl_history"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = sessions.private_dir(sessions.data_dir()) / "repl_history"
         path.touch(mode=0o600, exist_ok=True)
         kb = KeyBindings()
 
@@ -239,6 +234,7 @@ def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optiona
         repl.run_interactive()
     else:
         repl.run_piped(stdin)
+    conv.close()
     if conv.session_id:
         repl.info(f"session {conv.session_id}")
     return 0

@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dflash_tui.core import profiles
-from dflash_tui.cli.profile import profile as profile_cli
 from engines.errors import UserError
 
 BUILTINS = ["qwen3-4b", "qwen3-8b", "llama3.1-8b-instruct"]
@@ -276,7 +275,9 @@ def test_random_text_raises_only_user_error(tmp_path, text):
 
 
 def run(*args):
-    return CliRunner().invoke(profile_cli, list(args))
+    from dflash_tui.cli import main
+
+    return CliRunner().invoke(main, ["profile", *args])
 
 
 def test_cli_validate_good_and_malformed(tmp_path):

@@ -67,16 +67,24 @@ def test_plain_resume_continues_the_session(profile, data_dir):
 
 
 def test_colours_follow_origin_and_no_color(monkeypatch):
-    from dflash_tui.repl import ANSI, Repl, use_colour
+    from dflash_tui.core.terminal import color_enabled
+    from dflash_tui.repl import ANSI, Repl
 
     class Tty(io.StringIO):
         def isatty(self):
             return True
 
     monkeypatch.delenv("NO_COLOR", raising=False)
-    assert use_colour(Tty()) and not use_colour(io.StringIO())
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    assert color_enabled(Tty()) and not color_enabled(io.StringIO())
     monkeypatch.setenv("NO_COLOR", "1")
-    assert not use_colour(Tty())
+    assert not color_enabled(Tty())
+    monkeypatch.setenv("NO_COLOR", "")  # empty means unset (no-color.org)
+    assert color_enabled(Tty())
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert color_enabled(io.StringIO())
+    monkeypatch.setenv("NO_COLOR", "1")  # NO_COLOR wins
+    assert not color_enabled(io.StringIO())
     repl = Repl.__new__(Repl)
     repl.colour = True
     assert repl.paint("ab", "draft") == f"{ANSI['draft']}ab{ANSI['reset']}"

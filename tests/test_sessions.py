@@ -3,6 +3,7 @@ answer in flight, and the `dflash sessions` commands."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import queue
@@ -34,6 +35,7 @@ def write(session_id="20260101-120000-abcd", turns=2, created="2026-01-01T12:00:
                             "prompt_ids": [1, 2], "emitted_ids": [3], "steps": [{"drafted": [4, 5, 6], "accepted": 1}],
                             "summary": {"generated_tokens": 1, "decode_tokens_per_s": 10.0,
                                         "mean_acceptance_length": 2.0, "acceptance_lengths": [2]}})
+    writer.close()
     return writer
 
 
@@ -75,17 +77,21 @@ def test_torn_last_line_is_skipped_with_a_warning_and_appending_continues(data_d
     session = sessions.load_session(writer.id)
     assert len(session.turns) == 2
     assert len(session.warnings) == 1 and "incomplete" in session.warnings[0]
-    # resuming appends on a fresh line; the torn fragment stays skipped, nothing is rewritten
+    # resuming first cuts the torn fragment (it never merges with the next record), then appends
+    complete = writer.path.read_bytes().rsplit(b"\n", 1)[0] + b"\n"
     resumed = sessions.SessionWriter.resume(session)
-    resumed.append_turn({"index": 2, "status": "completed", "user": "q2", "answer": "a2", "settings": {}})
+    assert resumed.append_turn({"index": 2, "status": "completed", "user": "q2", "answer": "a2", "settings": {}})
+    resumed.close()
     again = sessions.load_session(writer.id)
-    assert [t["user"] for t in again.turns] == ["q0", "q1", "q2"]
-    assert len(again.warnings) == 1 and "not valid JSON" in again.warnings[0]
+    assert [t["user"] for t in again.turns] == ["q0", "q1", "q2"] and again.warnings == []
+    assert writer.path.read_bytes().startswith(complete)  # nothing before the torn line was touched
 
 
 def test_a_session_deleted_while_in_use_starts_again_with_its_header(data_dir):
-    writer = write(turns=1)
-    sessions.delete_session(sessions.resolve_own(writer.id))
+    writer = sessions.SessionWriter.resume(sessions.load_session(write(turns=1).id))
+    with pytest.raises(UserError, match="is open in a dflash"):  # dflash itself refuses
+        sessions.delete_session(sessions.resolve_own(writer.id))
+    writer.path.unlink()  # someone removed it by hand
     writer.append_turn({"status": "completed", "user": "after", "answer": "x", "settings": {}})
     session = sessions.load_session(writer.id)
     assert session.header["id"] == writer.id and [t["user"] for t in session.turns] == ["after"]
@@ -193,3 +199,115 @@ def test_sigkill_mid_answer_loses_at_most_that_answer(pairs, tmp_path, data_dir)
     assert [t["user"] for t in session.turns] == ["first question"]
     assert session.turns[0]["status"] == "completed" and session.turns[0]["emitted_ids"]
     assert stat.S_IMODE(files[0].stat().st_mode) == 0o600
+
+
+# -- faults: a full disk, a second writer, a hostile umask -----------------------------------------
+
+
+def _turn(n: int) -> dict:
+    return {"index": n, "status": "completed", "user": f"q{n}", "answer": f"a{n}", "settings": {}}
+
+
+def test_a_full_disk_loses_no_turn_and_never_tears_the_file(data_dir, monkeypatch):
+    """A fault-injecting os.write: half of the data lands, then ENOSPC (what a full disk does)."""
+    writer = sessions.SessionWriter({"profile": {"name": "tiny"}}, session_id="20260101-120000-disk")
+    assert writer.append_turn(_turn(0))
+    before = writer.path.read_bytes()
+    real_write = os.write
+
+    def full_disk(fd, data):
+        if len(data) > 8:
+            real_write(fd, data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sessions.os, "write", full_disk)
+    assert not writer.append_turn(_turn(1))
+    assert writer.error == "disk full" and writer.pending
+    torn = sessions.load_session(writer.id)
+    assert [t["user"] for t in torn.turns] == ["q0"] and "incomplete" in torn.warnings[0]
+    monkeypatch.setattr(sessions.os, "write", real_write)
+    assert writer.append_turn(_turn(2))  # the retry cuts the torn tail, then writes turn 1 and turn 2
+    writer.close()
+    again = sessions.load_session(writer.id)
+    assert [t["user"] for t in again.turns] == ["q0", "q1", "q2"] and again.warnings == []
+    assert writer.path.read_bytes().startswith(before)
+
+
+def test_a_short_write_is_finished_not_left_torn(data_dir, monkeypatch):
+    writer = sessions.SessionWriter({"profile": {"name": "tiny"}}, session_id="20260101-120000-shrt")
+    real_write = os.write
+    monkeypatch.setattr(sessions.os, "write", lambda fd, data: real_write(fd, data[:7]))  # 7 bytes at a time
+    assert writer.append_turn(_turn(0))
+    writer.close()
+    assert [t["user"] for t in sessions.load_session(writer.id).turns] == ["q0"]
+
+
+def test_the_repl_keeps_going_on_a_full_disk_and_saves_the_turn_later(data_dir, pairs, tmp_path, monkeypatch):
+    from dflash_tui.repl import run_repl
+
+    target, draft = pairs("qwen3")
+    profile = tiny.write_profile(tmp_path / "tiny.toml", target, draft, max_new_tokens=8)
+    calls = {"n": 0}
+    real_append = sessions.SessionWriter._append
+
+    def second_write_fails(self, records):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(28, "No space left on device")
+        return real_append(self, records)
+
+    monkeypatch.setattr(sessions.SessionWriter, "_append", second_write_fails)
+    out, err = io.StringIO(), io.StringIO()
+    code = run_repl(str(profile), stdin=io.StringIO("one\ntwo\nthree\n"), out=out, err=err)
+    assert code == 0, err.getvalue()
+    assert err.getvalue().count("not saved: disk full") == 1
+    (path,) = sessions.session_paths()
+    assert [t["user"] for t in sessions.read_session(path).turns] == ["one", "two", "three"]
+
+
+def test_a_second_writer_gets_one_sentence_and_delete_is_refused(data_dir):
+    writer = write("20260101-120000-lock", turns=1)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from dflash_tui.core import sessions as s; "
+         "w = s.SessionWriter.resume(s.load_session(sys.argv[1])); print('locked', flush=True); sys.stdin.read()",
+         writer.id], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, env={**os.environ, "DFLASH_DATA_DIR": str(data_dir)})
+    try:
+        assert holder.stdout.readline().strip() == b"locked"  # waits for the event, not for time
+        with pytest.raises(UserError, match=rf"open in another dflash \(pid {holder.pid}\)"):
+            sessions.SessionWriter.resume(sessions.load_session(writer.id))
+        with pytest.raises(UserError, match="is open in a dflash"):
+            sessions.delete_session(sessions.resolve_own(writer.id))
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=120)
+    resumed = sessions.SessionWriter.resume(sessions.load_session(writer.id))  # free once the holder exits
+    resumed.close()
+
+
+def test_folders_are_private_whatever_the_umask(data_dir):
+    old = os.umask(0)
+    try:
+        write("20260101-120000-mask", turns=1)
+    finally:
+        os.umask(old)
+    for folder in (data_dir, data_dir / "sessions"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    assert stat.S_IMODE((data_dir / "sessions" / "20260101-120000-mask.jsonl").stat().st_mode) == 0o600
+
+
+def test_a_damaged_file_is_skipped_in_the_list_and_show_names_the_field(data_dir):
+    write("20260101-120000-good", turns=1)
+    bad = write("20260101-130000-badd", turns=1).path
+    lines = bad.read_text().splitlines()
+    turn = json.loads(lines[1])
+    turn["user"] = 42
+    bad.write_text(lines[0] + "\n" + json.dumps(turn) + "\n")
+    skipped = []
+    assert [s.id for s in sessions.list_sessions(skipped)] == ["20260101-120000-good"]
+    assert "line 2: user is 42" in str(skipped[0])
+    from dflash_tui.cli import main
+
+    listed = CliRunner().invoke(main, ["sessions", "list"])
+    assert listed.exit_code == 0 and "20260101-120000-good" in listed.stdout and "skipped:" in listed.stderr
+    shown = CliRunner().invoke(main, ["sessions", "show", "20260101-130000-badd"])
+    assert shown.exit_code == 2 and "line 2: user is 42" in shown.stderr

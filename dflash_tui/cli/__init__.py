@@ -3,18 +3,48 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import click
 
 from engines.errors import UserError
 
 
+def _quiet_broken_pipe() -> None:
+    """The reader went away (`dflash profile list | head -1`): stop without a word, as other CLIs do."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    sys.exit(0)
+
+
 class Group(click.Group):
-    """Turns bad input into one sentence on stderr and exit code 2, never a traceback."""
+    """Turns bad input into one sentence on stderr and exit code 2, never a traceback; click's own
+    usage errors (a wrong type, a missing argument) read the same way."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.UsageError as exc:
+            where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
+            click.echo(f"error: {exc.format_message()}{where}", err=True)
+            code = 2
+        except click.ClickException as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            code = exc.exit_code
+        except click.exceptions.Abort:
+            click.echo("aborted", err=True)
+            code = 1
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a closed pipe shows here, inside this handler, not at interpreter exit
+            return result
+        except BrokenPipeError:
+            _quiet_broken_pipe()
         except UserError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(2)

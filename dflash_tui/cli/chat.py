@@ -13,6 +13,7 @@ import click
 from engines.errors import UserError
 
 from dflash_tui.core import sessions as store
+from dflash_tui.core.terminal import printable
 
 
 def profile_from_session(session: store.Session) -> Optional[str]:
@@ -78,8 +79,11 @@ def sessions_group() -> None:
 @sessions_group.command("list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per session.")
 def sessions_list(as_json: bool) -> None:
-    """Sessions, newest first."""
-    found = store.list_sessions()
+    """Sessions, newest first (a damaged file is skipped with a warning naming it)."""
+    skipped: list[UserError] = []
+    found = store.list_sessions(skipped)
+    for problem in skipped:
+        click.echo(printable(f"skipped: {problem}"), err=True)
     if as_json:
         rows = [{"id": s.id, "created": s.created, "profile": s.profile_name, "turns": len(s.turns),
                  "engine": s.header.get("engine"), "title": s.title, "path": str(s.path)} for s in found]
@@ -90,8 +94,8 @@ def sessions_list(as_json: bool) -> None:
         return
     click.echo(f"{'id':<22} {'created':<17} {'profile':<14} {'turns':>5}  first prompt")
     for s in found:
-        click.echo(f"{s.id:<22} {s.created[:16].replace('T', ' '):<17} {(s.profile_name or '?')[:14]:<14} "
-                   f"{len(s.turns):>5}  {s.title[:50]}")
+        click.echo(printable(f"{s.id:<22} {s.created[:16].replace('T', ' '):<17} {(s.profile_name or '?')[:14]:<14} "
+                             f"{len(s.turns):>5}  {s.title[:50]}"))
 
 
 @sessions_group.command("show")
@@ -101,7 +105,7 @@ def sessions_show(session_id: str) -> None:
     session = store.load_session(session_id)
     for warning in session.warnings:
         click.echo(f"warning: {warning}", err=True)
-    click.echo(store.to_markdown(session))
+    click.echo(printable(store.to_markdown(session)))
 
 
 @sessions_group.command("export")
@@ -119,7 +123,7 @@ def sessions_export(session_id: str, fmt: str, output: Optional[str]) -> None:
         store.write_export(Path(output), text + "\n")
         click.echo(f"Wrote {output}.", err=True)
     else:
-        click.echo(text)
+        click.echo(printable(text) if sys.stdout.isatty() else text)
 
 
 @sessions_group.command("delete")

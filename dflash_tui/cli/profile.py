@@ -3,33 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
 
 from engines.errors import UserError
 
+from dflash_tui.cli.style import styled
 from dflash_tui.core import profiles
 
 
-def _style(text: str, **kw) -> str:
-    """click.style unless NO_COLOR is set (https://no-color.org)."""
-    return text if os.environ.get("NO_COLOR") else click.style(text, **kw)
-
-
-class _Group(click.Group):
-    """Bad input ends as its one sentence on stderr and exit code 2, never a traceback."""
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except UserError as e:
-            click.echo(str(e), err=True)
-            ctx.exit(2)
-
-
-@click.group(cls=_Group)
+@click.group()
 def profile() -> None:
     """Per-model profiles: built-in ones, and yours in `dflash profile path`, which win by name."""
 
@@ -45,11 +29,11 @@ def list_cmd(as_json: bool) -> None:
                                 "path": str(p.path), "target": p.target, "draft": p.draft} for p in found], indent=2))
     else:
         width = max([len(p.name) for p in found] + [4])
-        click.echo(_style(f"{'NAME':<{width}}  {'SOURCE':<8}  DESCRIPTION", bold=True))
+        click.echo(styled(f"{'NAME':<{width}}  {'SOURCE':<8}  DESCRIPTION", bold=True))
         for p in found:
             click.echo(f"{p.name:<{width}}  {p.origin:<8}  {p.description}")
     for e in errors:
-        click.echo(_style(f"skipped: {e}", fg="yellow"), err=True)
+        click.echo(styled(f"skipped: {e}", err=True, fg="yellow"), err=True)
 
 
 @profile.command()
@@ -57,7 +41,7 @@ def list_cmd(as_json: bool) -> None:
 def show(name: str) -> None:
     """The TOML text of profile NAME (a name or a file), after a comment saying where it is."""
     p = profiles.load_profile(name)
-    click.echo(_style(f"# {p.origin} profile {p.name}: {p.path}", dim=True))
+    click.echo(styled(f"# {p.origin} profile {p.name}: {p.path}", dim=True))
     click.echo(p.path.read_text(encoding="utf-8"), nl=False)
 
 
@@ -75,7 +59,7 @@ def validate(file: Path) -> None:
         raise UserError(f"Profile file {file} does not exist; check the path.")
     p = profiles.load_profile(str(file))
     draft = f" + {p.draft}" if p.draft else " (no draft)"
-    click.echo(f"{_style('ok', fg='green')}: {file} is profile {p.name}: {p.target}{draft}")
+    click.echo(f"{styled('ok', fg='green')}: {file} is profile {p.name}: {p.target}{draft}")
 
 
 @profile.command()

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import sys
+
+from dflash_tui.core.terminal import color_enabled
 
 ORIGIN_STYLE = {"draft": {"fg": "green"}, "target": {}}
 
 
-def color_enabled(stream=None) -> bool:
-    """Colour only on a terminal, and never when NO_COLOR is set (https://no-color.org)."""
-    stream = stream or sys.stdout
-    return "NO_COLOR" not in os.environ and stream.isatty()
+def styled(text: str, err: bool = False, **style) -> str:
+    """`click.style(text, **style)` where colour is enabled for stdout (stderr with err=True)."""
+    import click
+
+    return click.style(text, **style) if color_enabled(sys.stderr if err else sys.stdout) else text

@@ -87,6 +87,7 @@ class Turn:
     status: str = "completed"  # "completed", "cancelled" or "error"
     thinking: Optional[bool] = None
     summary: Optional[Summary] = None  # a resumed turn's lacks token_ids and text (the file keeps them apart)
+    save_error: Optional[str] = None  # why the session file could not take this turn (it is retried)
 
     @property
     def cancelled(self) -> bool:
@@ -352,7 +353,8 @@ class Conversation:
             return
         self.turns.append(turn)
         if self.record:
-            self._writer().append_turn({
+            writer = self._writer()
+            saved = writer.append_turn({
                 "index": len(self.turns) - 1, "status": status, "time": sessions.now_iso(),
                 "user": active.user, "answer": text, "messages": active.messages, "dropped_turns": active.dropped,
                 "settings": {**self.settings.to_dict(), "block_size": active.block_size,
@@ -361,6 +363,7 @@ class Conversation:
                 "prompt_ids": active.prompt_ids, "emitted_ids": active.emitted, "steps": active.steps,
                 "finish_reason": active.finish_reason or status, "summary": summary_dict,
             })
+            turn.save_error = None if saved else f"not saved: {writer.error}"
 
     # -- the session -----------------------------------------------------------------------------
     def header(self) -> dict:
@@ -388,7 +391,13 @@ class Conversation:
     def session_id(self) -> Optional[str]:
         return self.writer.id if self.writer else None
 
+    def close(self) -> None:
+        """Let other dflash processes open this session (its lock is released)."""
+        if self.writer is not None:
+            self.writer.close()
+
     def new_session(self) -> None:
+        self.close()
         self.turns = []
         self.dropped = 0
         self.writer = None
@@ -403,7 +412,10 @@ class Conversation:
         self.settings.update({k: v for k, v in settings.items() if k not in ("engine", "device", "dtype")})
         if self.settings.block_size and self.settings.block_size > 1 and not self.has_draft:
             self.settings.block_size = 1
-        self.writer = sessions.SessionWriter.resume(session) if self.record else None
+        writer = sessions.SessionWriter.resume(session) if self.record else None  # refused if open elsewhere
+        if self.writer is not None and self.writer.path != session.path:
+            self.writer.close()
+        self.writer = writer
 
     # -- session statistics ----------------------------------------------------------------------
     def session_tau(self) -> float:
@@ -465,12 +477,3 @@ def stored(summary: Optional[Summary]) -> Optional[dict]:
     del data["token_ids"], data["text"]
     return data
 
-
-_CONTROL = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
-_CONTROL[0x7F] = 0x2421
-
-
-def printable(text: str) -> str:
-    """Text safe to put on a terminal: control characters (a random model writes ESC) become their
-    visible Unicode pictures; newlines and tabs stay."""
-    return text.translate(_CONTROL)

@@ -33,7 +33,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 DEFAULT_PROFILE = "demo"
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
 @dataclass
@@ -333,6 +333,9 @@ def _parse(text: str, path: Path) -> Profile:
     """A Profile from the text of a TOML file (path is for messages and Profile.path)."""
     try:
         doc = tomllib.loads(text)
+    except RecursionError:
+        raise UserError(f"{path}: the TOML nests arrays or tables too deeply to read; a profile needs only a few "
+                        "sections of plain values.") from None
     except (tomllib.TOMLDecodeError, ValueError) as e:  # ValueError: integers too long for int()
         m = re.search(r"(.*) \(at line (\d+), column \d+\)", str(e))
         if not m:
@@ -367,7 +370,7 @@ def _parse(text: str, path: Path) -> Profile:
 
 def _read(path: Path) -> Profile:
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = path.read_bytes().decode("utf-8").removeprefix("\ufeff")  # editors on Windows write a BOM
     except UnicodeDecodeError as e:
         raise UserError(f"{path}: the profile is not UTF-8 text (byte {e.start}); save it as UTF-8.") from None
     except OSError as e:
@@ -382,8 +385,14 @@ def _named(directory: Path) -> dict[str, Path]:
 
 def load_profile(name_or_path: str) -> Profile:
     """An existing file path wins, then `<name>.toml` in the user dir, then the built-in of that name."""
+    if not name_or_path or "\x00" in name_or_path or len(name_or_path) > 1024:
+        raise UserError(f"Profile {name_or_path[:40]!r} is not a name or a path; run `dflash profile list` for the names.")
     as_path = Path(name_or_path).expanduser()
-    if as_path.is_file():
+    try:
+        is_file = as_path.is_file()
+    except OSError as e:  # a name too long for the file system
+        raise UserError(f"Profile {name_or_path[:40]!r}… cannot be a file here ({e.strerror}); use a shorter name.") from None
+    if is_file:
         return _read(as_path)
     for directory in (user_profile_dir(), builtin_profile_dir()):
         found = _named(directory).get(name_or_path)
@@ -419,8 +428,8 @@ def list_profiles(errors: Optional[list[UserError]] = None) -> list[Profile]:
 def check_name(name: str) -> None:
     """Profile names become file names: letters, digits, '.', '_' and '-'."""
     if not NAME_RE.match(name):
-        raise UserError(f"Profile name '{name}' is not usable as a file name; use letters, digits, '.', '_' "
-                        "and '-', starting with a letter or digit.")
+        raise UserError(f"Profile name {name[:40]!r} is not usable as a file name; use up to 64 letters, digits, "
+                        "'.', '_' and '-', starting with a letter or digit.")
 
 
 def new_profile_text(name: str) -> str:

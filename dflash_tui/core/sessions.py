@@ -12,6 +12,8 @@ Location: `platformdirs.user_data_dir("dflash")/sessions`, or `$DFLASH_DATA_DIR/
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -26,6 +28,7 @@ from engines.errors import UserError
 
 FORMAT_VERSION = 1
 SUFFIX = ".jsonl"
+LOCK_SUFFIX = ".lock"
 
 
 def data_dir() -> Path:
@@ -40,6 +43,15 @@ def data_dir() -> Path:
 
 def sessions_dir() -> Path:
     return data_dir() / "sessions"
+
+
+def private_dir(folder: Path) -> Path:
+    """`folder` and any parent created for it, mode 0700 whatever the umask (they hold conversations)."""
+    missing = [p for p in [folder, *folder.parents] if not p.exists()]
+    for directory in reversed(missing):
+        directory.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)
+    return folder
 
 
 def new_session_id(now: Optional[float] = None) -> str:
@@ -74,9 +86,75 @@ def revision_of(path) -> Optional[str]:
 # -- writing ---------------------------------------------------------------------------------------
 
 
+class SessionLock:
+    """An advisory `flock` on `<id>.lock` beside the session, holding the owner's pid, for as long as a
+    dflash writes the session: a second writer gets one sentence instead of interleaving turns.
+    (`flock`, not `lockf`: lockf locks drop when the process closes any descriptor of the file.)"""
+
+    _held: dict[Path, "SessionLock"] = {}  # this process's locks: resuming an open session here reuses it
+
+    def __init__(self, session_path: Path):
+        self.path = session_path.with_suffix(LOCK_SUFFIX)
+        self.fd: Optional[int] = None
+
+    @classmethod
+    def acquire(cls, session_path: Path, session_id: str) -> "SessionLock":
+        path = session_path.with_suffix(LOCK_SUFFIX)
+        if path in cls._held:
+            return cls._held[path]
+        lock = cls(session_path)
+        private_dir(path.parent)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            owner = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise UserError(f"Session {session_id} is open in another dflash (pid {owner}); close it there first, "
+                            "or start a new session.") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        lock.fd = fd
+        cls._held[path] = lock
+        return lock
+
+    @classmethod
+    def held_elsewhere(cls, session_path: Path) -> Optional[str]:
+        """The pid holding a session's lock, if another process (or another window here) holds it."""
+        path = session_path.with_suffix(LOCK_SUFFIX)
+        if path in cls._held:
+            return str(os.getpid())
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        except OSError:
+            return os.read(fd, 32).decode(errors="replace").strip() or "?"
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        self._held.pop(self.path, None)
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+
 class SessionWriter:
     """Appends turns to one session file. The file is created (header first) with the first turn, so
-    a chat that never sends anything leaves no empty session behind."""
+    a chat that never sends anything leaves no empty session behind.
+
+    Every write is checked. A turn that cannot be written (disk full, an I/O error) stays pending and
+    `append_turn` returns False with `error` saying why; the next turn first cuts the file back to its
+    last complete line, then writes the pending turns and itself, so a partial line never merges with
+    a record and nothing earlier is touched."""
 
     def __init__(self, header: dict, session_id: Optional[str] = None, path: Optional[Path] = None,
                  existing: bool = False):
@@ -86,6 +164,9 @@ class SessionWriter:
         self.path = path or sessions_dir() / f"{self.id}{SUFFIX}"
         self.turns_written = 0
         self._exists = existing
+        self.pending: list[dict] = []
+        self.error: Optional[str] = None
+        self.lock = SessionLock.acquire(self.path, self.id)
 
     @classmethod
     def resume(cls, session: "Session") -> "SessionWriter":
@@ -98,40 +179,59 @@ class SessionWriter:
     def exists(self) -> bool:
         return self._exists
 
+    def close(self) -> None:
+        """Release the session for other dflash processes."""
+        self.lock.release()
+
     def _append(self, records: Iterable[dict]) -> None:
-        data = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records).encode()
+        private_dir(self.path.parent)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            os.chmod(self.path.parent, 0o700)
-        except OSError:
-            pass
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            if self._needs_newline(fd):
-                data = "\n" + data  # never glue a turn onto a torn line left by a killed process
-            os.write(fd, data.encode())
+            self._cut_torn_tail(fd)
+            written = 0
+            while written < len(data):  # os.write may write less than asked (a full disk, a signal)
+                n = os.write(fd, data[written:])
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                written += n
             os.fsync(fd)
         finally:
             os.close(fd)
 
-    def _needs_newline(self, fd: int) -> bool:
+    @staticmethod
+    def _cut_torn_tail(fd: int) -> None:
+        """Truncate a partial last line (a killed process, a failed write) back to the last newline."""
         size = os.fstat(fd).st_size
-        if size == 0:
-            return False
-        with open(self.path, "rb") as f:
-            f.seek(size - 1)
-            return f.read(1) != b"\n"
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return
+        keep, chunk = size, 65536
+        while keep > 0:
+            start = max(0, keep - chunk)
+            block = os.pread(fd, keep - start, start)
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                os.ftruncate(fd, start + cut + 1)
+                return
+            keep = start
+        os.ftruncate(fd, 0)
 
-    def append_turn(self, turn: dict) -> None:
-        record = {"type": "turn", **turn}
+    def append_turn(self, turn: dict) -> bool:
+        """Write the turn (and any turn a failed write left pending); False if it could not be saved."""
+        self.pending.append({"type": "turn", **turn})
         if self._exists and not self.path.exists():  # deleted while in use: start the file again, header first
             self._exists = False
-        if self._exists:
-            self._append([record])
-        else:
-            self._append([self.header, record])
-            self._exists = True
-        self.turns_written += 1
+        records = self.pending if self._exists else [self.header, *self.pending]
+        try:
+            self._append(records)
+        except OSError as exc:
+            self.error = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or type(exc).__name__)
+            return False
+        self._exists = True
+        self.turns_written += len(self.pending)
+        self.pending = []
+        self.error = None
+        return True
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -172,6 +272,45 @@ class Session:
         return dict(self.turns[-1].get("settings", {})) if self.turns else dict(self.header.get("settings", {}))
 
 
+def _ids(value) -> bool:
+    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+
+
+def _text(value) -> bool:
+    return isinstance(value, str)
+
+
+def _optional(check):
+    return lambda value: value is None or check(value)
+
+
+# What readers of a session rely on, field by field: a file that breaks one of these is reported
+# with the field and its line instead of failing somewhere later.
+HEADER_FIELDS = {
+    "format": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+    "id": _text, "created": _text, "profile": _optional(lambda v: isinstance(v, dict)),
+    "engine": _optional(_text), "device": _optional(_text), "dtype": _optional(_text),
+    "target": _optional(_text), "draft": _optional(_text), "target_path": _optional(_text),
+    "draft_path": _optional(_text), "settings": _optional(lambda v: isinstance(v, dict)),
+}
+TURN_FIELDS = {
+    "user": _text, "answer": _text, "status": _text,
+    "index": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "settings": lambda v: isinstance(v, dict), "summary": _optional(lambda v: isinstance(v, dict)),
+    "prompt_ids": _ids, "emitted_ids": _ids, "steps": lambda v: isinstance(v, list),
+    "messages": lambda v: isinstance(v, list), "dropped_turns": lambda v: isinstance(v, int) and v >= 0,
+}
+
+
+def _checked(record: dict, fields: dict, path: Path, line: int) -> dict:
+    for key, ok in fields.items():
+        if key in record and not ok(record[key]):
+            shown = json.dumps(record[key])[:40]
+            raise UserError(f"Session file {path}, line {line}: {key} is {shown}, which dflash did not write; "
+                            "the file was edited or damaged (move it out of the sessions folder).")
+    return record
+
+
 def read_session(path: Path) -> Session:
     path = Path(path)
     try:
@@ -198,12 +337,12 @@ def read_session(path: Path) -> Session:
                 warnings.append(f"{path.name}: line {number} is not valid JSON; skipped.")
             continue
         if record.get("type") == "header" and header is None:
-            header = record
+            header = _checked(record, HEADER_FIELDS, path, number)
         elif record.get("type") == "turn":
-            turns.append(record)
+            turns.append(_checked(record, TURN_FIELDS, path, number))
     if header is None:
         raise UserError(f"Session file {path} has no header line; it is not a dflash session.")
-    if header.get("format", 0) > FORMAT_VERSION:
+    if header.get("format", 1) > FORMAT_VERSION:
         warnings.append(f"{path.name} was written by a newer dflash (format {header['format']}); some fields may be ignored.")
     return Session(id=header.get("id") or path.stem, path=path, header=header, turns=turns, warnings=warnings)
 
@@ -215,14 +354,16 @@ def session_paths() -> list[Path]:
     return sorted(folder.glob(f"*{SUFFIX}"))
 
 
-def list_sessions() -> list[Session]:
-    """Every readable session, newest first (unreadable files are left out)."""
+def list_sessions(skipped: Optional[list[UserError]] = None) -> list[Session]:
+    """Every readable session, newest first. A damaged file is left out (its error collected in
+    `skipped` when given), so one bad file never hides the others."""
     out = []
     for path in session_paths():
         try:
             out.append(read_session(path))
-        except UserError:
-            continue
+        except UserError as exc:
+            if skipped is not None:
+                skipped.append(exc)
     out.sort(key=lambda s: (s.created, s.id), reverse=True)
     return out
 
@@ -230,8 +371,11 @@ def list_sessions() -> list[Session]:
 def resolve(session_id: str) -> Path:
     """The file of a session id (or an unambiguous prefix of one, or a path to a session file)."""
     given = Path(session_id).expanduser()
-    if session_id.endswith(SUFFIX) and given.is_file():
-        return given
+    try:
+        if session_id.endswith(SUFFIX) and given.is_file():
+            return given
+    except OSError:  # a name the file system cannot hold
+        pass
     paths = session_paths()
     exact = [p for p in paths if p.stem == session_id]
     if exact:
@@ -240,8 +384,8 @@ def resolve(session_id: str) -> Path:
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
-        raise UserError(f"Session id '{session_id}' matches {len(matches)} sessions; give more of the id (`dflash sessions list`).")
-    raise UserError(f"No session '{session_id}' in {sessions_dir()}; `dflash sessions list` shows the ids.")
+        raise UserError(f"Session id {session_id!r} matches {len(matches)} sessions; give more of the id (`dflash sessions list`).")
+    raise UserError(f"No session {session_id!r} in {sessions_dir()}; `dflash sessions list` shows the ids.")
 
 
 def load_session(session_id: str) -> Session:
@@ -264,18 +408,22 @@ def resolve_own(session_id: str) -> Session:
     given = Path(session_id).expanduser()
     if session_id.endswith(SUFFIX) or os.sep in session_id:
         if given.resolve().parent != folder:
-            raise UserError(f"{session_id} is not in the sessions folder {folder}; dflash only deletes its own sessions.")
+            raise UserError(f"{session_id!r} is not in the sessions folder {folder}; dflash only deletes its own sessions.")
         path = given
     else:
         if len(session_id) < MIN_PREFIX and session_id not in {p.stem for p in session_paths()}:
-            raise UserError(f"Session id '{session_id}' is too short to delete by; give at least {MIN_PREFIX} characters "
+            raise UserError(f"Session id {session_id!r} is too short to delete by; give at least {MIN_PREFIX} characters "
                             "of the id (`dflash sessions list`).")
         path = resolve(session_id)
     return read_session(path)  # a file whose header does not parse is not a session: refused here
 
 
 def delete_session(session: Session) -> list[Path]:
-    """Remove a session file and its companions; returns what was removed (symlinks are not followed)."""
+    """Remove a session file and its companions; returns what was removed (symlinks are not followed).
+    A session open in a dflash (its lock held) is refused."""
+    owner = SessionLock.held_elsewhere(session.path)
+    if owner is not None:
+        raise UserError(f"Session {session.id} is open in a dflash (pid {owner}); close it there before deleting it.")
     removed = []
     for path in [session.path, *companion_files(session.path)]:
         path.unlink(missing_ok=True)

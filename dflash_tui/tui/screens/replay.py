@@ -25,7 +25,7 @@ from textual.widgets import Button, DataTable, Input, ProgressBar, Static
 from dflash_tui.measure import replay
 
 from dflash_tui.core import sessions
-from dflash_tui.core.conversation import printable
+from dflash_tui.core.terminal import printable
 from dflash_tui.tui.widgets.stats import DRAFT_STYLE, TARGET_STYLE
 
 ORIGIN_STYLES = {"draft": DRAFT_STYLE, "target": TARGET_STYLE}

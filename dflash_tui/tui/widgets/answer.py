@@ -15,7 +15,8 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Collapsible, Static
 
-from dflash_tui.core.conversation import THINK_CLOSE, printable, thinking_layout
+from dflash_tui.core.conversation import THINK_CLOSE, thinking_layout
+from dflash_tui.core.terminal import printable
 from dflash_tui.tui.widgets.stats import DRAFT_STYLE, GHOST_STYLE, TARGET_STYLE
 
 LAYOUT_EVERY_S = 0.3  # while streaming, a new row shows within this; text in existing rows every frame
