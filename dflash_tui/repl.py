@@ -209,8 +209,9 @@ def threading_main() -> bool:
 
 def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optional[int] = None,
              thinking: Optional[bool] = None, session: Optional[sessions.Session] = None,
-             max_new_tokens: Optional[int] = None, stdin: TextIO = sys.stdin, out: TextIO = sys.stdout,
-             err: TextIO = sys.stderr) -> int:
+             max_new_tokens: Optional[int] = None, stdin: Optional[TextIO] = None, out: Optional[TextIO] = None,
+             err: Optional[TextIO] = None) -> int:
+    stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr  # the streams of the moment
     quiet_loaders()
     profile = profile_for(profile_ref)
     config = profile.engine_config(engine, block_size=block_size)
