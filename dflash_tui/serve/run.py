@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import signal
 import socket
 import sys
 from typing import Optional
@@ -12,6 +13,14 @@ from engines.errors import UserError
 from .app import ServeState, build_app
 from .metrics import Metrics
 from .worker import EngineWorker
+
+
+class Terminated(Exception):
+    """SIGTERM arrived (after uvicorn's graceful shutdown)."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
 
 
 def is_loopback(host: str) -> bool:
@@ -79,8 +88,13 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
         + " · ctrl+c stops")
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
                                            timeout_graceful_shutdown=3, access_log=False))
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal: turned into an exception here,
+    # it lets the cleanup below stop the engine process instead of the process dying mid-way
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         server.run()
+    except Terminated:
+        pass
     except SystemExit:
         raise UserError(f"Port {port} on {host} cannot be used (another server may hold it); pick another with --port.") \
             from None
@@ -89,5 +103,6 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
         close = getattr(engine, "close", None)
         if close:
             close()
+        signal.signal(signal.SIGTERM, previous)
     if not server.started:
         raise UserError(f"Port {port} on {host} cannot be used (another server may hold it); pick another with --port.")
