@@ -35,6 +35,50 @@ class RawStep:
     draft_s: float
     verify_s: float
     prefill: bool = False
+    reused: int = 0  # prefill step: prompt tokens taken from the kept caches (not prefilled again)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids `a` and `b` share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def assistant_header(tokenizer) -> list[int]:
+    """The ids a chat template puts before an answer, thinking on or off (for Qwen3:
+    `<|im_start|>assistant\n`), found by rendering one message three ways; [] when it cannot tell.
+    Hybrid targets prefill in two chunks split right after the last such header (a snapshot point the
+    next turn's re-rendered history still shares)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    messages = [{"role": "user", "content": "x"}]
+
+    def render(generation: bool, thinking: bool) -> list[int]:
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=generation, tokenize=True,
+                                            enable_thinking=thinking, return_dict=False)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+    try:
+        bare, on, off = render(False, True), render(True, True), render(True, False)
+    except Exception:  # noqa: BLE001 - a template that cannot render this is simply not split
+        return []
+    if on[: len(bare)] != bare or off[: len(bare)] != bare:
+        return []
+    return on[len(bare): len(bare) + common_prefix(on[len(bare):], off[len(bare):])]
+
+
+def split_after_header(ids: list[int], header: list[int]) -> Optional[int]:
+    """The position just after the last occurrence of `header` in `ids` (None if absent)."""
+    n = len(header)
+    if not n:
+        return None
+    for end in range(len(ids), n - 1, -1):
+        if ids[end - n: end] == header:
+            return end
+    return None
 
 
 def process_peak_rss() -> int:
@@ -128,6 +172,10 @@ class Engine:
     def close(self) -> None:
         """Nothing to stop in this process; the weights go with the last reference."""
 
+    def new_context(self) -> None:
+        """Forget the caches kept from earlier requests: the next one prefills its whole prompt."""
+        self._forget_turns()
+
     # -- baselines, from the framework's `baseline` module (engines/baseline.py) -----------------
     def _baseline(self):
         return importlib.import_module(f"{__package__}.{self.name}.baseline")
@@ -153,8 +201,19 @@ class Engine:
         """Refuse a target family this engine does not run (one sentence), before anything loads."""
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
-                max_new_tokens: int) -> Iterator[RawStep]:
+                max_new_tokens: int, reuse: bool = False, split: Optional[int] = None) -> Iterator[RawStep]:
+        """RawSteps for one request. With `reuse`, start from the caches the previous request left (their
+        longest prefix shared with `prompt_ids`); `split` is where a hybrid target's prefill is cut
+        (right after the assistant header) and snapshotted. Either way the caches are kept afterwards."""
         raise NotImplementedError
+
+    def _forget_turns(self) -> None:
+        """Drop what the last request left in the caches (the engine's `new_context`)."""
+
+    def _split(self, ids: list[int]) -> Optional[int]:
+        if not hasattr(self, "_header"):
+            self._header = assistant_header(self.tokenizer)
+        return split_after_header(ids, self._header)
 
     def _reset_peak_memory(self) -> None:
         pass
@@ -190,7 +249,8 @@ class Engine:
         finish = "length"
         started = time.perf_counter()
         decode_started = started
-        steps = self._decode(ids, block_size, sampling, max_new)
+        reused = 0
+        steps = self._decode(ids, block_size, sampling, max_new, reuse=request.reuse_cache, split=self._split(ids))
         try:
             for raw in steps:
                 emitted = raw.emitted
@@ -203,6 +263,7 @@ class Engine:
                 pieces = detok.add_tokens(emitted, origins)
                 out_ids += emitted
                 if raw.prefill:
+                    reused = raw.reused
                     ttft = time.perf_counter() - started
                     decode_started = time.perf_counter()
                 else:
@@ -239,4 +300,5 @@ class Engine:
             histogram=acceptance_histogram(lengths, block_size), draft_s=draft_s, verify_s=verify_s,
             peak_memory_bytes=peak, peak_memory_kind=kind, block_size=block_size,
             engine=self.name, device=self.device, dtype=self.dtype, finish_reason=finish,
+            reused_prompt_tokens=reused, prefilled_prompt_tokens=len(ids) - reused if out_ids else 0,
         )

@@ -81,6 +81,8 @@ class Summary:
     dtype: str
     finish_reason: str
     graphs: bool = False  # the decode steps replayed CUDA graphs (absent in older session files)
+    reused_prompt_tokens: int = 0  # prompt tokens whose caches a previous turn left (not prefilled again)
+    prefilled_prompt_tokens: int = 0  # prompt tokens this turn's prefill ran (0 in files from before the field)
     contract: int = CONTRACT_VERSION  # the contract version this Summary was written under
 
     def to_dict(self) -> dict:

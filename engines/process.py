@@ -28,7 +28,7 @@ from .prompting import load_tokenizer, prompt_ids
 ERRORS = {"UserError": UserError, "CheckpointError": CheckpointError, "EngineUnavailable": EngineUnavailable}
 BATCH_S = 0.05  # events travel in batches: one wake-up of the UI process per 50 ms, not one per step
 REQUEST_FIELDS = [f.name for f in fields(GenerationRequest) if f.name != "cancel"]
-CALLS = ("top2_margin", "baseline_generate")  # engine methods the child answers with one value
+CALLS = ("top2_margin", "baseline_generate", "new_context")  # engine methods the child answers with one value
 
 
 def _error(exc: BaseException) -> tuple:
@@ -185,6 +185,10 @@ class ProcessEngine:
 
     def top2_margin(self, ids: list[int]) -> Margin:
         return self._call("top2_margin", list(ids))
+
+    def new_context(self) -> None:
+        """Forget the caches the child kept from earlier requests (Engine.new_context)."""
+        self._call("new_context")
 
     def baseline_generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> BaselineRun:
         return self._call("baseline_generate", list(prompt_ids), max_new_tokens, temperature)

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer, LinearAttentionCacheLayerMixin
 
 BUCKET = 1024
 
@@ -151,11 +151,95 @@ class CachePool:
         self.target.start_cache(cache)
         return cache
 
-    def draft_cache(self, window: Optional[int], tokens: int):
+    def draft_cache(self, window: Optional[int], tokens: int, keep: int = 0):
         from .draft import DraftCache
 
         if self._draft_cache is None:
             self._draft_cache = DraftCache(self.draft, window, bucket(tokens))
-        self._draft_cache.reset(window)
+        self._draft_cache.reset(window, keep)
         self._draft_cache.reserve(tokens)
         return self._draft_cache
+
+    def draft_length(self) -> int:
+        """Context positions the pooled draft cache covers (0 before its first use)."""
+        return self._draft_cache.length if self._draft_cache is not None else 0
+
+    def crop_draft(self, keep: int) -> None:
+        if self._draft_cache is not None:
+            self._draft_cache.length = min(self._draft_cache.length, keep)
+
+
+MAX_SNAPSHOTS = 3  # hybrid targets: linear-attention states kept per conversation (the latest positions)
+
+
+def linear_layers(cache) -> dict[int, LinearAttentionCacheLayerMixin]:
+    return {i: layer for i, layer in enumerate(getattr(cache, "layers", []))
+            if isinstance(layer, LinearAttentionCacheLayerMixin)}
+
+
+def linear_states(cache) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """A copy of every linear-attention layer's conv and recurrent state (after a commit trimmed them)."""
+    return {i: (layer.conv_states[0].clone(), layer.recurrent_states[0].clone())
+            for i, layer in linear_layers(cache).items()}
+
+
+def restore_states(cache, states: dict) -> None:
+    """Put copies of `states` back (the model updates the recurrent state in place: never alias a snapshot)."""
+    layers = cache.layers
+    for i, (conv, recurrent) in states.items():
+        layers[i].conv_states[0] = conv.clone()
+        layers[i].recurrent_states[0] = recurrent.clone()
+
+
+class TurnCache:
+    """What a request leaves for the next one (the conversation's caches between turns).
+
+    `ids` are the tokens the target cache holds (the prompt and every committed token but the newest),
+    or None while a step is changing the caches (an interrupted step leaves nothing to reuse). The draft's
+    context cache is the pool's and tracks its own length, which trails the target's after a block-1 turn.
+    Attention K/V crop to any prefix; linear-attention (gated delta net) states cannot, so hybrid targets
+    keep `snapshots` {position: states} at chosen points (right after the assistant header of each
+    prompt) besides the live state at len(ids)."""
+
+    def __init__(self):
+        self.cache = None
+        self.ids: Optional[list[int]] = None
+        self.snapshots: dict[int, dict] = {}
+
+    def clear(self) -> None:
+        self.ids = None
+        self.snapshots = {}
+
+    def snapshot(self, position: int) -> None:
+        self.snapshots[position] = linear_states(self.cache)
+        for old in sorted(self.snapshots)[:-MAX_SNAPSHOTS]:
+            del self.snapshots[old]
+
+    def resume(self, prompt_ids: list[int], draft_length: Optional[int]) -> int:
+        """Bring the kept target cache back to the longest prefix of `prompt_ids` it can restore exactly
+        (at least one prompt token is left to prefill; never past `draft_length` when the draft is fed);
+        returns that length, 0 when nothing is reusable."""
+        from ..engine import common_prefix
+
+        if self.ids is None or self.cache is None:
+            return 0
+        layers = getattr(self.cache, "layers", [])
+        linear = linear_layers(self.cache)
+        if any(not isinstance(layer, BucketLayer) and i not in linear for i, layer in enumerate(layers)):
+            return 0  # sliding windows and other layer kinds cannot be cropped back
+        keep = min(common_prefix(self.ids, prompt_ids), len(prompt_ids) - 1)
+        if draft_length is not None:
+            keep = min(keep, draft_length)
+        if linear:
+            points = [p for p in self.snapshots if p <= keep]
+            live = len(self.ids) if len(self.ids) <= keep else None
+            best = max(points + ([live] if live is not None else []), default=0)
+            if best and best != live:
+                restore_states(self.cache, self.snapshots[best])
+            keep = best
+        self.snapshots = {p: s for p, s in self.snapshots.items() if p <= keep}
+        if keep <= 0:
+            return 0
+        for layer in bucket_layers(self.cache):
+            layer.length = min(layer.length, keep)
+        return keep

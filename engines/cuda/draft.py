@@ -231,8 +231,10 @@ class DraftCache:
         self.v_bufs: list[Optional[torch.Tensor]] = [None] * len(draft.layers)
         self.reset(window)
 
-    def reset(self, window: Optional[int]) -> None:
-        self.length = 0  # committed positions covered (including ones outside the window)
+    def reset(self, window: Optional[int], keep: int = 0) -> None:
+        """A new window; the first `keep` committed positions stay (the whole context K/V is kept, the
+        window only limits what a block reads, so a shorter prefix reads what a fresh run would)."""
+        self.length = min(keep, self.length) if keep else 0  # committed positions covered (including ones outside the window)
         self.windows = [min(w for w in (window, layer.self_attn.window) if w) if (window or layer.self_attn.window)
                         else None for layer in self.draft.layers]
 

@@ -11,7 +11,7 @@ from ..config import EngineConfig
 from ..engine import Engine, RawStep
 from ..errors import UserError
 from ..sampling import SamplingParams
-from .cache import BUCKET, CachePool
+from .cache import BUCKET, CachePool, TurnCache
 from .draft import DFlashDraft
 from .graphs import StepGraphs, why_eager
 from .loop import Sampler, speculative_decode
@@ -58,6 +58,7 @@ class CudaEngine(Engine):
         # every GPU holding part of the pair (one, or all of them when the target is spread)
         self._gpus = sorted({p.device.index or 0 for p in self.target.model.parameters()}) if device.type == "cuda" else []
         self.pool = CachePool(self.target, self.draft)  # static caches, reused from request to request
+        self.turn = TurnCache()  # what the last request left in them, for the next turn of a chat
         self.graphs, self.graphs_note = self._graphs(config, device)
 
     def _graphs(self, config: EngineConfig, device: torch.device):
@@ -80,11 +81,14 @@ class CudaEngine(Engine):
         return graphs, f"graphs ({graphs.captures} captured in {graphs.capture_s:.1f} s)"
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
-                max_new_tokens: int) -> Iterator[RawStep]:
+                max_new_tokens: int, reuse: bool = False, split=None) -> Iterator[RawStep]:
         self._replays = self.graphs.replays if self.graphs else 0
         return speculative_decode(self.target, self.draft, prompt_ids, block_size, max_new_tokens,
                                   Sampler(sampling, self.target.lm_head.weight.device), self.config.draft_window,
-                                  pool=self.pool, graphs=self.graphs)
+                                  pool=self.pool, graphs=self.graphs, turn=self.turn, reuse=reuse, split=split)
+
+    def _forget_turns(self) -> None:
+        self.turn.clear()
 
     def _drive(self, *args) -> Iterator:
         yield from super()._drive(*args)

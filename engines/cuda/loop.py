@@ -16,7 +16,7 @@ import torch
 
 from ..engine import RawStep
 from ..sampling import SamplingParams
-from .cache import CachePool, reserve
+from .cache import CachePool, TurnCache, bucket_layers, reserve
 from .draft import DFlashDraft, DraftCache
 from .graphs import StepGraphs
 from .target import Target
@@ -79,41 +79,85 @@ def speculative_decode(
     draft_cache: Optional[DraftCache] = None,
     pool: Optional[CachePool] = None,
     graphs: Optional[StepGraphs] = None,
+    turn: Optional[TurnCache] = None,
+    reuse: bool = False,
+    split: Optional[int] = None,
 ) -> Iterator[RawStep]:
     """Yields the prefill token, then one RawStep per verify step, up to max_new_tokens ids.
     `cache` / `draft_cache` may be passed in to observe them between steps (tests); otherwise they come
     from `pool` (reused across requests) or are allocated for this request. With `graphs`, full blocks
-    replay captured graphs and a shrunk last block runs eager."""
+    replay captured graphs and a shrunk last block runs eager.
+
+    With `turn` (pooled caches only) the caches this request leaves are recorded in it; with `reuse` the
+    request starts from the longest prefix of `prompt_ids` they hold and prefills only the rest. A hybrid
+    target then prefills in two chunks cut at `split` (just after the assistant header) and keeps a
+    snapshot of its linear-attention states there."""
     device, clock = target.device, Clock(target.device)
     use_draft = block_size > 1
     prompt_len = len(prompt_ids)
     room = prompt_len + max_new_tokens + block_size  # a verify writes at most one block past the committed
+    tracked = turn is not None and pool is not None and cache is None and draft_cache is None
+    reused = 0
+    if tracked:
+        if reuse:
+            reused = turn.resume(prompt_ids, pool.draft_length() if use_draft else None)
+        turn.ids = None  # the caches change from here on; valid again after each completed step
+        if reused:
+            cache = turn.cache
+            pool.crop_draft(reused)
+        else:
+            turn.snapshots = {}
+            pool.crop_draft(0)
     if cache is None:
         cache = pool.target_cache(room) if pool else target.new_cache(room)
     reserve(cache, room)
     if use_draft:
         if draft_cache is None:
-            draft_cache = pool.draft_cache(draft_window, room) if pool else DraftCache(draft, draft_window, room)
+            draft_cache = pool.draft_cache(draft_window, room, reused) if pool else DraftCache(draft, draft_window, room)
         draft_cache.reserve(room)
     if graphs is not None:
-        graphs = graphs.ready(cache, draft_cache if use_draft else None, block_size)
+        captures = graphs.captures
+        graphs = graphs.ready(cache, draft_cache if use_draft else None, block_size)  # resets the lengths
+        if graphs is not None and graphs.captures != captures:
+            reused = 0  # a capture ran its passes on these buffers: nothing kept survives it
+            if use_draft:
+                draft_cache.length = 0
+        for layer in bucket_layers(cache):
+            layer.length = reused
+    if tracked:
+        turn.cache = cache
 
     t0 = clock.mark()
-    logits, features = target.forward(torch.tensor([prompt_ids], device=device), 0, cache, last_only=True, capture=use_draft)
-    target.commit(cache, prompt_len, prompt_len)
-    if use_draft:
-        draft_cache.append(features)
+    bounds = [reused, prompt_len]
+    hybrid_split = tracked and reuse and bool(target.rollback) and split is not None and reused < split <= prompt_len
+    if hybrid_split and split < prompt_len:
+        bounds = [reused, split, prompt_len]
+    for a, b in zip(bounds, bounds[1:]):
+        logits, features = target.forward(torch.tensor([prompt_ids[a:b]], device=device), a, cache, last_only=True,
+                                          capture=use_draft)
+        target.commit(cache, b - a, b - a)
+        if use_draft:
+            draft_cache.append(features)
+        if hybrid_split and b == split:
+            turn.snapshot(split)
     last = sampler(logits[0, -1:])  # [1], stays on the device
     first = last.item()
-    yield RawStep(drafted=[], accepted=0, emitted=[first], draft_s=0.0, verify_s=clock.seconds(t0, clock.mark()), prefill=True)
+    held = list(prompt_ids)  # the ids the target cache holds
+    if tracked:
+        turn.ids = held
+    yield RawStep(drafted=[], accepted=0, emitted=[first], draft_s=0.0, verify_s=clock.seconds(t0, clock.mark()),
+                  prefill=True, reused=reused)
 
     generated = 1
+    last_id = first
     mask_id = draft_cache.draft.mask_token_id if use_draft else 0
     mask_block = torch.full((1, block_size), mask_id, dtype=torch.long, device=device)
     while generated < max_new_tokens:
         b = min(block_size, max_new_tokens - generated)  # the last block shrinks: never more than asked
         start = prompt_len + generated - 1
         on_graphs = graphs is not None and b == block_size
+        if tracked:
+            turn.ids = None
         t_draft = clock.mark()
         if on_graphs:
             block = graphs.draft_step(last, start, b)
@@ -140,6 +184,11 @@ def speculative_decode(
             target.commit(cache, accepted + 1, b)  # keep every committed token except the newest
             if use_draft:
                 draft_cache.append(features[:, : accepted + 1])
+        held.append(last_id)
+        held += drafted[:accepted]
+        last_id = chosen[accepted]
+        if tracked:
+            turn.ids = held
         last = choice[accepted: accepted + 1]
         generated += accepted + 1
         yield RawStep(

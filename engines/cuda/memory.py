@@ -19,6 +19,9 @@ from ..errors import UserError
 VISION_PREFIXES = ("visual.", "model.visual.", "vision_tower.", "model.vision_tower.")
 HEADROOM = 1.10  # activations, allocator slack
 CACHE_POSITIONS = 4096  # K/V counted for this many positions (caches grow in 1,024-position buckets)
+# The caches a chat keeps between turns (engines/cuda/cache.py's TurnCache) are these same pooled
+# buffers; what they add is the linear-attention snapshots of hybrid targets: the live state plus
+# MAX_SNAPSHOTS copies, and the copies a verify keeps for rollback.
 
 
 def weight_bytes(directory: Path, dtype: torch.dtype) -> int:
@@ -54,6 +57,26 @@ def cache_bytes(directory: Path, dtype: torch.dtype, positions: int = CACHE_POSI
     return 2 * layers * kv_heads * head_dim * positions * torch.empty((), dtype=dtype).element_size()
 
 
+def linear_state_bytes(directory: Path, dtype: torch.dtype) -> int:
+    """Bytes of every linear-attention (gated delta net) layer's conv and recurrent state, counted for the
+    live state, a verify's saved copy and the snapshots a chat keeps between turns; 0 without such layers."""
+    import json
+
+    from ..checkpoints import text_config
+    from .cache import MAX_SNAPSHOTS
+
+    config = text_config(json.loads((Path(directory) / "config.json").read_text()))
+    layers = sum(t == "linear_attention" for t in config.get("layer_types") or [])
+    if not layers:
+        return 0
+    k_heads, v_heads = config.get("linear_num_key_heads", 0), config.get("linear_num_value_heads", 0)
+    k_dim, v_dim = config.get("linear_key_head_dim", 0), config.get("linear_value_head_dim", 0)
+    conv = (2 * k_heads * k_dim + v_heads * v_dim) * config.get("linear_conv_kernel_dim", 4)
+    recurrent = v_heads * k_dim * v_dim
+    per_copy = layers * (conv + recurrent) * max(4, torch.empty((), dtype=dtype).element_size())
+    return per_copy * (2 + MAX_SNAPSHOTS)
+
+
 def gib(n: float) -> str:
     return f"{n / 2**30:.1f} GB"
 
@@ -62,6 +85,7 @@ def check_fits(target: Path, draft: Optional[Path], dtype: torch.dtype, device: 
                available: Optional[int] = None) -> None:
     need = weight_bytes(target, dtype) + (weight_bytes(draft, dtype) if draft else 0)
     need = int(need * HEADROOM) + cache_bytes(target, dtype) + (cache_bytes(draft, dtype) if draft else 0)
+    need += linear_state_bytes(target, dtype)
     have, where = free_bytes(device)
     have = have if available is None else available
     if have and need > have:

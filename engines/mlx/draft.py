@@ -4,7 +4,7 @@ Each layer's queries come from the block ([last token, mask, mask, ...] embedded
 embeddings). Keys and values come from the committed context features (fc(concat of target layer
 outputs) -> RMSNorm, projected per layer with k_norm and RoPE at their own positions) followed by the
 block itself; the block attends to all of them with no mask. Context K/V are computed once per committed
-position and kept in `DraftCache`, trimmed to the draft window (and to a layer's trained sliding window);
+position and kept in `DraftCache`, read through the draft window (and a layer's trained sliding window);
 block K/V never enter the cache. The target's embeddings and lm_head are shared, not stored here.
 """
 
@@ -146,24 +146,31 @@ class DFlashDraft(nn.Module):
 
 
 class DraftCache:
-    """Per-layer K/V of committed context features (positions < start), trimmed to the draft window.
+    """Per-layer K/V of committed context features (positions < start); the block reads the last
+    `window` of them (and at most a layer's trained sliding window).
 
-    Entries live in buffers that grow in steps (no concatenation per step); with a window only the last
-    `window` entries are visible, and the buffer is compacted once it holds a step's worth more than that.
-    The visible entries are exactly those engines/cuda/draft.py's DraftCache keeps.
+    Entries live in buffers that grow in steps (no concatenation per step). Every entry is kept, also
+    those outside the window, so the cache can be cropped back to any prefix and then reads exactly what
+    a fresh run over that prefix would (a conversation's next turn, engines/mlx/loop.py). The visible
+    entries are exactly those engines/cuda/draft.py's DraftCache reads.
     """
 
     step = 256
 
     def __init__(self, draft: DFlashDraft, window: Optional[int]):
         self.draft = draft
-        self.length = 0  # committed positions covered (including ones trimmed away)
-        self.windows = [attention_window(window, layer.self_attn.window) for layer in draft.layers]
+        self.length = 0  # committed positions covered (including ones outside the window)
+        self.set_window(window)
         n = len(draft.layers)
         self._keys: list[Optional[mx.array]] = [None] * n
         self._values: list[Optional[mx.array]] = [None] * n
-        self._used = [0] * n  # filled rows of each buffer
-        self._first = [0] * n  # first visible row of each buffer
+
+    def set_window(self, window: Optional[int]) -> None:
+        self.windows = [attention_window(window, layer.self_attn.window) for layer in self.draft.layers]
+
+    def crop(self, keep: int) -> None:
+        """Forget the positions from `keep` on."""
+        self.length = min(self.length, max(0, keep))
 
     def append(self, features: mx.array) -> None:
         """Project and store context features for positions length..length+n-1."""
@@ -175,30 +182,26 @@ class DraftCache:
         self.length += n
 
     def _store(self, i: int, k: mx.array, v: mx.array) -> None:
-        n, used, window = k.shape[2], self._used[i], self.windows[i]
+        n, used = k.shape[2], self.length
         buf_k, buf_v = self._keys[i], self._values[i]
         if buf_k is None or used + n > buf_k.shape[2]:
-            keep = used - self._first[i]
-            if window is not None:
-                keep = min(keep, window)
-            rows = ((keep + n + self.step - 1) // self.step + 1) * self.step
-            shape_k = (*k.shape[:2], rows, k.shape[3])
-            shape_v = (*v.shape[:2], rows, v.shape[3])
-            new_k, new_v = mx.zeros(shape_k, k.dtype), mx.zeros(shape_v, v.dtype)
-            if keep:
-                new_k[:, :, :keep] = buf_k[:, :, used - keep: used]
-                new_v[:, :, :keep] = buf_v[:, :, used - keep: used]
-            buf_k, buf_v, used = new_k, new_v, keep
-            self._first[i] = 0
+            rows = ((used + n + self.step - 1) // self.step + 1) * self.step
+            new_k = mx.zeros((*k.shape[:2], rows, k.shape[3]), k.dtype)
+            new_v = mx.zeros((*v.shape[:2], rows, v.shape[3]), v.dtype)
+            if used:
+                new_k[:, :, :used] = buf_k[:, :, :used]
+                new_v[:, :, :used] = buf_v[:, :, :used]
+            buf_k, buf_v = new_k, new_v
         buf_k[:, :, used: used + n] = k
         buf_v[:, :, used: used + n] = v
-        used += n
-        self._keys[i], self._values[i], self._used[i] = buf_k, buf_v, used
-        if window is not None:
-            self._first[i] = max(self._first[i], used - window)
+        self._keys[i], self._values[i] = buf_k, buf_v
+
+    def _first(self, i: int) -> int:
+        window = self.windows[i]
+        return max(0, self.length - window) if window is not None else 0
 
     def view(self, i: int) -> tuple[mx.array, mx.array]:
-        a, b = self._first[i], self._used[i]
+        a, b = self._first(i), self.length
         return self._keys[i][:, :, a:b], self._values[i][:, :, a:b]
 
     @property
@@ -223,4 +226,4 @@ class DraftCache:
         return mx.argmax(lm_head(hidden[0, 1:]), axis=-1).astype(mx.int32)
 
     def entries(self) -> int:
-        return self._used[0] - self._first[0] if self._keys and self._keys[0] is not None else 0
+        return self.length - self._first(0) if self._keys and self._keys[0] is not None else 0

@@ -17,7 +17,7 @@ from ..engine import Engine, RawStep
 from ..errors import UserError
 from ..sampling import SamplingParams
 from .draft import DFlashDraft
-from .loop import Sampler, speculative_decode
+from .loop import Sampler, TurnCache, speculative_decode
 from .target import DTYPES, Target, check_target, dtype_name
 
 
@@ -53,6 +53,7 @@ class MlxEngine(Engine):
         self.target = Target(self.target_info, dtype, layer_ids)
         self.dtype = dtype_name(self.target.dtype)
         self.draft = DFlashDraft.load(self.draft_info, self.target.dtype) if self.draft_info else None
+        self.turn = TurnCache()  # the caches the last request left, for the next turn of a chat
 
     @property
     def model(self):
@@ -60,9 +61,13 @@ class MlxEngine(Engine):
         return self.target.model
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
-                max_new_tokens: int) -> Iterator[RawStep]:
+                max_new_tokens: int, reuse: bool = False, split=None) -> Iterator[RawStep]:
         return speculative_decode(self.target, self.draft, prompt_ids, block_size, max_new_tokens,
-                                  Sampler(sampling), self.config.draft_window)
+                                  Sampler(sampling), self.config.draft_window, turn=self.turn, reuse=reuse,
+                                  split=split)
+
+    def _forget_turns(self) -> None:
+        self.turn.clear()
 
     def _reset_peak_memory(self) -> None:
         mx.reset_peak_memory()

@@ -65,7 +65,75 @@ class Sampler:
         return mx.random.categorical(logits, axis=-1, key=keys[1]).astype(mx.int32)
 
 
-def speculative_decode(
+class TurnCache:
+    """What a request leaves for the next one (the conversation's caches between turns): the target's
+    cache list, the draft's context cache (its own length: it trails the target's after a block-1 turn),
+    the ids the target cache holds (None while a step is changing it), and, for hybrid targets, snapshots
+    {position: entries of each linear-attention ArraysCache} (MLX arrays are immutable: references are
+    the copy) taken right after the assistant header; the live state at len(ids) is the other point."""
+
+    MAX_SNAPSHOTS = 3
+
+    def __init__(self):
+        self.cache: Optional[list] = None
+        self.draft_cache: Optional[DraftCache] = None
+        self.ids: Optional[list[int]] = None
+        self.snapshots: dict[int, dict] = {}
+
+    def clear(self) -> None:
+        self.ids = None
+        self.snapshots = {}
+
+    def snapshot(self, position: int, rollback) -> None:
+        self.snapshots[position] = {i: list(self.cache[i].cache) for i in rollback.mixers}
+        for old in sorted(self.snapshots)[:-self.MAX_SNAPSHOTS]:
+            del self.snapshots[old]
+
+    def resume(self, prompt_ids: list[int], rollback, use_draft: bool) -> int:
+        """Crop / restore the kept caches to the longest prefix of `prompt_ids` they can hold exactly (at
+        least one prompt token left to prefill); 0 when nothing is reusable."""
+        from ..engine import common_prefix
+
+        if self.ids is None or self.cache is None or rollback.mode not in ("trim", "mixers"):
+            return 0
+        keep = min(common_prefix(self.ids, prompt_ids), len(prompt_ids) - 1)
+        draft_length = self.draft_cache.length if self.draft_cache is not None else 0
+        if use_draft:
+            keep = min(keep, draft_length)
+        if rollback.mode == "mixers":
+            live = len(self.ids) if len(self.ids) <= keep else None
+            best = max([p for p in self.snapshots if p <= keep] + ([live] if live is not None else []), default=0)
+            if best and best != live:
+                for i, entries in self.snapshots[best].items():
+                    self.cache[i].cache = list(entries)
+            keep = best
+        self.snapshots = {p: s for p, s in self.snapshots.items() if p <= keep}
+        if keep <= 0:
+            return 0
+        for i, c in enumerate(self.cache):
+            if i not in rollback.mixers:
+                c.trim(c.offset - keep)
+        if self.draft_cache is not None:
+            self.draft_cache.crop(keep)
+        return keep
+
+
+def speculative_decode(target: Target, draft: Optional[DFlashDraft], prompt_ids: list[int], block_size: int,
+                       max_new_tokens: int, sampler: Sampler, draft_window: Optional[int] = None, **kwargs) -> Iterator[RawStep]:
+    """`_speculative_decode`, whose kept caches are evaluated when the request ends however it ends: a
+    lazy array left pending would belong to this thread's stream, and the next request may come from
+    another thread (the TUI decodes in a worker)."""
+    turn = kwargs.get("turn")
+    try:
+        yield from _speculative_decode(target, draft, prompt_ids, block_size, max_new_tokens, sampler, draft_window,
+                                       **kwargs)
+    finally:
+        if turn is not None and turn.ids is not None and turn.cache is not None:
+            kept = [c.state for c in turn.cache] + (turn.draft_cache.arrays() if turn.draft_cache is not None else [])
+            mx.eval(kept)
+
+
+def _speculative_decode(
     target: Target,
     draft: Optional[DFlashDraft],
     prompt_ids: list[int],
@@ -75,40 +143,82 @@ def speculative_decode(
     draft_window: Optional[int] = None,
     cache: Optional[list] = None,
     draft_cache: Optional[DraftCache] = None,
+    turn: Optional[TurnCache] = None,
+    reuse: bool = False,
+    split: Optional[int] = None,
 ) -> Iterator[RawStep]:
     """Yields the prefill token, then one RawStep per verify step, up to max_new_tokens ids.
-    `cache` / `draft_cache` may be passed in to observe them between steps (tests)."""
+    `cache` / `draft_cache` may be passed in to observe them between steps (tests). With `turn` the
+    caches are kept in it for the next request; with `reuse` a request starts from the longest prefix of
+    `prompt_ids` they hold, and a hybrid target cuts its prefill at `split` (after the assistant header)
+    and snapshots its linear-attention states there."""
     use_draft = block_size > 1
+    tracked = turn is not None and cache is None and draft_cache is None
+    reused = 0
+    if tracked:
+        if turn.cache is not None:
+            rollback = target.rollback_for(turn.cache)
+            if reuse:
+                reused = turn.resume(prompt_ids, rollback, use_draft)
+        turn.ids = None  # the caches change from here on; valid again after each completed step
+        if reused:
+            cache = turn.cache
+        else:
+            turn.cache, turn.snapshots = target.make_cache(), {}
+            if turn.draft_cache is not None:
+                turn.draft_cache.crop(0)
+            cache = turn.cache
+        if draft is not None:
+            if turn.draft_cache is None:
+                turn.draft_cache = DraftCache(draft, draft_window)
+            turn.draft_cache.set_window(draft_window)
+            turn.draft_cache.crop(reused)
+            draft_cache = turn.draft_cache if use_draft else None
     cache = cache if cache is not None else target.make_cache()
     rollback = target.rollback_for(cache)
     if use_draft and draft_cache is None:
         draft_cache = DraftCache(draft, draft_window)
     prompt = mx.array(prompt_ids, dtype=mx.int32)[None]
+    hybrid_split = (tracked and reuse and rollback.mode == "mixers" and split is not None
+                    and reused < split <= len(prompt_ids))
 
     # Prefill as mlx-lm does: all but the last prompt token in chunks (only cache states and context
     # features evaluated, never their logits), then the last token alone for the first sampled token.
     t0 = time.perf_counter()
-    done, n = 0, len(prompt_ids)
+    done, n = reused, len(prompt_ids)
     while n - done > 1:
         chunk = min(PREFILL_STEP, n - done - 1)
+        if hybrid_split and done < split < done + chunk:
+            chunk = split - done
         _, features = target.forward(prompt[:, done: done + chunk], cache, capture=use_draft)
         if use_draft:
             draft_cache.append(features)
         mx.eval([c.state for c in cache] + (draft_cache.arrays() if use_draft else []))
         done += chunk
+        if hybrid_split and done == split:
+            turn.snapshot(split, rollback)
     logits, features = target.forward(prompt[:, done:], cache, capture=use_draft)
     if use_draft:
         draft_cache.append(features)
     last = sampler(logits[0, -1:])  # [1], stays on the device
     mx.eval(last, [c.state for c in cache], draft_cache.arrays() if use_draft else [])
+    if hybrid_split and split == n:  # thinking on: the prompt ends with the assistant header
+        turn.snapshot(split, rollback)
     first = last.item()
-    yield RawStep(drafted=[], accepted=0, emitted=[first], draft_s=0.0, verify_s=time.perf_counter() - t0, prefill=True)
+    held = list(prompt_ids)  # the ids the target cache holds
+    if tracked:
+        turn.ids = held
+    yield RawStep(drafted=[], accepted=0, emitted=[first], draft_s=0.0, verify_s=time.perf_counter() - t0,
+                  prefill=True, reused=reused)
 
+    last_id = first
     generated, step, draft_share = 1, 0, 0.0
     mask_id = draft_cache.draft.mask_token_id if use_draft else 0
     mask = mx.full((max(block_size - 1, 1),), mask_id, dtype=mx.int32)
     while generated < max_new_tokens:
         b = min(block_size, max_new_tokens - generated)  # the last block shrinks: never more than asked
+        if tracked:
+            turn.ids = None
         t_start = time.perf_counter()
         timed = b > 1 and step % TIMING_EVERY == 0
         drafted = None
@@ -132,6 +242,11 @@ def speculative_decode(
         rollback.rollback(b, accepted + 1, lambda keep, block=block: target.forward(block[None, :keep], cache, capture=False))
         if use_draft:
             draft_cache.append(features[:, : accepted + 1])
+        held.append(last_id)
+        held += drafted_ids[:accepted]
+        last_id = chosen[accepted]
+        if tracked:
+            turn.ids = held
         last = choice[accepted: accepted + 1]
         generated += accepted + 1
         step += 1
