@@ -234,6 +234,7 @@ def test_train_draft_writes_a_complete_draft_and_a_rerun_may_replace_its_own(pai
 def _session(data_dir: Path, session_id: str) -> Path:
     writer = sessions.SessionWriter({"profile": {"name": "tiny"}}, session_id=session_id)
     writer.append_turn({"index": 0, "status": "completed", "user": "q", "answer": "a", "settings": {}})
+    writer.close()
     return writer.path
 
 

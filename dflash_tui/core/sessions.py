@@ -418,12 +418,17 @@ def resolve_own(session_id: str) -> Session:
     return read_session(path)  # a file whose header does not parse is not a session: refused here
 
 
-def delete_session(session: Session) -> list[Path]:
-    """Remove a session file and its companions; returns what was removed (symlinks are not followed).
-    A session open in a dflash (its lock held) is refused."""
+def refuse_if_open(session: Session) -> None:
+    """One sentence if a dflash (this one included) has the session open: it is not ours to remove."""
     owner = SessionLock.held_elsewhere(session.path)
     if owner is not None:
         raise UserError(f"Session {session.id} is open in a dflash (pid {owner}); close it there before deleting it.")
+
+
+def delete_session(session: Session) -> list[Path]:
+    """Remove a session file and its companions; returns what was removed (symlinks are not followed).
+    A session open in a dflash (its lock held) is refused."""
+    refuse_if_open(session)
     removed = []
     for path in [session.path, *companion_files(session.path)]:
         path.unlink(missing_ok=True)
