@@ -228,6 +228,11 @@ class Engine:
 
     def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
         ids = self.prepare(request)
+        rows = self.target_info.vocab_size
+        bad = next((i for i in ids if not isinstance(i, int) or not 0 <= i < rows), None)
+        if bad is not None:  # a tampered replay or a hand-written request: never an index error mid-forward
+            raise UserError(f"Prompt token id {bad!r} is outside the target's {rows} embedding rows; the ids do not "
+                            "belong to this target (a session recorded with another model?).")
         max_positions = self.target_info.max_positions
         check_context(len(ids), max_positions)
         block_size = request.block_size if request.block_size is not None else self.block_size

@@ -280,3 +280,27 @@ def test_any_session_id(tmp_path_factory, monkeypatch, ident):
     monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path_factory.mktemp("ids")))
     for command in ("show", "export", "delete"):
         assert_clean(run("sessions", command, ident, *(["--yes"] if command == "delete" else [])))
+
+
+@pytest.mark.parametrize("ids", [[999999], [-1], [1, 2, 10**30]])
+def test_replay_of_tampered_prompt_ids(tiny, tmp_path, monkeypatch, ids):
+    """A session whose recorded prompt ids were edited: replay says so in one sentence."""
+    from tests.tiny import write_profile
+
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "data"))
+    target, draft = tiny
+    profile = write_profile(tmp_path / "p.toml", target, draft, max_new_tokens=4)
+    assert run("chat", "--plain", "--profile", profile, input="hello\n").exit_code == 0
+    (path,) = (tmp_path / "data" / "sessions").glob("*.jsonl")
+    header, turn = path.read_text().splitlines()
+    record = json.loads(turn)
+    record["prompt_ids"] = ids
+    path.write_text(header + "\n" + json.dumps(record) + "\n")
+    assert_clean(run("replay", path.stem, "--block-sizes", "1", "--no-save"), allowed=(2,))
+
+
+def test_cuda_engine_refuses_devices_it_does_not_run(tiny):
+    target, draft = tiny
+    result = run("generate", "--target", target, "--engine", "cuda", "--device", "mps", "--raw", "-n", "2", "hi")
+    assert_clean(result, allowed=(2,))
+    assert "--engine mlx" in result.output

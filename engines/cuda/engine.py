@@ -28,6 +28,9 @@ def pick_device(name: str) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise UserError(f"Device '{name}' is not a torch device; use auto, cpu, cuda or cuda:N.") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"Device '{name}' is not one the cuda engine runs on; use cpu, cuda or cuda:N "
+                        "(for an Apple GPU use --engine mlx).")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"Device '{name}' was asked for but torch sees no CUDA device here; use --device cpu or auto.")
     return device
