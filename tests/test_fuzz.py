@@ -304,3 +304,9 @@ def test_cuda_engine_refuses_devices_it_does_not_run(tiny):
     result = run("generate", "--target", target, "--engine", "cuda", "--device", "mps", "--raw", "-n", "2", "hi")
     assert_clean(result, allowed=(2,))
     assert "--engine mlx" in result.output
+
+
+def test_a_bad_flag_is_blamed_on_the_command_line_not_the_profile():
+    result = run("generate", "--profile", "demo", "--draft-window", "0", "hi")
+    assert_clean(result, allowed=(2,))
+    assert "command line" in result.output and "built-in profile" not in result.output

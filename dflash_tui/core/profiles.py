@@ -99,7 +99,10 @@ class Profile:
         values = {k: getattr(p, k) for k in keys}
         for key in ("target", "draft"):  # a directory beside the profile file wins over a hub id
             values[key] = self.local_path(values[key])
-        values.update({k: v for k, v in flags.items() if v is not None})
+        given = {k: v for k, v in flags.items() if v is not None}
+        if given:  # a bad flag is blamed on the command line, not on the profile
+            EngineConfig(target=values["target"] or "-", engine=name, source="the command line", **given)
+        values.update(given)
         origin = self.origin
         source = f"built-in profile {self.name}" if origin == "built-in" else str(self.path or origin)
         return EngineConfig(engine=name, source=source, **values)
