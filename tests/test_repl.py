@@ -120,3 +120,17 @@ def test_interactive_loop_with_key_bindings(profile, data_dir, pairs):
     assert "\033[" in out.getvalue()  # coloured by origin
     history = (data_dir / "repl_history").read_text()
     assert "line one" in history and "/quit" in history
+
+
+def test_a_refused_long_prompt_gives_up_no_history(profile, data_dir):
+    """The prompt that cannot fit is refused; the turns before it are still sent and still on file."""
+    long_line = "word " * 700  # beyond the tiny target's 512 positions on its own
+    result = run_plain(["--profile", str(profile)], f"first\n{long_line}\nsecond\n", data_dir)
+    assert result.returncode == 0, result.stderr.decode()
+    err = result.stderr.decode()
+    assert "shorten it" in err and "no longer sent" not in err
+    (path,) = sessions.session_paths()
+    turns = sessions.read_session(path).turns
+    assert [t["user"] for t in turns] == ["first", "second"]
+    assert all(t.get("dropped_turns", 0) == 0 for t in turns)
+    assert len(turns[1]["messages"]) == 3  # "first", its answer, then "second": nothing was dropped

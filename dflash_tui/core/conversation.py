@@ -14,6 +14,7 @@ from typing import Callable, Iterator, Optional
 
 from engines.checkpoints import check_block_size
 from engines.config import GenerationRequest
+from engines.errors import UserError
 from engines.engine import EngineLike
 from engines.events import StepEvent, Summary
 
@@ -294,6 +295,9 @@ class Conversation:
             if not limit or len(ids) + reserve <= limit or not history:
                 break
             start += 1
+        if limit and len(ids) >= limit:  # refused before any history is given up for it
+            raise UserError(f"The message is {len(ids)} tokens with the chat template but the context holds {limit}; "
+                            "shorten it.")
         if start > self.dropped:
             newly = start - self.dropped
             self.dropped = start
