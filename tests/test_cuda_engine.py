@@ -102,5 +102,5 @@ def test_a_target_that_cannot_fit_is_one_sentence(pairs):
     need = weight_bytes(target, torch.float32)
     assert weight_bytes(target, torch.bfloat16) * 2 == need
     check_fits(target, draft, torch.float32, torch.device("cpu"))  # the tiny pair fits here
-    with pytest.raises(UserError, match=r"needs about .* GB in float32 but this machine's free RAM has 0.0 GB free"):
+    with pytest.raises(UserError, match=r"needs about .* GB in float32 but this machine's available RAM has 0.0 GB free"):
         check_fits(target, draft, torch.float32, torch.device("cpu"), available=need // 2)

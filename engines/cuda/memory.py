@@ -7,7 +7,6 @@ instead of an out-of-memory crash halfway through loading.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -38,8 +37,10 @@ def free_bytes(device: torch.device) -> tuple[int, str]:
         indices = range(count) if device.index is None else [device.index]
         free = sum(torch.cuda.mem_get_info(i)[0] for i in indices)
         return free, f"{count} GPU{'s' if count > 1 else ''}"
-    pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else 0
-    return pages * os.sysconf("SC_PAGE_SIZE"), "this machine's free RAM"
+    import psutil
+
+    # available, not free: the page cache of a model just downloaded or read is reclaimable
+    return psutil.virtual_memory().available, "this machine's available RAM"
 
 
 def cache_bytes(directory: Path, dtype: torch.dtype, positions: int = CACHE_POSITIONS) -> int:
