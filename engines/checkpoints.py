@@ -111,6 +111,23 @@ def _check_shape_fields(config: dict, where: str) -> None:
         raise CheckpointError(f"{where} has eos_token_id {eos!r}, not a token id or a list of them; re-download the checkpoint.")
 
 
+DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2, "F16": 2, "I16": 2, "U16": 2,
+               "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def stored_bytes(directory: Path, role: str = "checkpoint") -> int:
+    """Bytes of every tensor in the safetensors files of `directory`, as stored (headers only)."""
+    total = 0
+    for file in sorted(Path(directory).glob("*.safetensors")):
+        for name, entry in safetensors_header(file, role).items():
+            if name != "__metadata__":
+                count = 1
+                for n in entry["shape"]:
+                    count *= n
+                total += count * DTYPE_BYTES.get(str(entry.get("dtype")), 2)
+    return total
+
+
 def _int_field(config: dict, key: str, where: str, required: bool = True) -> Optional[int]:
     """A positive integer config value, or one sentence naming the key and the file."""
     value = config.get(key)

@@ -9,6 +9,8 @@ import click
 
 from engines.errors import UserError
 
+from dflash_tui.cli.doctor import doctor, print_version
+
 
 def _quiet_broken_pipe() -> None:
     """The reader went away (`dflash profile list | head -1`): stop without a word, as other CLIs do."""
@@ -61,7 +63,8 @@ class Group(click.Group):
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(package_name="dflash-tui")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=print_version,
+              help="Versions of dflash, its frameworks, and the engine `auto` picks here.")
 def main() -> None:
     """dflash: DFlash speculative decoding in your terminal.
 
@@ -74,6 +77,7 @@ def main() -> None:
 from dflash_tui.cli.generate import generate  # noqa: E402
 
 main.add_command(generate)
+main.add_command(doctor)
 from dflash_tui.cli.profile import profile; main.add_command(profile)  # noqa: E402,E702
 from dflash_tui.cli.train import train_draft; main.add_command(train_draft)  # noqa: E402,E702
 from dflash_tui.cli.chat import chat, sessions; main.add_command(chat); main.add_command(sessions)  # noqa: E402,E702

@@ -12,6 +12,7 @@ import click
 
 from engines.errors import UserError
 
+from dflash_tui.cli import complete
 from dflash_tui.core import sessions as store
 from dflash_tui.core.terminal import printable
 
@@ -25,7 +26,8 @@ def profile_from_session(session: store.Session) -> Optional[str]:
 
 
 @click.command()
-@click.option("--profile", "-p", "profile", metavar="NAME|PATH", help="A profile name or TOML file (default: demo).")
+@click.option("--profile", "-p", "profile", metavar="NAME|PATH", shell_complete=complete.profile_names,
+              help="A profile name or TOML file (default: demo).")
 @click.option("--engine", type=click.Choice(["auto", "cuda", "mlx", "remote"]), default=None,
               help="Engine (default: the profile's, else auto).")
 @click.option("--url", help="Remote engine: an OpenAI-compatible server, http://HOST:PORT/v1 (implies --engine remote).")
@@ -33,7 +35,8 @@ def profile_from_session(session: store.Session) -> Optional[str]:
 @click.option("--api-key", help="Remote engine: the server's API key (default: DFLASH_API_KEY).")
 @click.option("--block-size", type=int, default=None, help="Block size (1 = plain decoding; default: the profile's).")
 @click.option("--thinking/--no-thinking", default=None, help="Thinking for the first turn (ctrl+t toggles it).")
-@click.option("--resume", "resume_id", metavar="ID", help="Continue a recorded session (`dflash sessions list`).")
+@click.option("--resume", "resume_id", metavar="ID", shell_complete=complete.session_ids,
+              help="Continue a recorded session (`dflash sessions list`).")
 @click.option("--plain", is_flag=True, help="The plain prompt-toolkit REPL instead of the full-screen TUI.")
 @click.option("--max-new-tokens", type=int, default=None, help="Answer length cap (default: the profile's).")
 def chat(profile, engine, url, model, api_key, block_size, thinking, resume_id, plain, max_new_tokens) -> None:
@@ -99,7 +102,7 @@ def sessions_list(as_json: bool) -> None:
 
 
 @sessions_group.command("show")
-@click.argument("session_id", metavar="ID")
+@click.argument("session_id", metavar="ID", shell_complete=complete.session_ids)
 def sessions_show(session_id: str) -> None:
     """A session's turns as Markdown, with its figures."""
     session = store.load_session(session_id)
@@ -109,7 +112,7 @@ def sessions_show(session_id: str) -> None:
 
 
 @sessions_group.command("export")
-@click.argument("session_id", metavar="ID")
+@click.argument("session_id", metavar="ID", shell_complete=complete.session_ids)
 @click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md", show_default=True)
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write here (mode 0600) instead of stdout.")
 def sessions_export(session_id: str, fmt: str, output: Optional[str]) -> None:
@@ -127,7 +130,7 @@ def sessions_export(session_id: str, fmt: str, output: Optional[str]) -> None:
 
 
 @sessions_group.command("delete")
-@click.argument("session_id", metavar="ID")
+@click.argument("session_id", metavar="ID", shell_complete=complete.session_ids)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation (for scripts).")
 def sessions_delete(session_id: str, yes: bool) -> None:
     """Delete a session file and its replay comparisons (asks first; only files in the sessions folder)."""

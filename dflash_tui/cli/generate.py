@@ -11,12 +11,14 @@ from engines import load_engine
 
 from dflash_tui.measure.replay import format_bytes
 from dflash_tui.core.settings import generation_request, load_settings
+from dflash_tui.cli import complete
 from dflash_tui.cli.style import ORIGIN_STYLE, color_enabled
 
 def engine_options(fn):
     """Options every command that loads an engine shares."""
     options = [
-        click.option("--profile", "-p", help="Profile name or TOML file (default: demo)."),
+        click.option("--profile", "-p", shell_complete=complete.profile_names,
+                     help="Profile name or TOML file (default: demo)."),
         click.option("--target", help="Target checkpoint: a directory or a hub id (overrides the profile)."),
         click.option("--draft", help="DFlash draft checkpoint: a directory or a hub id."),
         click.option("--engine", type=click.Choice(["auto", "cuda", "mlx", "remote"]), help="Engine (default: the profile's, else auto)."),
