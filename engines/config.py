@@ -88,7 +88,9 @@ class GenerationRequest:
     block_size: Optional[int] = None  # overrides the engine's block size for this request
     thinking: bool = True
     stop_ids: Optional[list[int]] = None  # None: every eos id of the target's generation_config
-    reuse_cache: bool = True  # start from the caches the previous request left, where its ids are a prefix
+    reuse_cache: bool = False  # start from the caches the previous request left where its ids are a prefix
+    # (a chat's turns: dflash_tui.core.conversation opts in); off, the whole prompt is prefilled, as bench,
+    # replay and speed comparisons need
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:

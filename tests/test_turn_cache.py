@@ -155,13 +155,24 @@ def test_new_context_and_changed_system_prompt(engines_for, engine_name):
     assert first[1].reused_prompt_tokens > 0
     engine.new_context()
     request = GenerationRequest(messages=[{"role": "user", "content": QUESTIONS[0]}], max_new_tokens=4,
-                                temperature=0, stop_ids=[])
+                                temperature=0, stop_ids=[], reuse_cache=True)
     list(engine.generate(request))
     assert engine.last_summary.reused_prompt_tokens == 0
     # a different system prompt changes the ids near the start: only that short prefix is shared
     other = chat(engine, [16, 16], reuse=True, system="Answer briefly.")
     plain = chat(engine, [16, 16], reuse=False, system="Answer briefly.")
     assert [s.token_ids for s in other] == [s.token_ids for s in plain]
+
+
+def test_reuse_is_opt_in(engines_for):
+    """Bench, replay and speed comparisons send requests without `reuse_cache`: the whole prompt is
+    prefilled however much of it the kept caches hold."""
+    engine = engines_for("cuda", "qwen3")
+    ids = engine.prepare(GenerationRequest(prompt=QUESTIONS[0]))
+    for _ in range(2):
+        list(engine.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=4, temperature=0)))
+        assert engine.last_summary.reused_prompt_tokens == 0
+        assert engine.last_summary.prefilled_prompt_tokens == len(ids)
 
 
 def test_raw_prompt_ids_extend_the_kept_ids(engines_for):
@@ -172,7 +183,8 @@ def test_raw_prompt_ids_extend_the_kept_ids(engines_for):
     list(engine.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=12, temperature=0, stop_ids=[])))
     answer = engine.last_summary.token_ids
     longer = ids + answer + ids
-    list(engine.generate(GenerationRequest(prompt_ids=longer, max_new_tokens=12, temperature=0, stop_ids=[])))
+    list(engine.generate(GenerationRequest(prompt_ids=longer, max_new_tokens=12, temperature=0, stop_ids=[],
+                                           reuse_cache=True)))
     kept = engine.last_summary
     assert kept.reused_prompt_tokens == len(ids) + len(answer) - 1  # the newest token was never fed
     list(engine.generate(GenerationRequest(prompt_ids=longer, max_new_tokens=12, temperature=0, stop_ids=[],
@@ -208,7 +220,34 @@ def test_process_engine_new_context(pairs):
         assert reused[1].reused_prompt_tokens > 0
         engine.new_context()
         list(engine.generate(GenerationRequest(messages=[{"role": "user", "content": QUESTIONS[0]}],
-                                               max_new_tokens=2, temperature=0)))
+                                               max_new_tokens=2, temperature=0, reuse_cache=True)))
         assert engine.last_summary.reused_prompt_tokens == 0
     finally:
         engine.close()
+
+
+def test_chat_reuses_caches_and_a_full_context_drops_to_three_quarters(engines_for):
+    """The chat controller opts in to the kept caches; when the history outgrows the context (512
+    positions on the tiny target) the oldest turns go at once down to about 75%, so the following turns
+    keep a stable prefix and reuse it again."""
+    from dflash_tui.core.conversation import FULL_CONTEXT_KEEP, ChatSettings, Conversation
+
+    engine = engines_for("cuda", "qwen3")
+    engine.new_context()
+    conv = Conversation(engine, ChatSettings(max_new_tokens=24, temperature=0.0, block_size=8), record=False)
+    limit = engine.target_info.max_positions
+    dropped_at, dropped = None, 0
+    for i in range(40):
+        active = conv.begin(QUESTIONS[i % len(QUESTIONS)] + f" ({i})")
+        list(conv.stream(active))
+        summary = engine.last_summary
+        if dropped_at is None and conv.dropped:
+            dropped_at, dropped = i, conv.dropped
+            assert summary.prompt_tokens + 24 <= int(limit * FULL_CONTEXT_KEEP)
+            assert summary.reused_prompt_tokens < summary.prompt_tokens // 2  # the prefix changed: rebuilt
+        elif i > 0:
+            assert summary.reused_prompt_tokens > 0, f"turn {i + 1}"
+        if dropped_at is not None and i > dropped_at:
+            assert conv.dropped == dropped  # the next turn keeps the new prefix, and reuses it
+            break
+    assert dropped_at is not None and dropped > 1

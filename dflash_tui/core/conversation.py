@@ -22,6 +22,7 @@ from dflash_tui.core import sessions
 from dflash_tui.core.profiles import Profile
 
 BLOCK_CHOICES = (1, 2, 4, 8, 16)
+FULL_CONTEXT_KEEP = 0.75  # a full context drops its oldest turns down to this share at once (issue 14)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 DRAFT_THINKING_WARNING = ("This profile's draft was not trained with thinking traces: with thinking on, "
                           "expect fewer accepted draft tokens.")
@@ -222,6 +223,7 @@ class Conversation:
         self.last_request: Optional[GenerationRequest] = None
         self._warned_draft_thinking = False
         self.on_notice: Optional[Callable[[str], None]] = None
+        self.reuse_cache = True  # the engine keeps its caches between turns (False: every turn prefilled whole)
 
     # -- settings --------------------------------------------------------------------------------
     @property
@@ -287,13 +289,18 @@ class Conversation:
         limit = self.context_limit()
         reserve = min(self.settings.max_new_tokens, limit // 2) if limit else 0
         start = min(self.dropped, len(self.turns))
+        # Once the history outgrows the context, the oldest turns go at once until it fills about 75%:
+        # dropping one turn per answer would change the prompt's start on every later turn, and the
+        # engine's kept caches (a prefix) would be lost exactly in long chats.
+        fill = limit
         while True:
             history = self.turns[start:]
             messages = self.messages_for(user, history)
             request = self._request(messages)
             ids = self.engine.prepare(request)
-            if not limit or len(ids) + reserve <= limit or not history:
+            if not limit or len(ids) + reserve <= fill or not history:
                 break
+            fill = int(limit * FULL_CONTEXT_KEEP)
             start += 1
         if limit and len(ids) >= limit:  # refused before any history is given up for it
             raise UserError(f"The message is {len(ids)} tokens with the chat template but the context holds {limit}; "
@@ -303,6 +310,7 @@ class Conversation:
             self.dropped = start
             self.notice(f"Context full: {newly} oldest turn{'s' if newly > 1 else ''} no longer sent "
                         f"({self.dropped} dropped in all; prompt {len(ids)} of {limit} tokens).")
+        request.reuse_cache = self.reuse_cache
         self.last_request = request
         block = self.settings.block_size or self.engine.block_size
         return ActiveTurn(user=user, request=request, prompt_ids=list(ids), messages=messages, dropped=self.dropped,
@@ -405,6 +413,13 @@ class Conversation:
         self.turns = []
         self.dropped = 0
         self.writer = None
+        self.new_context()
+
+    def new_context(self) -> None:
+        """Clear the engine's kept caches: the next turn prefills its whole prompt (the history stays)."""
+        clear = getattr(self.engine, "new_context", None)  # a remote server keeps its own caches
+        if clear is not None:
+            clear()
 
     def restore(self, session: sessions.Session) -> None:
         """Continue a recorded session: its history, its last settings, appending to its file."""
