@@ -19,6 +19,7 @@ from engines.engine import EngineLike
 from engines.events import StepEvent, Summary
 
 from dflash_tui.core import sessions
+from dflash_tui.core.terminal import printable  # noqa: F401 - re-exported for older imports
 from dflash_tui.core.profiles import Profile
 
 BLOCK_CHOICES = (1, 2, 4, 8, 16)

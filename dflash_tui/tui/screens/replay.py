@@ -165,7 +165,7 @@ class ReplayScreen(ModalScreen):
         """The chat's engine when it runs the session's target and is idle (no second copy in memory)."""
         app = self.app
         engine = app.engine
-        if engine is None or app.active is not None:
+        if engine is None or app.chat.active is not None:
             return None
         return engine if replay.same_target(session, engine) else None
 
