@@ -293,3 +293,24 @@ def test_offline_names_every_missing_checkpoint_in_one_sentence(tmp_path, monkey
     result = invoke("generate", "--target", "nobody/target-x", "--draft", "nobody/draft-y", "hi")
     assert_refused(result, "The target 'nobody/target-x' and the draft 'nobody/draft-y' are not in the Hugging Face cache",
                    "hf download nobody/target-x && hf download nobody/draft-y")
+
+
+def test_a_missing_pair_without_a_terminal_names_the_download_command(tmp_path, monkeypatch, data_dir):
+    """Online but not cached, and nobody at a terminal to confirm: exit 2 with `hf download`, and a
+    piped chat never takes a prompt line as the answer."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    result = invoke("generate", "--target", "nobody/target-x", "--draft", "nobody/draft-y", "hi")
+    assert_refused(result, "no terminal to confirm the download", "hf download nobody/target-x && hf download nobody/draft-y")
+    profile = tmp_path / "remote.toml"
+    profile.write_text('name = "p"\n[model]\ntarget = "nobody/target-x"\ndraft = "nobody/draft-y"\n')
+    chat = invoke("chat", "--plain", "--profile", profile, input="y\nhello\n")
+    assert chat.exit_code == 2 and "hf download nobody/target-x" in chat.output and not list(data_dir.glob("**/*.jsonl"))
+
+
+@pytest.mark.parametrize("flags, phrase", [(["--block-size", "65"], "from 1 to 64"), (["--max-new-tokens", "-5"], "positive"),
+                                           (["--max-new-tokens", "0"], "positive"), (["--block-size", "0"], "from 1 to 64")])
+def test_chat_flags_are_checked_before_anything_loads(tmp_path, flags, phrase, data_dir):
+    profile = tmp_path / "p.toml"
+    profile.write_text('name = "p"\n[model]\ntarget = "nobody/never-loaded"\n')  # loading it would fail otherwise
+    assert_refused(invoke("chat", "--plain", "--profile", profile, *flags, input="hello\n"), phrase)

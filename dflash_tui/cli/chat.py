@@ -13,6 +13,7 @@ import click
 from engines.errors import UserError
 
 from dflash_tui.cli import complete
+from dflash_tui.cli.downloads import ensure_local
 from dflash_tui.core import sessions as store
 from dflash_tui.core.terminal import printable
 
@@ -46,15 +47,18 @@ def chat(profile, engine, url, model, api_key, block_size, thinking, resume_id, 
     ctrl+n new session, ctrl+o sessions, ctrl+r replay, ctrl+p palette, f1 help, ctrl+q quit.
     Every turn is saved as it completes (`dflash sessions list`).
     """
-    if block_size is not None and block_size < 1:
-        raise UserError(f"Block size {block_size} is out of range; choose 1 or more (1 = plain decoding).")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {max_new_tokens} must be a positive number of tokens.")
     session = store.load_session(resume_id) if resume_id else None
     if session is not None and profile is None:
         profile = profile_from_session(session)
-    if url or model or api_key:
-        from dflash_tui.core.settings import profile_for, with_remote
+    from dflash_tui.core.settings import profile_for, with_remote
 
+    if url or model or api_key:
         profile, engine = with_remote(profile_for(profile), url, model, api_key), engine or "remote"
+    # every flag is checked, and the pair is on disk, before any weight loads (a bad block size is
+    # one sentence here, not after the model is up)
+    ensure_local(profile_for(profile).engine_config(engine, block_size=block_size))
     if plain or not sys.stdin.isatty() or not sys.stdout.isatty():
         from dflash_tui.repl import run_repl
 

@@ -12,6 +12,7 @@ from engines import load_engine
 from dflash_tui.measure.replay import format_bytes
 from dflash_tui.core.settings import generation_request, load_settings
 from dflash_tui.cli import complete
+from dflash_tui.cli.downloads import ensure_local
 from dflash_tui.cli.style import ORIGIN_STYLE, color_enabled
 
 def engine_options(fn):
@@ -78,6 +79,7 @@ def generate(prompt, profile, target, draft, engine, url, model, api_key, device
         content = {"messages": messages}
     request = generation_request(settings, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                  top_k=top_k, min_p=min_p, seed=seed, thinking=thinking, **content)
+    ensure_local(config)
     loaded = load_engine(config)
     for warning in loaded.warnings:
         click.echo(f"note: {warning}", err=True)
