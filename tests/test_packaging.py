@@ -45,3 +45,35 @@ def test_torch_install_falls_back_to_pips_own_configuration_when_the_cpu_index_i
     assert run.returncode == 0, run.stderr
     assert "could not be reached" in run.stderr  # the CPU index was tried first, then the fallback
     assert (target / "dflashprobe" / "__init__.py").is_file()
+
+
+# A subset that touches every package and the fixtures (tiny models, profiles, the demo pair).
+SDIST_SMOKE = ["tests/test_profiles.py", "tests/test_cli_generate.py::test_json_ids_equal_transformers_greedy",
+               "tests/test_doctor.py::test_version_names_the_frameworks_and_what_auto_picks"]
+# Import from the unpacked sdist, not from this checkout's editable install.
+ISOLATED = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in repr(f)]; "
+            "import pytest; sys.exit(pytest.main(sys.argv[1:]))")
+
+
+def test_the_sdist_carries_its_tests_and_they_pass_from_it(tmp_path):
+    import tarfile
+
+    built = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(tmp_path), str(ROOT)],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (archive,) = tmp_path.glob("dflash_tui-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        tar.extractall(tmp_path, filter="data")
+    root = tmp_path / archive.name.removesuffix(".tar.gz")
+    for needed in ("tests/conftest.py", "tests/tiny.py", "tests/oracles.py", "Makefile", "scripts/install_torch.sh",
+                   "tests/__snapshots__/test_tui/test_snapshot_main_screen.svg", "LICENSE", ".ci/run"):
+        assert f"{root.name}/{needed}" in names, needed
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
+    run = subprocess.run([sys.executable, "-c", ISOLATED, "-q", "-p", "no:cacheprovider", *SDIST_SMOKE],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert " passed" in run.stdout and str(root) in subprocess.run(
+        [sys.executable, "-c", "import sys; sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in "
+         "repr(f)]; import dflash_tui; print(dflash_tui.__file__)"], cwd=root, env=env, capture_output=True,
+        text=True, timeout=120).stdout
