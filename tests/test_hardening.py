@@ -314,3 +314,27 @@ def test_chat_flags_are_checked_before_anything_loads(tmp_path, flags, phrase, d
     profile = tmp_path / "p.toml"
     profile.write_text('name = "p"\n[model]\ntarget = "nobody/never-loaded"\n')  # loading it would fail otherwise
     assert_refused(invoke("chat", "--plain", "--profile", profile, *flags, input="hello\n"), phrase)
+
+
+def test_the_error_screen_shows_install_hints_literally():
+    """An error naming a pip extra keeps its brackets on screen (they are not Rich markup)."""
+    import asyncio
+
+    from textual.app import App
+    from textual.widgets import Static
+
+    from dflash_tui.tui.screens.error import LoadErrorScreen
+
+    message = "The cuda engine needs torch; install it with `pip install 'dflash-tui[cuda]'`."
+
+    class Host(App):
+        def on_mount(self) -> None:
+            self.push_screen(LoadErrorScreen(message))
+
+    async def run() -> str:
+        app = Host()
+        async with app.run_test() as pilot:
+            await pilot.pause()
+            return str(app.screen.query_one("#error-message", Static).render())
+
+    assert "'dflash-tui[cuda]'" in asyncio.run(run())

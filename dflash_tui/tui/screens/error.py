@@ -17,5 +17,5 @@ class LoadErrorScreen(ModalScreen):
     def compose(self) -> ComposeResult:
         with Vertical(id="error-box"):
             yield Static(self.what, classes="modal-title error-title")
-            yield Static(self.message, id="error-message")
+            yield Static(self.message, id="error-message", markup=False)  # "'dflash-tui[cuda]'" is text, not markup
             yield Static("ctrl+p: switch profile or engine · ctrl+q: quit", classes="modal-hint")
