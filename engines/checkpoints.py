@@ -373,7 +373,11 @@ def default_target_layer_ids(num_target_layers: int, num_ids: int) -> list[int]:
 
 def draft_config(target_config: dict, num_layers: int, target_layer_ids: list[int], block_size: int,
                  mask_token_id: int, **overrides) -> dict:
-    """A draft config.json in the public DFlash layout, with the keys the public loaders read."""
+    """A draft config.json in the public DFlash layout, with the keys the public loaders read: the
+    `DFlashDraftModel` architecture (vLLM's and SGLang's registries), the Qwen3 shape fields, `rope_theta`,
+    `block_size`, `num_target_layers`, `dflash_config.{target_layer_ids, mask_token_id}` and one
+    `layer_types` entry per layer (full attention = non-causal in vLLM and SGLang). train-draft adds
+    `dflash_config.mask_token` when saving (README "Which loaders read a trained draft")."""
     text = text_config(target_config)
     hidden, heads = text["hidden_size"], text["num_attention_heads"]
     config = {

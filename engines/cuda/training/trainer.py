@@ -18,7 +18,7 @@ import torch
 from ...checkpoints import TargetInfo, default_target_layer_ids, draft_config
 from ...config import MAX_BLOCK_SIZE
 from ...errors import UserError
-from ...outputs import MARKER, check_output_dir, publish
+from ...outputs import CARD, MARKER, check_output_dir, draft_card, mask_spelling, publish
 from ...prompting import load_tokenizer
 from ...sampling import SamplingParams
 from ..draft import DFlashDraft, save_draft
@@ -306,9 +306,20 @@ class Trainer:
         return int(state["step"]), list(state.get("taus", []))
 
     def save_draft(self, step: int, tau: float) -> None:
-        """The draft in the public layout, plus a marker saying where it came from (engines/outputs.py)."""
+        """The draft in the public layout, its model card, and a marker saying where it came from
+        (engines/outputs.py). The mask token's spelling goes into dflash_config.mask_token: SGLang checks
+        it against the tokenizer, and without it assumes <|MASK|>."""
+        token, clash = mask_spelling(self.tokenizer, self.mask_id)
+        if token is not None:
+            self.draft.config["dflash_config"]["mask_token"] = token
+        target_dtype = self.info.config.get("torch_dtype") or self.info.config.get("dtype") or "bfloat16"
+
         def write(folder: Path) -> None:
             save_draft(self.draft, folder, SAVE_DTYPES[self.cfg.dtype])
+            (folder / CARD).write_text(draft_card(
+                json.loads((folder / "config.json").read_text()), target=str(self.cfg.target),
+                draft=str(self.out.resolve()), steps=step, tau=tau if tau == tau else None,
+                target_dtype=str(target_dtype), mask_token=token, sglang_mask_clash=clash))
             made = {"written_by": "dflash train-draft", "target": str(self.cfg.target), "data": str(self.cfg.data),
                     "block_size": self.cfg.block_size, "steps": step, "tau": tau if tau == tau else None, "key": self.key()}
             (folder / MARKER).write_text(json.dumps(made, indent=2) + "\n")
