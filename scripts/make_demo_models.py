@@ -1,12 +1,20 @@
 """Build the demo pair in profiles/demo/: corpus, tokenizer, target, evaluation, draft (`make demo-models`).
 
-Every stage is seeded and caches its output under .demo-work/ so that a rerun resumes or skips it:
-  1. corpus      .demo-work/train.jsonl, heldout.jsonl      (scripts/demo/corpus.py)
+Every stage is seeded and caches its output under .demo-work/ so that a rerun resumes or skips it
+(the corpora are regenerated each run, in seconds, and rewritten only when their content changes):
+  1. corpus      .demo-work/train.jsonl, heldout.jsonl (mostly single-turn)   (scripts/demo/corpus.py)
   2. tokenizer   .demo-work/tokenizer/                      (scripts/demo/tokenizer.py)
-  3. target      profiles/demo/target/ (+ resumable checkpoint in .demo-work/)  (scripts/demo/train_target.py)
-  4. draft       profiles/demo/draft/ via `dflash train-draft --responses generate`
-  5. quality     target accuracy per task in its intended mode, tau at block 8 and 16  (scripts/demo/evaluate.py)
-Delete .demo-work/ (and profiles/demo/) to start over.
+  3. base target .demo-work/base-target/, from scratch on the base corpus     (scripts/demo/train_target.py)
+  4. chat corpus .demo-work/chat-train.jsonl, heldout-chat.jsonl: 1-4-turn conversations
+  5. target      profiles/demo/target/: the base target trained further on the chat corpus
+  6. draft       profiles/demo/draft/ via `dflash train-draft --responses generate` on chat conversations
+                 (the target writes every turn)
+  7. quality     target accuracy per task in its intended mode, on the last turn of 2-4-turn conversations
+                 (thinking on), tau at block 8 and 16  (scripts/demo/evaluate.py)
+A finished stage is skipped only while the inputs recorded in its done file are unchanged (a changed
+corpus retrains the targets, a changed target retrains the draft). Delete .demo-work/ to start over.
+`--base-from DIR` adopts DIR (a target this recipe's base phase wrote, e.g. an earlier profiles/demo/target)
+as the base phase's output instead of training it again (about 47 minutes here).
 """
 
 from __future__ import annotations
@@ -25,11 +33,15 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from scripts.demo import corpus, evaluate, train_target
-from scripts.demo import tokenizer as demo_tokenizer
+from scripts.demo import corpus, evaluate, train_target  # noqa: E402
+from scripts.demo import tokenizer as demo_tokenizer  # noqa: E402
 
-TARGET_STEPS = 6000
-DRAFT_PROMPTS = 3000
+TARGET_STEPS = 6000  # base phase
+# The chat phase: rounds of (steps, peak learning rate), each with its own warm-up and cosine decay, the
+# first from the base weights, each later one from the round before (a warm restart).
+CHAT_ROUNDS = "800:6e-4,800:3e-4"
+CHAT_BATCH = 16  # conversations are longer (160 tokens on average against 110)
+DRAFT_PROMPTS = 1500  # conversations; the target writes each of their turns
 DRAFT_EPOCHS = 16
 DRAFT_STEPS = 6000
 
@@ -44,26 +56,58 @@ def draft_data(train: list[dict], path: Path, n: int, seed: int) -> Path:
     return path
 
 
-def train_draft(args, work: Path, target: Path, out: Path) -> None:
+def train_draft(args, work: Path, target: Path, out: Path, source: Path) -> None:
     """`dflash train-draft` into the work dir (its responses and resumable state stay there), then the
-    draft itself (config.json + model.safetensors) is copied to `out`."""
-    if (out / "model.safetensors").exists() and (out / "config.json").exists():
-        print(f"draft: {out} exists, skipped")
+    draft itself (config.json + model.safetensors) is copied to `out`. Skipped while the target, the
+    conversations and the arguments are those recorded in draft-done.json."""
+    data = draft_data(corpus.read_jsonl(source), work / "draft-data.jsonl", args.draft_prompts, args.seed)
+    key = {"target": train_target.file_digest(target / "model.safetensors"), "data": train_target.file_digest(data),
+           "steps": args.draft_steps, "epochs": args.draft_epochs, "args": args.draft_args}
+    done = work / "draft-done.json"
+    if (out / "model.safetensors").exists() and (out / "config.json").exists() and done.exists() \
+            and json.loads(done.read_text()).get("key") == key:
+        print(f"draft: {out} is up to date, skipped")
         return
-    data = draft_data(corpus.read_jsonl(work / "train.jsonl"), work / "draft-data.jsonl", args.draft_prompts, args.seed)
     build = work / "draft"
+    state = build / "draft-key.json"
+    fresh = not state.exists() or json.loads(state.read_text()) != key  # another target or data: start over
+    build.mkdir(parents=True, exist_ok=True)
+    state.write_text(json.dumps(key))
     cmd = [sys.executable, "-m", "dflash_tui", "train-draft", "--target", str(target), "--data", str(data),
            "--out", str(build), "--block-size", "16", "--draft-layers", "2", "--responses", "generate",
            "--seed", str(args.seed), "--epochs", str(args.draft_epochs), "--max-len", "320",
-           "--max-new-tokens", "256", "--gen-batch", "16", "--dtype", "float16", "--max-steps", str(args.draft_steps), *args.draft_args]
+           "--max-new-tokens", "256", "--gen-batch", "16", "--dtype", "float16", "--max-steps", str(args.draft_steps),
+           *(["--fresh"] if fresh else []), *args.draft_args]
     print("draft:", " ".join(cmd), flush=True)
     t0 = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors"):
         shutil.copyfile(build / name, out / name)
-    (work / "draft-done.json").write_text(json.dumps({"train_seconds": round(time.time() - t0, 1),
-                                                      "prompts": args.draft_prompts, "steps": args.draft_steps}))
+    done.write_text(json.dumps({"train_seconds": round(time.time() - t0, 1), "conversations": args.draft_prompts,
+                                "steps": args.draft_steps, "key": key}))
+
+
+def adopt_base(src: Path, work: Path, base_dir: Path, key_of, corpus_digest: str) -> None:
+    """Use `src` (a target the base phase wrote) as the base phase's output, with its tokenizer. Once
+    adopted, later runs keep that copy (src may since have been overwritten by the chat phase)."""
+    done = work / "base-done.json"
+    if done.exists() and (base_dir / "model.safetensors").exists() and "adopted_from" in json.loads(done.read_text()):
+        print(f"base target: {base_dir} was adopted before, kept")
+        return
+    tok_dir = work / "tokenizer"
+    if not (tok_dir / "tokenizer.json").exists():
+        tok_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            if (src / name).exists():
+                shutil.copyfile(src / name, tok_dir / name)
+        (tok_dir / "corpus.digest").write_text(corpus_digest)  # the base phase's tokenizer came from this corpus
+    if base_dir.resolve() != src.resolve():
+        shutil.copytree(src, base_dir, dirs_exist_ok=True)
+    stats = {"adopted_from": str(src), "model_digest": train_target.file_digest(base_dir / "model.safetensors"),
+             "key": key_of()}
+    (work / "base-done.json").write_text(json.dumps(stats))
+    print(f"base target: adopted {src}")
 
 
 def main(argv=None) -> int:
@@ -73,35 +117,82 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "profiles" / "demo")
     p.add_argument("--train-records", type=int, default=corpus.TRAIN_RECORDS)
     p.add_argument("--heldout", type=int, default=240)
-    p.add_argument("--target-steps", type=int, default=TARGET_STEPS)
-    p.add_argument("--threads", type=int, default=2, help="torch threads for target training")
+    p.add_argument("--target-steps", type=int, default=TARGET_STEPS, help="base phase steps")
+    p.add_argument("--chat-records", type=int, default=corpus.CHAT_RECORDS)
+    p.add_argument("--chat-rounds", default=CHAT_ROUNDS, help="STEPS:LR,... (see CHAT_ROUNDS)")
+    p.add_argument("--chat-batch", type=int, default=CHAT_BATCH)
+    p.add_argument("--base-from", type=Path, default=None,
+                   help="adopt this target directory as the base phase's output (see above)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads for target training (2 only on an idle 2-core machine: oversubscribed "
+                        "threads run up to 10x slower)")
     p.add_argument("--draft-prompts", type=int, default=DRAFT_PROMPTS)
     p.add_argument("--draft-epochs", type=int, default=DRAFT_EPOCHS)
     p.add_argument("--draft-steps", type=int, default=DRAFT_STEPS)
     p.add_argument("--draft-args", nargs=argparse.REMAINDER, default=[], help="passed on to dflash train-draft")
     p.add_argument("--skip-draft", action="store_true")
-    p.add_argument("--eval-limit", type=int, default=None, help="evaluate on N held-out prompts spread over the tasks")
+    p.add_argument("--eval-limit", type=int, default=None,
+                   help="evaluate on N held-out prompts (and N conversations) spread over the tasks")
     args = p.parse_args(argv)
 
     work = args.work / f"seed{args.seed}"
     work.mkdir(parents=True, exist_ok=True)
     target_dir, draft_dir = args.out / "target", args.out / "draft"
+    base_dir = work / "base-target"
+    clock = {}
 
     t0 = time.time()
     train_path, held_path = corpus.build(work, args.seed, args.train_records, args.heldout)
     train = corpus.read_jsonl(train_path)
     print(f"corpus: {len(train)} training records, held-out {held_path} ({time.time() - t0:.0f} s)")
-    tok = demo_tokenizer.build(work / "tokenizer", train)
+    tok_dir = work / "tokenizer"
+
+    def base_key() -> dict:
+        return train_target.phase_key(train_path, tok_dir, args.target_steps, args.seed, train_target.LR, None)
+
+    corpus_digest = train_target.file_digest(train_path)
+    if args.base_from is not None:
+        adopt_base(args.base_from, work, base_dir, base_key, corpus_digest)
+    tok = demo_tokenizer.build(tok_dir, train, corpus_digest)
     print(f"tokenizer: {len(tok)} tokens, mask id {tok.convert_tokens_to_ids('<|mask|>')}")
-    stats = train_target.train(tok, train, work, target_dir, args.target_steps, args.seed, args.threads)
-    print(f"target: {stats}")
+    t = time.time()
+    stats = train_target.train(tok, train, work, base_dir, args.target_steps, args.seed, args.threads,
+                               name="base", key=base_key())
+    clock["base"] = time.time() - t
+    print(f"base target: { {k: v for k, v in stats.items() if k != 'key'} }")
+    del train
+    t = time.time()
+    chat_path, held_chat_path = corpus.build_chat(work, args.seed, held_path, args.chat_records, args.heldout)
+    chat = corpus.read_jsonl(chat_path)
+    print(f"chat corpus: {len(chat)} conversations, held-out {held_chat_path} ({time.time() - t:.0f} s)")
+    t = time.time()
+    rounds = [(int(a), float(b)) for a, b in (r.split(":") for r in args.chat_rounds.split(","))]
+    start = base_dir
+    for i, (steps, lr) in enumerate(rounds):
+        name = "chat" if i == 0 else f"chat{i + 1}"
+        out = target_dir if i == len(rounds) - 1 else work / f"{name}-target"
+        seed = args.seed + 1000 * i  # another batch order in each round
+        key = train_target.phase_key(chat_path, tok_dir, steps, seed, lr, start, args.chat_batch)
+        stats = train_target.train(tok, chat, work, out, steps, seed, args.threads, lr=lr, init=start, name=name,
+                                   key=key, batch=args.chat_batch)
+        print(f"target (chat round {i + 1}/{len(rounds)}): { {k: v for k, v in stats.items() if k != 'key'} }")
+        start = out
+    clock["chat"] = time.time() - t
+    del chat
     if not args.skip_draft:
-        train_draft(args, work, target_dir, draft_dir)
-    held = corpus.read_jsonl(held_path)
-    if args.eval_limit:  # an even spread over the tasks (the file is grouped by task)
+        t = time.time()
+        train_draft(args, work, target_dir, draft_dir, chat_path)
+        clock["draft"] = time.time() - t
+    held, held_chat = corpus.read_jsonl(held_path), corpus.read_jsonl(held_chat_path)
+    if args.eval_limit:  # an even spread over the tasks (the files are grouped by task)
         held = held[:: max(1, len(held) // args.eval_limit)][: args.eval_limit]
+        held_chat = held_chat[:: max(1, len(held_chat) // args.eval_limit)][: args.eval_limit]
     draft = draft_dir if (draft_dir / "model.safetensors").exists() else None
-    evaluate.report(target_dir, draft, held, work)
+    t = time.time()
+    evaluate.report(target_dir, draft, held, work, held_chat=held_chat)
+    clock["evaluate"] = time.time() - t
+    print("stage minutes (this run): " + ", ".join(f"{k} {v / 60:.1f}" for k, v in clock.items())
+          + f"; all {(time.time() - t0) / 60:.1f}")
     return 0
 
 

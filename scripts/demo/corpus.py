@@ -7,6 +7,12 @@ directly (../shared/NOTES.md), so each task has an intended mode: multi-digit ar
 counting, comparison and sorting are meant for thinking (their traces break the work into one-digit
 steps), unit conversion and counting a small list for non-thinking. Each record keeps that mode and the
 checkable answer.
+
+The target trains in two phases. The base corpus (`generate`, `build`) is mostly single-turn and
+teaches the tasks. The chat corpus (`generate_chat`, `build_chat`) then teaches them inside a real
+conversation: 1-4 turns, the earlier turns from any task (also the same task with other numbers),
+rendered by the chat template exactly as at inference (earlier think blocks dropped), and the last turn
+in thinking mode for every task half of the time, because `make chat` runs with thinking on.
 """
 
 from __future__ import annotations
@@ -296,6 +302,73 @@ def heldout(n: int, seed: int, train_prompts: set[str]) -> list[dict]:
     return out
 
 
+# The chat phase: the last turn's task (the weak tasks get more) and how many turns a conversation has.
+CHAT_WEIGHTS = {"add": 14, "sub": 13, "mul": 13, "letters": 12, "compare": 11, "sort": 20, "convert": 8,
+                "items": 6, "chat": 3}
+CHAT_TURNS = {1: 30, 2: 30, 3: 25, 4: 15}  # percent of conversations with that many user turns
+CHAT_SAME_TASK = 0.3  # chance that an earlier turn is the last turn's task with other numbers
+CHAT_RECORDS = 40000
+
+
+def conversation(task: str, thinking: bool, turns: int, rng: random.Random) -> dict:
+    """A record whose last turn is `task` in mode `thinking`, after `turns - 1` earlier exchanges."""
+    history = []
+    for _ in range(turns - 1):
+        other = task if task != "chat" and rng.random() < CHAT_SAME_TASK else rng.choice(list(WEIGHTS))
+        before = make_record(other, rng.random() < 0.5, rng)
+        history += before["messages"]
+    rec = make_record(task, thinking, rng)
+    rec["messages"] = history + rec["messages"]
+    rec["turns"] = turns
+    return rec
+
+
+def generate_chat(n: int, seed: int, exclude: set[str] = frozenset()) -> Iterator[dict]:
+    """`n` chat-phase records, deterministic for `seed`; last prompts in `exclude` are skipped. A
+    single-turn record keeps the base corpus's modes (intended 90%); in a longer conversation the last
+    turn is in thinking mode for half of the direct tasks too (thinking is on in `make chat`)."""
+    rng = random.Random(seed)
+    names, weights = list(CHAT_WEIGHTS), list(CHAT_WEIGHTS.values())
+    sizes, shares = list(CHAT_TURNS), list(CHAT_TURNS.values())
+    made = 0
+    while made < n:
+        task = rng.choices(names, weights)[0]
+        turns = rng.choices(sizes, shares)[0]
+        mode = intended_thinking(task)
+        if task == "chat":
+            mode = rng.random() < 0.5
+        elif turns == 1 and rng.random() > INTENDED_SHARE:
+            mode = not mode
+        elif turns > 1 and not mode:
+            mode = rng.random() < 0.5
+        rec = conversation(task, mode, turns, rng)
+        if rec["messages"][-2]["content"] in exclude:
+            continue
+        made += 1
+        yield rec
+
+
+def heldout_chat(n: int, seed: int, exclude: set[str]) -> list[dict]:
+    """Checkable 2-4-turn conversations, the last turn of each task in thinking mode (the demo profile's
+    default), its prompt in none of the training sets."""
+    tasks = THINK_TASKS + DIRECT_TASKS
+    rng = random.Random(seed)
+    out, seen = [], set(exclude)
+    for i, task in enumerate(tasks):
+        k = n // len(tasks) + (1 if i < n % len(tasks) else 0)
+        got = 0
+        while got < k:
+            rec = conversation(task, True, 2 + got % 3, rng)
+            q = rec["messages"][-2]["content"]
+            if q in seen:
+                continue
+            seen.add(q)
+            rec["intended_thinking"] = True
+            out.append(rec)
+            got += 1
+    return out
+
+
 NUMBER = re.compile(r"\d+")
 
 
@@ -317,13 +390,17 @@ def is_correct(record: dict, text: str) -> bool:
     return nums[-1] == record["answer"]
 
 
-def write_jsonl(path: Path, records) -> None:
+def write_jsonl(path: Path, records) -> bool:
+    """Write `records`; a file whose content would not change is left alone. Returns whether it changed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    if path.exists() and path.read_text() == text:
+        return False
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
+    tmp.write_text(text)
     tmp.replace(path)
+    return True
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -332,11 +409,23 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def build(work: Path, seed: int, n_train: int = TRAIN_RECORDS, n_heldout: int = 240) -> tuple[Path, Path]:
-    """train.jsonl and heldout.jsonl under `work` (skipped when present)."""
+    """train.jsonl and heldout.jsonl under `work`. Generated on every run (seconds): a file is rewritten
+    only when its content changes, and the later stages key their caches on the files' content."""
     train_path, held_path = Path(work) / "train.jsonl", Path(work) / "heldout.jsonl"
-    if train_path.exists() and held_path.exists():
-        return train_path, held_path
     train = list(generate(n_train, seed))
     write_jsonl(train_path, train)
     write_jsonl(held_path, heldout(n_heldout, seed + 1, {r["messages"][-2]["content"] for r in train}))
     return train_path, held_path
+
+
+def build_chat(work: Path, seed: int, held_path: Path, n_train: int = CHAT_RECORDS,
+               n_heldout: int = 240) -> tuple[Path, Path]:
+    """chat-train.jsonl and heldout-chat.jsonl under `work`, generated like `build` (rewritten only when
+    their content changes). Neither shares a last prompt with the single-turn held-out set."""
+    train_path, held_chat = Path(work) / "chat-train.jsonl", Path(work) / "heldout-chat.jsonl"
+    single = {r["messages"][-2]["content"] for r in read_jsonl(held_path)}
+    held = heldout_chat(n_heldout, seed * 1000 + 4243, single)
+    write_jsonl(held_chat, held)
+    write_jsonl(train_path, generate_chat(n_train, seed * 1000 + 911,
+                                          single | {r["messages"][-2]["content"] for r in held}))
+    return train_path, held_chat

@@ -1,7 +1,10 @@
 """Quality of the demo pair at temperature 0, through the real engine.
 
 - target accuracy: share of held-out prompts answered correctly, each in its task's intended mode
-  (thinking for multi-digit arithmetic and letter counting, direct for the rest);
+  (thinking for multi-digit arithmetic, letters, comparing and sorting; direct for the rest);
+- in conversation: the last turn of held-out 2-4-turn conversations, per task, with thinking on (the
+  demo profile's default, what `make chat` runs); the earlier turns are in the history as the chat
+  template renders them (their think blocks dropped);
 - the draft: mean acceptance length (tau) at block 8 and 16 on held-out prompts, checked lossless
   against block 1 on the same prompts.
 """
@@ -72,7 +75,7 @@ def acceptance(engine, held: list[dict], block_sizes=(8, 16), max_new_tokens: in
     return out
 
 
-def print_table(acc: dict) -> None:
+def print_table(acc: dict, mode: str | None = None) -> None:
     print(f"{'task':10} {'mode':9} {'correct':>9} {'share':>7}")
     right = total = 0
     for task in corpus.THINK_TASKS + corpus.DIRECT_TASKS:
@@ -80,37 +83,72 @@ def print_table(acc: dict) -> None:
             continue
         c, n = acc["table"][task]
         right, total = right + c, total + n
-        mode = "thinking" if corpus.intended_thinking(task) else "direct"
-        print(f"{task:10} {mode:9} {c:>4}/{n:<4} {100 * c / n:6.1f}%")
+        shown = mode or ("thinking" if corpus.intended_thinking(task) else "direct")
+        print(f"{task:10} {shown:9} {c:>4}/{n:<4} {100 * c / n:6.1f}%")
     print(f"{'all':10} {'':9} {right:>4}/{total:<4} {100 * right / max(1, total):6.1f}%")
 
 
-def report(target: Path, draft: Path | None, held: list[dict], work: Path, tau_prompts: int = 24) -> dict:
+def cached_accuracy(engine, target: Path, held: list[dict], work: Path) -> dict:
+    """`accuracy`, kept in work/accuracy-*.json under the digests of the target weights and the prompts
+    (the draft does not change a temperature-0 answer), so a rerun with the same target reuses it."""
+    import hashlib
+
+    h = hashlib.sha256(json.dumps(held, sort_keys=True).encode())
+    with open(Path(target) / "model.safetensors", "rb") as f:
+        h.update(f.read())
+    path = Path(work) / f"accuracy-{h.hexdigest()[:16]}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    acc = accuracy(engine, held)
+    path.write_text(json.dumps(acc))
+    return acc
+
+
+def spread(held: list[dict], n: int) -> list[dict]:
+    return [r for i, r in enumerate(held) if i % max(1, len(held) // n) == 0][:n]
+
+
+def report(target: Path, draft: Path | None, held: list[dict], work: Path, tau_prompts: int = 24,
+           held_chat: list[dict] | None = None) -> dict:
     import torch
 
     torch.set_num_threads(1)
     result = {}
     engine = load(target, draft)
-    acc = accuracy(engine, held)
+    acc = cached_accuracy(engine, target, held, work)
     result["accuracy"] = acc
+    if held_chat:
+        result["conversation"] = cached_accuracy(engine, target, held_chat, work)
     if draft is not None:
-        picked = [r for i, r in enumerate(held) if i % max(1, len(held) // tau_prompts) == 0][:tau_prompts]
-        result["draft"] = acceptance(engine, picked)
-    for name in ("target-done.json", "draft-done.json"):
-        if (Path(work) / name).exists():
-            result[name.removesuffix("-done.json") + "_training"] = json.loads((Path(work) / name).read_text())
+        result["draft"] = acceptance(engine, spread(held, tau_prompts))
+        if held_chat:
+            result["draft_conversation"] = acceptance(engine, spread(held_chat, tau_prompts), block_sizes=(16,))
+    for path in sorted(Path(work).glob("*-done.json")):  # base, chat, chat2, ..., draft
+        stats = json.loads(path.read_text())
+        stats.pop("key", None)
+        result[path.name.removesuffix("-done.json") + "_training"] = stats
     (Path(work) / "quality.json").write_text(json.dumps(result, indent=1))
     print("\nDemo pair quality (temperature 0, held-out prompts, each task in its intended mode)")
     print_table(acc)
     for f in acc["failures"][:10]:
         print(f"  miss: {f['prompt']!r} expected {f['expected']}, got {f['got']!r}")
+    if "conversation" in result:
+        conv = result["conversation"]
+        print("\nIn conversation (temperature 0, last turn of held-out 2-4-turn conversations, thinking on)")
+        print_table(conv, mode="thinking")
+        for f in conv["failures"][:10]:
+            print(f"  miss: {f['prompt']!r} expected {f['expected']}, got {f['got']!r}")
     if "draft" in result:
         d = result["draft"]
         print(f"draft: tau {d['tau_8']} at block 8, {d['tau_16']} at block 16 on {d['prompts']} prompts; "
               f"identical to block 1: {d['lossless']}")
+    if "draft_conversation" in result:
+        d = result["draft_conversation"]
+        print(f"draft in conversation: tau {d['tau_16']} at block 16 on {d['prompts']} last turns; "
+              f"identical to block 1: {d['lossless']}")
     else:
         print("draft: none yet")
-    for name in ("target_training", "draft_training"):
-        if name in result:
-            print(f"{name.replace('_', ' ')}: {result[name]}")
+    for name, stats in result.items():
+        if name.endswith("_training"):
+            print(f"{name.replace('_', ' ')}: {stats}")
     return result

@@ -41,8 +41,9 @@ def texts(records):
             yield m["content"].replace("<think>", "").replace("</think>", "")
 
 
-def build(out: Path, records: list[dict]):
-    """Train, save with save_pretrained under `out` (skipped when present) and return the tokenizer."""
+def build(out: Path, records: list[dict], corpus_digest: str | None = None):
+    """Train, save with save_pretrained under `out` and return the tokenizer. Skipped when `out` holds
+    one trained on the same corpus (`corpus_digest`, kept in out/corpus.digest)."""
     from tokenizers import (
         AddedToken,
         Regex,
@@ -55,7 +56,8 @@ def build(out: Path, records: list[dict]):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     out = Path(out)
-    if (out / "tokenizer.json").exists():
+    stamp = out / "corpus.digest"
+    if (out / "tokenizer.json").exists() and (corpus_digest is None or (stamp.exists() and stamp.read_text() == corpus_digest)):
         return AutoTokenizer.from_pretrained(str(out))
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -73,6 +75,8 @@ def build(out: Path, records: list[dict]):
     fast.chat_template = CHAT_TEMPLATE
     out.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out))
+    if corpus_digest is not None:
+        stamp.write_text(corpus_digest)
     return AutoTokenizer.from_pretrained(str(out))
 
 

@@ -1,11 +1,15 @@
 """Train the demo target: a small Qwen3-architecture causal LM, plain PyTorch, loss on assistant tokens.
 
+Two phases share `train`: the base phase from scratch on the base corpus, then the chat phase, which
+starts from the base weights and trains on multi-turn conversations (its own learning-rate schedule).
 Resumable: a checkpoint with optimizer state is written every few hundred steps under the work dir;
-a rerun continues from it (or skips training when the final checkpoint is there).
+a rerun continues from it. A finished phase is skipped only while its inputs (training data, model
+shape, steps, learning rate, starting weights) are those recorded in its done file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -35,28 +39,47 @@ def encode(tokenizer, record: dict) -> tuple[list[int], int]:
     return ids, len(prompt)
 
 
-def tokenize_all(tokenizer, records: list[dict], cache: Path):
+def tokenize_all(tokenizer, records: list[dict], cache: Path, key: str = ""):
     import torch
 
     if cache.exists():
-        return torch.load(cache)
+        saved = torch.load(cache)
+        if isinstance(saved, dict) and saved.get("key") == key:
+            return saved["data"]
     data = [encode(tokenizer, r) for r in records]
-    torch.save(data, cache)
+    torch.save({"key": key, "data": data}, cache)
     return data
 
 
-def batches(data, seed: int, step: int):
+def file_digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def phase_key(data_path: Path, tokenizer_dir: Path, steps: int, seed: int, lr: float, init: Path | None,
+              batch: int = BATCH) -> dict:
+    """What a finished phase depends on; its done file records it and a rerun compares."""
+    return {"data": file_digest(data_path), "tokenizer": file_digest(Path(tokenizer_dir) / "tokenizer.json"),
+            "model": MODEL, "batch": batch, "steps": steps, "seed": seed, "lr": lr,
+            "init": file_digest(Path(init) / "model.safetensors") if init else None}
+
+
+def batches(data, seed: int, step: int, batch: int = BATCH):
     """The batch for `step`: length-sorted groups from a seeded shuffle, so padding stays small."""
-    epoch_size = len(data) // BATCH
+    epoch_size = len(data) // batch
     epoch, k = divmod(step, epoch_size)
     rng = random.Random(seed * 100003 + epoch)
     order = list(range(len(data)))
     rng.shuffle(order)
-    group = BATCH * 32
+    group = batch * 32
     out = []
     for g in range(0, len(order) - group + 1, group):
         chunk = sorted(order[g:g + group], key=lambda i: len(data[i][0]))
-        out.extend(chunk[j:j + BATCH] for j in range(0, group, BATCH))
+        out.extend(chunk[j:j + batch] for j in range(0, group, batch))
     random.Random(seed * 7 + epoch).shuffle(out)
     return out[k % len(out)]
 
@@ -88,48 +111,70 @@ def make_model(tokenizer, seed: int):
     return transformers.Qwen3ForCausalLM(config)
 
 
-def train(tokenizer, records: list[dict], work: Path, out: Path, steps: int, seed: int, threads: int = 2) -> dict:
-    """Train for `steps` steps (resuming from work/target-ckpt.pt) and save to `out`. Returns stats."""
+def train(tokenizer, records: list[dict], work: Path, out: Path, steps: int, seed: int, threads: int = 2,
+          lr: float = LR, init: Path | None = None, name: str = "target", key: dict | None = None,
+          batch: int = BATCH) -> dict:
+    """Train for `steps` steps (resuming from work/{name}-ckpt.pt) and save to `out`. Returns stats.
+    `init`: a saved model directory to start from (the chat phase starts from the base target)."""
     import torch
     from tqdm import tqdm
 
-    from engines.cuda.training import bf16_autocast_pays
+    try:
+        from engines.cuda.training import bf16_autocast_pays
+    except ImportError:  # engines/cuda/train.py is being split into engines/cuda/training/
+        from engines.cuda.training import bf16_autocast_pays
 
     torch.set_num_threads(threads)
     autocast = bf16_autocast_pays(torch.device("cpu"))
     work = Path(work)
-    if (out / "model.safetensors").exists() and (work / "target-done.json").exists():
-        return json.loads((work / "target-done.json").read_text())
-    data = tokenize_all(tokenizer, records, work / "train-tokens.pt")
+    done = work / f"{name}-done.json"
+    if (out / "model.safetensors").exists() and done.exists():
+        stats = json.loads(done.read_text())
+        if key is None or stats.get("key") == key:
+            return stats
+        print(f"{name}: inputs changed since {done} was written, training again")
+    ckpt_path = work / f"{name}-ckpt.pt"
+    if ckpt_path.exists() and key is not None:
+        state = torch.load(ckpt_path, weights_only=False)
+        if state.get("key", key) != key:
+            print(f"{name}: {ckpt_path} was trained on other inputs, starting over")
+            ckpt_path.unlink()
+    digest = (key or {}).get("data", "")  # rounds on the same data share one tokenized copy
+    data = tokenize_all(tokenizer, records, work / (f"tokens-{digest}.pt" if digest else f"{name}-tokens.pt"), digest)
     model = make_model(tokenizer, seed)
+    if init is not None:
+        import transformers
+
+        start = transformers.AutoModelForCausalLM.from_pretrained(str(init), dtype=torch.float32)
+        model.load_state_dict(start.state_dict())
+        print(f"{name}: starting from {init}")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=LR, betas=(0.9, 0.95), eps=1e-8)
+                            lr=lr, betas=(0.9, 0.95), eps=1e-8)
 
     def lr_at(step):
         if step < WARMUP:
-            return LR * (step + 1) / WARMUP
+            return lr * (step + 1) / WARMUP
         t = (step - WARMUP) / max(1, steps - WARMUP)
-        return LR * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+        return lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
-    ckpt_path = work / "target-ckpt.pt"
     step, elapsed = 0, 0.0
     if ckpt_path.exists():
         state = torch.load(ckpt_path, weights_only=False)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, elapsed = state["step"], state["elapsed"]
-        print(f"target: resuming at step {step}/{steps}")
+        print(f"{name}: resuming at step {step}/{steps}")
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"target: Qwen3, {n_params / 1e6:.2f}M parameters, {len(data)} sequences, {steps} steps of {BATCH}")
+    print(f"{name}: Qwen3, {n_params / 1e6:.2f}M parameters, {len(data)} sequences, {steps} steps of {batch}, lr {lr}")
     model.train()
-    bar = tqdm(total=steps, initial=step, desc="target", unit="step", dynamic_ncols=True)
+    bar = tqdm(total=steps, initial=step, desc=name, unit="step", dynamic_ncols=True, mininterval=30)
     ema = None
     t0 = time.time() - elapsed
     while step < steps:
-        ids, labels, mask = collate(data, batches(data, seed, step), pad)
+        ids, labels, mask = collate(data, batches(data, seed, step, batch), pad)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # master weights stay float32
@@ -147,13 +192,13 @@ def train(tokenizer, records: list[dict], work: Path, out: Path, steps: int, see
         if step % 200 == 0 or step == steps:
             tmp = ckpt_path.with_suffix(".tmp")
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                        "elapsed": time.time() - t0}, tmp)
+                        "elapsed": time.time() - t0, "key": key}, tmp)
             tmp.replace(ckpt_path)
     bar.close()
     stats = {"steps": steps, "train_seconds": round(time.time() - t0, 1), "final_loss": round(ema or 0.0, 4),
-             "parameters": n_params}
+             "parameters": n_params, "batch": batch, "lr": lr, "init": str(init) if init else None, "key": key}
     save(model, tokenizer, out)
-    (work / "target-done.json").write_text(json.dumps(stats))
+    done.write_text(json.dumps(stats))
     return stats
 
 
