@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from .errors import UserError
@@ -70,8 +70,27 @@ class EngineConfig:
             raise UserError(f"Draft window {self.draft_window} {where} must be a positive number of positions.")
 
 
+@dataclass(kw_only=True)
+class Sampling:
+    """The sampling settings, declared once: a request, a profile and a chat's settings carry them (keyword
+    only, after their own fields). None takes the target's generation_config value; `off` is the value
+    that leaves the setting out (engines/sampling.py resolves them)."""
+
+    temperature: Optional[float] = field(default=None, metadata={"off": 0.0})  # 0: greedy
+    top_p: Optional[float] = field(default=None, metadata={"off": 1.0})
+    top_k: Optional[int] = field(default=None, metadata={"off": 0})
+    min_p: Optional[float] = field(default=None, metadata={"off": 0.0})
+
+    def sampling(self) -> dict:
+        """The sampling values by name, to hand on: `GenerationRequest(**settings.sampling())`."""
+        return {name: getattr(self, name) for name in SAMPLING_FIELDS}
+
+
+SAMPLING_FIELDS = tuple(f.name for f in fields(Sampling))
+
+
 @dataclass
-class GenerationRequest:
+class GenerationRequest(Sampling):
     """One generation. Exactly one of `messages` (chat template applied), `prompt` (raw text, no
     template, no special tokens) or `prompt_ids` is given. Sampling fields left as None take the
     target's generation_config values."""
@@ -80,10 +99,6 @@ class GenerationRequest:
     prompt: Optional[str] = None
     prompt_ids: Optional[list[int]] = None
     max_new_tokens: int = 256
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
     seed: int = 0
     block_size: Optional[int] = None  # overrides the engine's block size for this request
     thinking: bool = True

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from .config import GenerationRequest
+from .config import SAMPLING_FIELDS, GenerationRequest, Sampling
 from .errors import UserError
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
+# the value that leaves each setting out, from its one declaration (engines.config.Sampling)
+OFF = {f.name: f.metadata["off"] for f in fields(Sampling)}
+
+
+@dataclass
+class SamplingParams(Sampling):
+    """Sampling settings resolved for one generation: every field set (None becomes its `OFF` value, so
+    `SamplingParams()` is greedy), in the field's own type."""
+
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, off in OFF.items():
+            value = getattr(self, name)
+            setattr(self, name, off if value is None else type(off)(value))
 
     @property
     def greedy(self) -> bool:
@@ -22,22 +30,16 @@ class SamplingParams:
 
 
 def resolve_sampling(request: GenerationRequest, generation_config: dict) -> SamplingParams:
+    """The request's values, else (when the target samples by default) its generation_config's, else off."""
     sampled = bool(generation_config.get("do_sample", False))
 
-    def pick(value, key, greedy_default):
-        if value is not None:
-            return value
-        if sampled and generation_config.get(key) is not None:
-            return generation_config[key]
-        return greedy_default
+    def pick(name):
+        value = getattr(request, name)
+        if value is None and sampled:
+            return generation_config.get(name)
+        return value
 
-    params = SamplingParams(
-        temperature=float(pick(request.temperature, "temperature", 0.0)),
-        top_p=float(pick(request.top_p, "top_p", 1.0)),
-        top_k=int(pick(request.top_k, "top_k", 0) or 0),
-        min_p=float(pick(request.min_p, "min_p", 0.0) or 0.0),
-        seed=int(request.seed),
-    )
+    params = SamplingParams(seed=int(request.seed), **{name: pick(name) for name in SAMPLING_FIELDS})
     if params.temperature < 0:
         raise UserError(f"Temperature {params.temperature} is negative; use 0 for greedy decoding or a positive value to sample.")
     if not 0 < params.top_p <= 1:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Optional
 
 from engines.checkpoints import check_block_size
-from engines.config import GenerationRequest
+from engines.config import GenerationRequest, Sampling
 from engines.errors import UserError
 from engines.engine import EngineLike
 from engines.events import StepEvent, Summary
@@ -30,15 +30,11 @@ DRAFT_THINKING_WARNING = ("This profile's draft was not trained with thinking tr
 
 
 @dataclass
-class ChatSettings:
+class ChatSettings(Sampling):
     """What the next turn is generated with (the profile's values unless changed in the chat)."""
 
     block_size: Optional[int] = None  # None: the engine's own (the draft's trained block size)
     thinking: bool = True
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
     max_new_tokens: int = 512
     seed: int = 0
     system_prompt: str = ""
@@ -50,8 +46,7 @@ class ChatSettings:
         return cls(
             block_size=block_size if block_size is not None else profile.block_size,
             thinking=thinking if thinking is not None else profile.thinking,
-            temperature=profile.temperature, top_p=profile.top_p, top_k=profile.top_k, min_p=profile.min_p,
-            max_new_tokens=profile.max_new_tokens, system_prompt=profile.system_prompt,
+            max_new_tokens=profile.max_new_tokens, system_prompt=profile.system_prompt, **profile.sampling(),
         )
 
     def to_dict(self) -> dict:
@@ -278,8 +273,8 @@ class Conversation:
     def _request(self, messages: list[dict]) -> GenerationRequest:
         s = self.settings
         return GenerationRequest(
-            messages=messages, thinking=s.thinking, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-            top_p=s.top_p, top_k=s.top_k, min_p=s.min_p, seed=s.seed, block_size=s.block_size,
+            messages=messages, thinking=s.thinking, max_new_tokens=s.max_new_tokens, seed=s.seed,
+            block_size=s.block_size, **s.sampling(),
         )
 
     def context_limit(self) -> Optional[int]:

@@ -24,7 +24,7 @@ import platformdirs
 import tomlkit
 
 from engines import choose_engine
-from engines.config import DTYPES, ENGINES, MAX_BLOCK_SIZE, EngineConfig
+from engines.config import DTYPES, ENGINES, MAX_BLOCK_SIZE, EngineConfig, Sampling
 from engines.errors import UserError
 
 if sys.version_info >= (3, 11):
@@ -37,7 +37,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 
 
 @dataclass
-class Profile:
+class Profile(Sampling):
     """One profile, flattened: every setting the CLI and TUI read, with the file it came from."""
 
     name: str
@@ -50,10 +50,6 @@ class Profile:
     block_size: Optional[int] = None
     target_layer_ids: Optional[list[int]] = None
     draft_window: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
     max_new_tokens: int = 2048
     thinking: bool = True
     system_prompt: str = ""

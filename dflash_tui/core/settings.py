@@ -33,10 +33,7 @@ def load_settings(profile: Optional[str], engine: Optional[str] = None, target: 
 
 def generation_request(profile: Profile, **given) -> GenerationRequest:
     """A request whose unset fields (None) take the profile's values."""
-    values = {
-        "max_new_tokens": profile.max_new_tokens, "temperature": profile.temperature, "top_p": profile.top_p,
-        "top_k": profile.top_k, "min_p": profile.min_p, "thinking": profile.thinking,
-    }
+    values = {"max_new_tokens": profile.max_new_tokens, **profile.sampling(), "thinking": profile.thinking}
     values.update({k: v for k, v in given.items() if v is not None})
     return GenerationRequest(**values)
 

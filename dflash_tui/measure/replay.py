@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from engines.config import MAX_BLOCK_SIZE, EngineConfig, GenerationRequest
+from engines.config import MAX_BLOCK_SIZE, SAMPLING_FIELDS, EngineConfig, GenerationRequest
 from engines.errors import UserError
 from engines.events import acceptance_histogram
 
@@ -108,12 +108,13 @@ class RecordedTurn:
     def request(self, block_size: int, temperature: Optional[float] = None,
                 cancel: Optional[threading.Event] = None) -> GenerationRequest:
         s = self.settings
+        sampling = {name: s.get(name) for name in SAMPLING_FIELDS}
+        if temperature is not None:
+            sampling["temperature"] = temperature
         request = GenerationRequest(
             prompt_ids=list(self.prompt_ids), block_size=block_size,
             max_new_tokens=int(s.get("max_new_tokens") or max(len(self.recorded_ids), 1)),
-            temperature=s.get("temperature") if temperature is None else temperature,
-            top_p=s.get("top_p"), top_k=s.get("top_k"), min_p=s.get("min_p"), seed=int(s.get("seed") or 0),
-            thinking=bool(s.get("thinking", True)),
+            seed=int(s.get("seed") or 0), thinking=bool(s.get("thinking", True)), **sampling,
         )
         if cancel is not None:
             request.cancel = cancel
