@@ -20,7 +20,7 @@ else
 endif
 EXTRAS := cuda,mlx,dev
 
-.PHONY: install chat test bench demo-models smoke-pythons clean
+.PHONY: install chat lint test test-min bench demo-models smoke-pythons clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ install: $(STAMP)
 chat: $(STAMP)
 	$(VENV)/bin/dflash chat
 
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
 test: $(STAMP)
 	$(PY) -m pytest -q
 
@@ -43,10 +46,20 @@ bench: $(STAMP)
 demo-models: $(STAMP)
 	$(PY) scripts/make_demo_models.py
 
+# The lowest versions pyproject.toml admits (uv's lowest-direct resolution) in .venv-min, then a smoke
+# subset. TORCH_MIN: a torch requirement to use (default: the CPU wheel this machine class keeps on disk).
+TORCH_MIN ?= $(if $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),torch @ file://$(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),torch)
+SMOKE_MIN := tests/test_cli_generate.py tests/test_engine_contract.py tests/test_profiles.py tests/test_sessions.py tests/test_hardening.py
+test-min:
+	$(PYTHON) -m venv .venv-min
+	.venv-min/bin/pip install -q uv
+	.venv-min/bin/uv pip install -q --python .venv-min/bin/python --resolution lowest-direct "$(TORCH_MIN)" ".[cuda,dev]"
+	OMP_NUM_THREADS=1 .venv-min/bin/python -m pytest -q -p no:cacheprovider $(SMOKE_MIN)
+
 # The oldest and newest Pythons the classifiers claim, each in a fresh venv with the MLX engine only.
 SMOKE_PYTHONS ?= python3.10 python3.13
 smoke-pythons:
 	for py in $(SMOKE_PYTHONS); do sh scripts/smoke_python.sh $$py || exit 1; done
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-min
