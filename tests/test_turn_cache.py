@@ -251,3 +251,30 @@ def test_chat_reuses_caches_and_a_full_context_drops_to_three_quarters(engines_f
             assert conv.dropped == dropped  # the next turn keeps the new prefix, and reuses it
             break
     assert dropped_at is not None and dropped > 1
+
+
+@pytest.mark.asyncio
+async def test_tui_shows_reused_and_prefilled_and_new_context_clears(engines_for, pairs, tmp_path, data_dir):
+    pytest.importorskip("textual")
+    from dflash_tui.tui.widgets import StatsPanel
+    from tests.test_tui import SIZE, make_app, ready, send
+    from tests.tiny import write_profile
+
+    engine = engines_for("cuda", "qwen3")
+    engine.new_context()
+    app = make_app(write_profile(tmp_path / "tiny.toml", *pairs("qwen3"), max_new_tokens=12), engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "What is 48 + 75?")
+        second = await send(pilot, "And 12 * 3?")
+        summary = second.turn.summary
+        assert summary.reused_prompt_tokens > 0
+        stats = app._last_stats
+        assert (stats.reused_tokens, stats.prefilled_tokens) == (summary.reused_prompt_tokens,
+                                                                 summary.prefilled_prompt_tokens)
+        panel = str(app.screen.query_one(StatsPanel).render())
+        assert f"prompt {summary.reused_prompt_tokens} reused · {summary.prefilled_prompt_tokens} prefilled" in panel
+        await pilot.press("ctrl+l")
+        third = await send(pilot, "Sort 5 3 9 1")
+        assert third.turn.summary.reused_prompt_tokens == 0
+        assert third.turn.summary.prefilled_prompt_tokens == third.turn.summary.prompt_tokens

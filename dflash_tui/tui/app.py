@@ -251,6 +251,8 @@ class DflashApp(App):
                                     lambda b=block: chat.set_block(b), discover=False)
         yield SystemCommand("Edit system prompt", "the system message sent with every turn", self.action_system_prompt)
         yield SystemCommand("New session", "ctrl+n: start a fresh conversation", chat.action_new_session)
+        yield SystemCommand("New context", "ctrl+l: clear the kept caches; the next turn prefills the whole history",
+                            chat.action_new_context)
         yield SystemCommand("Sessions", "ctrl+o: resume, delete or export a session", chat.action_sessions)
         yield SystemCommand("Replay", "ctrl+r: re-run this session across block sizes", chat.action_replay)
         yield SystemCommand("Help", "f1: keys and colours", self.action_help)

@@ -45,6 +45,7 @@ KEYS = [
     Binding("ctrl+k", "cycle_block", "block", priority=True),
     Binding("escape", "cancel", "stop", priority=True),
     Binding("ctrl+n", "new_session", "new", priority=True),
+    Binding("ctrl+l", "new_context", "new context", show=False, priority=True),
     Binding("ctrl+o", "sessions", "sessions", priority=True),
     Binding("ctrl+r", "replay", "replay", priority=True),
     Binding("f1", "app.help", "help", priority=True),
@@ -194,6 +195,7 @@ class ChatScreen(Screen):
             d.draft_s, d.verify_s, steps = m.draft_s, m.verify_s, len(m.acceptance_lengths)
             d.context_tokens = m.prompt_tokens + m.generated_tokens
             d.peak_bytes, d.peak_kind = m.peak_memory_bytes, m.peak_memory_kind
+            d.reused_tokens, d.prefilled_tokens = m.reused_prompt_tokens, m.prefilled_prompt_tokens
             turn_block = m.block_size or turn_block
             d.state = "done"
         if steps:
@@ -344,6 +346,13 @@ class ChatScreen(Screen):
         self.clear_view()
         self.refresh_chrome()
         self.notify("New session.", timeout=2)
+
+    def action_new_context(self) -> None:
+        """Clear the engine's kept caches; the history stays, and the next turn prefills all of it."""
+        if self.conversation is None or self.busy():
+            return
+        self.conversation.new_context()
+        self.notify("New context: the next turn prefills the whole history.", timeout=2)
 
     def action_sessions(self) -> None:
         def chosen(session_id: Optional[str]) -> None:

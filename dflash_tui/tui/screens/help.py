@@ -21,6 +21,7 @@ KEY_HELP = [
     ("ctrl+k", "next block size (1, 2, 4, 8, 16, the profile's)"),
     ("escape", "stop the answer (it stays, marked cancelled)"),
     ("ctrl+n", "new session"),
+    ("ctrl+l", "new context: clear the kept caches (the history stays)"),
     ("ctrl+o", "sessions: resume, delete, export"),
     ("ctrl+r", "replay the session across block sizes"),
     ("f2 / click", "the last answer as rendered Markdown"),

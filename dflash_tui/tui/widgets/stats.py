@@ -30,6 +30,8 @@ class StatsData:
     peak_kind: str = "device"
     context_tokens: int = 0
     context_limit: Optional[int] = None
+    reused_tokens: int = 0  # the last turn's prompt tokens taken from the engine's kept caches
+    prefilled_tokens: int = 0  # and those its prefill ran
     engine: str = "?"
     device: str = "?"
     dtype: str = "?"
@@ -93,7 +95,8 @@ class StatsPanel(Static):
         draft, verify = split(d)
         t.append(f"\ndraft {draft * 100:.0f}% · verify {verify * 100:.0f}%\n")
         ctx = f"{d.context_tokens}" + (f"/{d.context_limit}" if d.context_limit else "")
-        t.append(f"{memory_text(d)} · context {ctx}\n\n")
+        t.append(f"{memory_text(d)} · context {ctx}\n")
+        t.append(f"prompt {d.reused_tokens} reused · {d.prefilled_tokens} prefilled\n\n")
         t.append(f"{d.engine} · {d.device} · {d.dtype}\n")
         t.append(f"block {d.block_size} · thinking ")
         t.append("ON" if d.thinking else "OFF", style="bold")
