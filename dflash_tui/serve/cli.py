@@ -45,6 +45,9 @@ def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning
     check_host(host, api_key)  # both before any weight loads
     check_port(host, port)
     settings, config = _settings(profile, engine, block_size)
+    from dflash_tui.cli.downloads import ensure_local
+
+    ensure_local(config)  # a pair not yet downloaded: its size and a question at a terminal, else one sentence
     defaults = {k: getattr(settings, k) for k in ("max_new_tokens", "temperature", "top_p", "top_k", "min_p",
                                                     "thinking")}
     served = list(names) or list(dict.fromkeys([settings.name, settings.target]))
