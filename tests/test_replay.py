@@ -22,7 +22,7 @@ from dflash_tui.cli import main
 from dflash_tui.core.conversation import ChatSettings, Conversation
 from dflash_tui.core.profiles import Profile
 from engines import EngineConfig, UserError, load_engine
-from tests import tiny
+from tests import tiny, waiting
 
 BLOCKS = [1, 2, 4, 8, 16]
 QUESTIONS = ["What is 48 + 75?", "The quick brown fox"]
@@ -267,7 +267,6 @@ def test_demo_session_replays_identically(tmp_path, monkeypatch):
 @pytest.mark.asyncio
 async def test_tui_replay_screen_runs_and_compares_a_turn_side_by_side(recorded, data_dir, tmp_path):
     pytest.importorskip("textual")
-    import time
 
     from textual.widgets import DataTable, Input, Static
 
@@ -280,11 +279,7 @@ async def test_tui_replay_screen_runs_and_compares_a_turn_side_by_side(recorded,
     profile = tiny.write_profile(tmp_path / "tiny.toml", target, draft, max_new_tokens=16)
     app = DflashApp(profile=str(profile), loaded_engine=engine, animate=False, record=False)
 
-    async def wait_for(pilot, condition, timeout=120.0):
-        started = time.monotonic()
-        while not condition():
-            assert time.monotonic() - started < timeout, "timed out waiting for the app"
-            await pilot.pause(0.05)
+    wait_for = waiting.until
 
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(pilot, lambda: app.conversation is not None or app.load_error is not None)

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from dflash_tui.core import sessions
 from engines.errors import UserError
-from tests import tiny
+from tests import tiny, waiting
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -167,8 +167,8 @@ def test_sigkill_mid_answer_loses_at_most_that_answer(pairs, tmp_path, data_dir)
     threading.Thread(target=_reader, args=(proc.stdout, out_q), daemon=True).start()
     threading.Thread(target=_reader, args=(proc.stderr, err_q), daemon=True).start()
 
-    def wait_err(text, timeout=180):
-        seen, end = b"", time.monotonic() + timeout
+    def wait_err(text):
+        seen, end = b"", time.monotonic() + waiting.limit()
         while text.encode() not in seen:
             chunk = err_q.get(timeout=max(0.1, end - time.monotonic()))
             assert chunk is not None, seen.decode(errors="replace")
@@ -184,7 +184,7 @@ def test_sigkill_mid_answer_loses_at_most_that_answer(pairs, tmp_path, data_dir)
         proc.stdin.write(b"/stats\n")  # a command between turns is fine too
         proc.stdin.write(b"second question that will be cut\n")
         proc.stdin.flush()
-        chunk = out_q.get(timeout=120)  # text of the second answer (up to 450 tokens) is streaming
+        chunk = out_q.get(timeout=waiting.limit())  # text of the second answer (up to 450 tokens) is streaming
         assert chunk
         time.sleep(0.2)
         os.kill(proc.pid, signal.SIGKILL)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import tiny
+from tests import tiny, waiting
 
 ROOT = Path(__file__).resolve().parents[1]
 TMUX = shutil.which("tmux")
@@ -33,8 +33,8 @@ class Tmux:
     def screen(self) -> str:
         return self("capture-pane", "-p", "-t", "smoke")
 
-    def wait_for(self, text: str, timeout: float = 180.0) -> str:
-        end = time.monotonic() + timeout
+    def wait_for(self, text: str) -> str:
+        end = time.monotonic() + waiting.limit()
         screen = ""
         while time.monotonic() < end:
             screen = self.screen()
@@ -60,13 +60,13 @@ def test_dflash_chat_in_tmux(pairs, tmp_path):
         assert "thinking ON" in screen
         tmux("send-keys", "-t", "smoke", "-l", "hello from tmux")
         tmux("send-keys", "-t", "smoke", "Enter")
-        screen = tmux.wait_for("32 tokens ·", timeout=120)  # the answer footer: it is complete
+        screen = tmux.wait_for("32 tokens ·")  # the answer footer: it is complete
         assert "you  hello from tmux" in screen
         assert "tok/s" in screen and "tau" in screen and "target" in screen  # stats (panel or folded line), legend
         tmux("send-keys", "-t", "smoke", "C-t")
         tmux.wait_for("thinking OFF")
         tmux("send-keys", "-t", "smoke", "C-q")
-        screen = tmux.wait_for("EXITED", timeout=60)
+        screen = tmux.wait_for("EXITED")
         assert "EXITED 0" in screen
         files = list((data / "sessions").glob("*.jsonl"))
         assert len(files) == 1 and files[0].stem in screen.replace("\n", "")

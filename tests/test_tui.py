@@ -7,10 +7,11 @@ A random pair writes gibberish, which is all the UI needs. Snapshots are taken b
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
+
+from tests import waiting
 from rich.style import Style
 
 pytest.importorskip("textual")
@@ -56,12 +57,8 @@ def make_app(profile, engine=None, **kwargs):
     return DflashApp(profile=str(profile), loaded_engine=engine, animate=False, **kwargs)
 
 
-async def wait_for(pilot, condition, timeout=120.0, step=0.05):
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError("timed out waiting for the app")
-        await pilot.pause(step)
+async def wait_for(pilot, condition, step=0.05):
+    await waiting.until(pilot, condition, step=step)
 
 
 async def ready(pilot):
