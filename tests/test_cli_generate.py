@@ -80,3 +80,23 @@ def test_real_process_exit_code_and_module_entry(pairs):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: The draft")
+
+
+def test_hide_thinking_prints_the_answer_only(pairs, tmp_path):
+    """On the demo pair (it thinks first): the hidden run prints exactly what follows </think>."""
+    full = invoke("generate", "--profile", "demo", "--engine", "cuda", "What is 48 + 75?")
+    hidden = invoke("generate", "--profile", "demo", "--engine", "cuda", "--hide-thinking", "What is 48 + 75?")
+    assert full.exit_code == 0 and hidden.exit_code == 0, hidden.output
+    assert "</think>" in full.stdout and "</think>" not in hidden.stdout
+    assert hidden.stdout.strip() == full.stdout.split("</think>", 1)[1].strip() and "123" in hidden.stdout
+
+
+def test_chat_takes_a_target_and_draft_like_generate(pairs, data_dir):
+    target, draft = pairs("qwen3")
+    result = invoke("chat", "--plain", "--target", str(target), "--draft", str(draft), "--max-new-tokens", "4",
+                    input="hello\n")
+    assert result.exit_code == 0, result.output
+    from dflash_tui.core import sessions
+
+    (path,) = sessions.session_paths()
+    assert sessions.read_session(path).header["target"] == str(target)

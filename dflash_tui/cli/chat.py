@@ -29,6 +29,8 @@ def profile_from_session(session: store.Session) -> Optional[str]:
 @click.command()
 @click.option("--profile", "-p", "profile", metavar="NAME|PATH", shell_complete=complete.profile_names,
               help="A profile name or TOML file (default: demo).")
+@click.option("--target", help="Target checkpoint: a directory or a hub id (overrides the profile's).")
+@click.option("--draft", help="DFlash draft checkpoint: a directory or a hub id.")
 @click.option("--engine", type=click.Choice(["auto", "cuda", "mlx", "remote"]), default=None,
               help="Engine (default: the profile's, else auto).")
 @click.option("--url", help="Remote engine: an OpenAI-compatible server, http://HOST:PORT/v1 (implies --engine remote).")
@@ -40,7 +42,8 @@ def profile_from_session(session: store.Session) -> Optional[str]:
               help="Continue a recorded session (`dflash sessions list`).")
 @click.option("--plain", is_flag=True, help="The plain prompt-toolkit REPL instead of the full-screen TUI.")
 @click.option("--max-new-tokens", type=int, default=None, help="Answer length cap (default: the profile's).")
-def chat(profile, engine, url, model, api_key, block_size, thinking, resume_id, plain, max_new_tokens) -> None:
+def chat(profile, target, draft, engine, url, model, api_key, block_size, thinking, resume_id, plain,
+         max_new_tokens) -> None:
     """Chat with a target and its DFlash draft; drafted tokens are coloured as they stream.
 
     Keys: enter send, ctrl+j newline, ctrl+t thinking, ctrl+g ghosts, ctrl+k block size, escape stop,
@@ -52,8 +55,10 @@ def chat(profile, engine, url, model, api_key, block_size, thinking, resume_id, 
     session = store.load_session(resume_id) if resume_id else None
     if session is not None and profile is None:
         profile = profile_from_session(session)
-    from dflash_tui.core.settings import profile_for, with_remote
+    from dflash_tui.core.settings import profile_for, with_pair, with_remote
 
+    if target or draft:
+        profile = with_pair(profile, target, draft)
     if url or model or api_key:
         profile, engine = with_remote(profile_for(profile), url, model, api_key), engine or "remote"
     # every flag is checked, and the pair is on disk, before any weight loads (a bad block size is

@@ -10,6 +10,7 @@ import click
 from engines import load_engine
 
 from dflash_tui.measure.replay import format_bytes
+from dflash_tui.core.conversation import THINK_CLOSE, thinking_layout
 from dflash_tui.core.settings import generation_request, load_settings
 from dflash_tui.cli import complete
 from dflash_tui.cli.downloads import ensure_local
@@ -46,6 +47,29 @@ def stats_line(summary) -> str:
             f"{summary.engine} engine on {summary.device} · {summary.dtype} · {summary.finish_reason}")
 
 
+class AnswerFilter:
+    """Streams only the answer of a thinking model: pieces are held while the reasoning trace may still
+    be running, and released from where the answer starts (all of them if no trace ever closes)."""
+
+    def __init__(self, thinking: bool):
+        self.thinking = thinking
+        self.raw = ""
+        self.pieces: list[tuple[int, str, str]] = []  # (offset, text, origin)
+        self.printed = 0
+
+    def add(self, pieces, final: bool) -> list[tuple[str, str]]:
+        for text, origin in pieces:
+            self.pieces.append((len(self.raw), text, origin))
+            self.raw += text
+        start, end, answer = thinking_layout(self.raw, self.thinking)
+        if not final and (end == len(self.raw) or (self.thinking and THINK_CLOSE not in self.raw)):
+            return []  # still (maybe) inside the trace
+        begin = max(answer, self.printed)
+        out = [(text[max(begin - at, 0):], origin) for at, text, origin in self.pieces if at + len(text) > begin]
+        self.printed = len(self.raw)
+        return [(text, origin) for text, origin in out if text]
+
+
 @click.command()
 @click.argument("prompt")
 @engine_options
@@ -58,9 +82,10 @@ def stats_line(summary) -> str:
 @click.option("--thinking/--no-thinking", default=None, help="enable_thinking for the chat template.")
 @click.option("--system", help="System prompt (default: the profile's).")
 @click.option("--raw", is_flag=True, help="Send PROMPT as plain text: no chat template, no special tokens.")
+@click.option("--hide-thinking", is_flag=True, help="Print only the answer, not the reasoning trace before it.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per step, then the summary.")
 def generate(prompt, profile, target, draft, engine, url, model, api_key, device, dtype, block_size, draft_window, max_new_tokens,
-             temperature, top_p, top_k, min_p, seed, thinking, system, raw, as_json):
+             temperature, top_p, top_k, min_p, seed, thinking, system, raw, hide_thinking, as_json):
     """Generate an answer to PROMPT ('-' reads standard input).
 
     On a terminal the text streams coloured by origin: green tokens were drafted and accepted,
@@ -84,11 +109,13 @@ def generate(prompt, profile, target, draft, engine, url, model, api_key, device
     for warning in loaded.warnings:
         click.echo(f"note: {warning}", err=True)
     colour = color_enabled()
+    shown = AnswerFilter(request.thinking) if hide_thinking else None
     for event in loaded.generate(request):
         if as_json:
             click.echo(json.dumps({"event": "step", **event.to_dict()}))
             continue
-        for text, origin in event.pieces:
+        pieces = shown.add(event.pieces, final=event.finish_reason is not None) if shown else event.pieces
+        for text, origin in pieces:
             click.echo(click.style(text, **ORIGIN_STYLE[origin]) if colour else text, nl=False)
         sys.stdout.flush()
     summary = loaded.last_summary

@@ -18,17 +18,21 @@ def load_settings(profile: Optional[str], engine: Optional[str] = None, target: 
     `--target` without `--profile` runs that checkpoint alone (with `--draft`, as a pair) instead of
     the default profile. `flags` are EngineConfig fields; None means "not given".
     """
-    if profile is None and target is not None:
-        base = Profile(name="command line", description="", path=None, target=target, draft=draft)
-    else:
-        base = load_profile(profile or DEFAULT_PROFILE)
-        if target is not None:
-            base = replace(base, target=target, draft=draft)
-        elif draft is not None:
-            base = replace(base, draft=draft)
+    base = with_pair(profile, target, draft)
     chosen = choose_engine(engine or base.engine)
     resolved = base.resolved(chosen)
     return resolved, resolved.engine_config(chosen, **flags)
+
+
+def with_pair(profile: Union[str, Profile, None], target: Optional[str] = None, draft: Optional[str] = None) -> Profile:
+    """The profile with `--target`/`--draft` over its pair. `--target` without a profile runs that
+    checkpoint alone (with `--draft`, as a pair) instead of the default profile."""
+    if profile is None and target is not None:
+        return Profile(name="command line", description="", path=None, target=target, draft=draft)
+    base = profile_for(profile)
+    if target is not None:
+        return replace(base, target=target, draft=draft)
+    return replace(base, draft=draft) if draft is not None else base
 
 
 def generation_request(profile: Profile, **given) -> GenerationRequest:
