@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Optional
+
 import click
 
 from engines import load_engine
@@ -80,116 +82,121 @@ def replay(session_id, block_sizes, engine, device, dtype, temperature, no_save,
     replay_mod.recorded_turns(session)  # fail before loading anything when nothing can be replayed
     config = replay_mod.engine_config_for(session, engine, device, dtype)
     click.echo(f"loading {config.target} on the {config.engine} engine ...", err=True)
-    loaded = load_engine(config)
-    for warning in loaded.warnings:
-        click.echo(f"note: {warning}", err=True)
-    progress = Progress()
-    try:
-        comparison = replay_mod.run_replay(loaded, session, sizes, temperature=temperature, progress=progress)
-    finally:
-        progress.close()
+    comparison = _with_progress(replay_mod.run_replay, _load(config), session, sizes, temperature=temperature)
     if not no_save:
         path = replay_mod.save_comparison(comparison, session.path)
         click.echo(f"saved {path}", err=True)
     for warning in comparison["warnings"]:
         click.echo(f"note: {warning}", err=True)
     if as_json:
-        click.echo(json.dumps(comparison, ensure_ascii=False))
+        click.echo(json.dumps(comparison.to_dict(), ensure_ascii=False))
     else:
         click.echo(replay_mod.report(comparison, color_enabled(), _width()))
 
 
-def _dataset_option(fn):
-    return click.option("--dataset", "-d", default=None,
-                        help="Built-in prompt set (" + ", ".join(bench_mod.BUILTIN_SETS) + "), a JSONL file "
-                        '({"turns": [...]} per line), or a public name (' + ", ".join(bench_mod.PUBLIC_SETS) +
-                        "; needs `datasets` and the network). Default: the demo set for the demo profile, "
-                        "else chat.")(fn)
+def _load(config):
+    """The engine, its loading notes on stderr."""
+    loaded = load_engine(config)
+    for warning in loaded.warnings:
+        click.echo(f"note: {warning}", err=True)
+    return loaded
+
+
+def _with_progress(run, *args, **kwargs):
+    """`run(*args, progress=..., **kwargs)` with a progress bar on stderr."""
+    progress = Progress()
+    try:
+        return run(*args, progress=progress, **kwargs)
+    finally:
+        progress.close()
+
+
+def measure_options(block_sizes_help: str, max_samples: Optional[int], max_samples_help: str, *between):
+    """The options bench and tune share: the engine's, the prompt set, block sizes (then `between`), samples
+    and tokens per turn."""
+    options = [
+        engine_options,
+        click.option("--dataset", "-d", default=None,
+                     help="Built-in prompt set (" + ", ".join(bench_mod.BUILTIN_SETS) + "), a JSONL file "
+                     '({"turns": [...]} per line), or a public name (' + ", ".join(bench_mod.PUBLIC_SETS) +
+                     "; needs `datasets` and the network). Default: the demo set for the demo profile, else chat."),
+        click.option("--block-sizes", "-B", default=None, help=block_sizes_help),
+        *between,
+        click.option("--max-samples", "-n", type=int, default=max_samples, show_default=max_samples is not None,
+                     help=max_samples_help),
+        click.option("--max-new-tokens", type=int, default=None,
+                     help=f"Most tokens per turn (default: the profile's, at most {bench_mod.DEFAULT_MAX_NEW})."),
+    ]
+
+    def decorate(fn):
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
+
+
+def _setup(flags: dict, dataset: Optional[str], block_sizes: Optional[str], max_samples: Optional[int]):
+    """(profile settings, engine config, samples, dataset name, block sizes) from the shared options;
+    `flags` are engine_options' values."""
+    from dflash_tui.core.settings import load_settings
+
+    url = flags.pop("url")
+    settings, config = load_settings(flags.pop("profile"), flags.pop("engine") or ("remote" if url else None),
+                                     flags.pop("target"), flags.pop("draft"), url=url, **flags)
+    samples, dataset_name = bench_mod.load_dataset(dataset or bench_mod.default_dataset(settings), max_samples)
+    return settings, config, samples, dataset_name, bench_mod.block_sizes_for(block_sizes, settings, config)
 
 
 @click.command(epilog=bench_mod.JSON_SCHEMA_HELP)
-@engine_options
-@_dataset_option
-@click.option("--block-sizes", "-B", default=None,
-              help="Comma-separated block sizes, 1 to 64 (default: 1,2,4,8,16 and the profile's).")
-@click.option("--max-samples", "-n", type=int, default=None, help="Use at most N samples of the prompt set.")
-@click.option("--max-new-tokens", type=int, default=None, help=f"Most tokens per turn (default: the profile's, at most {bench_mod.DEFAULT_MAX_NEW}).")
+@measure_options("Comma-separated block sizes, 1 to 64 (default: 1,2,4,8,16 and the profile's).", None,
+                 "Use at most N samples of the prompt set.")
 @click.option("--thinking/--no-thinking", default=False, show_default=True, help="enable_thinking for the chat template.")
 @click.option("--temperature", "-t", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--no-framework", is_flag=True, help="Skip the framework's own generate baseline.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the results to FILE as JSON (schema below).")
-def bench(profile, target, draft, engine, url, model, api_key, device, dtype, block_size, draft_window, dataset, block_sizes, max_samples,
-          max_new_tokens, thinking, temperature, no_framework, json_file):
+def bench(dataset, block_sizes, max_samples, max_new_tokens, thinking, temperature, no_framework, json_file, **flags):
     """Benchmark a profile on a prompt set: block 1 (the baseline), each block size, and the framework's own
     generate (transformers on the CUDA engine, mlx-lm on MLX), after a warm-up.
 
     Prints, per block size, throughput against the baseline, speedup, mean acceptance length (tau) and
     the acceptance histogram, as the public DFlash benchmark does. Progress goes to stderr.
     """
-    from dflash_tui.core.settings import load_settings
-
-    settings, config = load_settings(profile, engine or ("remote" if url else None), target, draft, device=device,
-                                     dtype=dtype, block_size=block_size, draft_window=draft_window, url=url,
-                                     model=model, api_key=api_key)
-    samples, dataset_name = bench_mod.load_dataset(dataset or bench_mod.default_dataset(settings), max_samples)
-    sizes = bench_mod.block_sizes_for(block_sizes, settings, config)
+    settings, config, samples, dataset_name, sizes = _setup(flags, dataset, block_sizes, max_samples)
     no_framework = no_framework or config.engine == "remote"  # the weights stay on the server
-    loaded = load_engine(config)
-    for warning in loaded.warnings:
-        click.echo(f"note: {warning}", err=True)
-    progress = Progress()
-    try:
-        result = bench_mod.run_bench(loaded, samples, sizes, max_new_tokens=bench_mod.max_new_for(max_new_tokens, settings),
-                                     temperature=temperature, thinking=thinking, framework=not no_framework,
-                                     progress=progress, system_prompt=settings.system_prompt,
-                                     dataset=dataset_name, profile=settings.name)
-    finally:
-        progress.close()
+    result = _with_progress(bench_mod.run_bench, _load(config), samples, sizes,
+                            max_new_tokens=bench_mod.max_new_for(max_new_tokens, settings), temperature=temperature,
+                            thinking=thinking, framework=not no_framework, system_prompt=settings.system_prompt,
+                            dataset=dataset_name, profile=settings.name)
     click.echo(bench_mod.format_result(result, color_enabled()))
     if json_file:
         with open(json_file, "w") as f:
-            json.dump(result, f, ensure_ascii=False, indent=1)
+            json.dump(result.to_dict(), f, ensure_ascii=False, indent=1)
             f.write("\n")
         click.echo(f"wrote {json_file}", err=True)
 
 
 @click.command()
-@engine_options
-@_dataset_option
-@click.option("--block-sizes", "-B", default=None,
-              help="Block sizes to try (default: 1,2,4,8,16 and the profile's, up to 64).")
-@click.option("--draft-windows", default=None,
-              help="Draft windows to try, comma-separated, 'none' for no window (default when the profile sets "
-                   "one: W/4, W/2, W and none).")
-@click.option("--max-samples", "-n", type=int, default=8, show_default=True, help="Use at most N samples.")
-@click.option("--max-new-tokens", type=int, default=None, help=f"Most tokens per turn (default: the profile's, at most {bench_mod.DEFAULT_MAX_NEW}).")
+@measure_options("Block sizes to try (default: 1,2,4,8,16 and the profile's, up to 64).", 8, "Use at most N samples.",
+                 click.option("--draft-windows", default=None,
+                              help="Draft windows to try, comma-separated, 'none' for no window (default when the "
+                                   "profile sets one: W/4, W/2, W and none)."))
 @click.option("--thinking/--no-thinking", default=None, help="enable_thinking (default: the profile's).")
 @click.option("--dry-run", is_flag=True, help="Print the table and the best setting; write nothing.")
-def tune(profile, target, draft, engine, url, model, api_key, device, dtype, block_size, draft_window, dataset, block_sizes, draft_windows,
-         max_samples, max_new_tokens, thinking, dry_run):
+def tune(dataset, block_sizes, draft_windows, max_samples, max_new_tokens, thinking, dry_run, **flags):
     """Sweep block sizes (and draft windows when the profile sets one) on a prompt set at temperature 0,
     print the table and write the fastest setting into your copy of the profile (created from the
     built-in one in `dflash profile path` if needed; comments are kept), saying what changed."""
     from dflash_tui.measure import tune as tune_mod
-    from dflash_tui.core.settings import load_settings
 
-    settings, config = load_settings(profile, engine or ("remote" if url else None), target, draft, device=device,
-                                     dtype=dtype, block_size=block_size, draft_window=draft_window, url=url,
-                                     model=model, api_key=api_key)
-    samples, dataset_name = bench_mod.load_dataset(dataset or bench_mod.default_dataset(settings), max_samples)
-    sizes = bench_mod.block_sizes_for(block_sizes, settings, config)
+    settings, config, samples, dataset_name, sizes = _setup(flags, dataset, block_sizes, max_samples)
     windows = tune_mod.windows_for(draft_windows, settings, config)
-    loaded = load_engine(config)
-    for warning in loaded.warnings:
-        click.echo(f"note: {warning}", err=True)
-    progress = Progress()
-    try:
-        result = tune_mod.sweep(loaded, samples, sizes, windows, max_new_tokens=bench_mod.max_new_for(max_new_tokens, settings),
-                                thinking=settings.thinking if thinking is None else thinking,
-                                system_prompt=settings.system_prompt, progress=progress)
-    finally:
-        progress.close()
+    loaded = _load(config)
+    result = _with_progress(tune_mod.sweep, loaded, samples, sizes, windows,
+                            max_new_tokens=bench_mod.max_new_for(max_new_tokens, settings),
+                            thinking=settings.thinking if thinking is None else thinking,
+                            system_prompt=settings.system_prompt)
     click.echo(f"tune {settings.name} on {dataset_name} ({len(samples)} samples) · {loaded.name} engine on "
                f"{loaded.device} · {loaded.dtype}")
     click.echo(tune_mod.format_sweep(result))

@@ -45,14 +45,17 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 from engines.config import GenerationRequest
 from engines.errors import UserError
-from engines.events import acceptance_histogram
 
-from dflash_tui.measure.replay import DEFAULT_BLOCK_SIZES, ProgressFn, parse_block_sizes
+from dflash_tui.measure.replay import DEFAULT_BLOCK_SIZES, parse_block_sizes
+from dflash_tui.measure.report import histogram_line, histogram_text, mark, millis, table, times
+from dflash_tui.measure.runs import (Counter, ProgressFn, Record, Run, Totals, add_speedups, decode_rate, mean_ttft,
+                                     run, same_ids)
 
 SCHEMA = "dflash-bench/1"
 BUILTIN_SETS = ("chat", "math", "code", "demo")
@@ -172,6 +175,62 @@ def block_sizes_for(text: Optional[str], profile, config) -> list[int]:
 # -- running ---------------------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
+class BenchRow(Totals):
+    """One block size (module docstring)."""
+
+    speedup_vs_framework: Optional[float] = None  # vs the framework baseline; None without it
+    identical_to_block_1: Optional[bool] = None  # every turn's ids equal block 1's; None when sampled
+
+
+@dataclass(eq=False)
+class FrameworkRow(Record):
+    """The framework's own generate over block 1's prompt ids."""
+
+    name: str = ""
+    generated_tokens: int = 0
+    decode_tokens_per_s: float = 0.0
+    ttft_s: float = 0.0
+    identical_to_block_1: Optional[bool] = None
+
+
+@dataclass(eq=False)
+class BenchResult(Record):
+    """A whole benchmark, as `--json` writes it (module docstring)."""
+
+    NESTED = {"framework": FrameworkRow, "rows": BenchRow}
+
+    schema: str = SCHEMA
+    created: str = ""
+    profile: str = "?"
+    dataset: str = "?"
+    samples: int = 0
+    turns: int = 0
+    engine: str = ""
+    device: str = ""
+    dtype: str = ""
+    target: str = ""
+    draft: Optional[str] = None
+    max_new_tokens: int = 0
+    temperature: float = 0.0
+    thinking: bool = False
+    framework: Optional[FrameworkRow] = None
+    rows: list[BenchRow] = field(default_factory=list)
+    best_block_size: int = 0
+
+
+def load_result(path) -> BenchResult:
+    """A `--json` file, from this version or an older one."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"Benchmark file {path} cannot be read ({exc}).") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        schema = data.get("schema") if isinstance(data, dict) else None
+        raise UserError(f"{path} is not a dflash benchmark (schema {schema!r}).")
+    return BenchResult.from_dict(data)
+
+
 def messages_for(system_prompt: str, history: list[tuple[str, str]], user: str) -> list[dict]:
     messages = [{"role": "system", "content": system_prompt}] if system_prompt and system_prompt.strip() else []
     for question, answer in history:
@@ -180,18 +239,9 @@ def messages_for(system_prompt: str, history: list[tuple[str, str]], user: str) 
     return messages
 
 
-def _generate(engine, request: GenerationRequest) -> dict:
-    for _ in engine.generate(request):
-        pass
-    s = engine.last_summary
-    return {"token_ids": list(s.token_ids), "text": s.text, "acceptance_lengths": list(s.acceptance_lengths),
-            "generated_tokens": s.generated_tokens, "decode_s": s.decode_s, "ttft_s": s.ttft_s,
-            "peak_memory_bytes": s.peak_memory_bytes, "peak_memory_kind": s.peak_memory_kind}
-
-
 def run_block(engine, samples: list[dict], block_size: int, max_new_tokens: int, temperature: float, thinking: bool,
-              system_prompt: str = "", tick: Optional[Callable[[str], None]] = None) -> list[dict]:
-    """Every turn of every sample at one block size; one record per turn (with its prompt ids)."""
+              system_prompt: str = "", tick: Optional[Callable[[str], None]] = None) -> list[Run]:
+    """Every turn of every sample at one block size; one run per turn (with its prompt ids)."""
     out = []
     for number, sample in enumerate(samples, 1):
         history: list[tuple[str, str]] = []
@@ -200,50 +250,29 @@ def run_block(engine, samples: list[dict], block_size: int, max_new_tokens: int,
                 tick(f"block {block_size} · sample {number}")
             request = GenerationRequest(messages=messages_for(system_prompt, history, user), block_size=block_size,
                                         max_new_tokens=max_new_tokens, temperature=temperature, thinking=thinking)
-            prompt_ids = engine.prepare(request)
-            record = _generate(engine, GenerationRequest(
-                prompt_ids=prompt_ids, block_size=block_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                thinking=thinking))
-            record["prompt_ids"] = prompt_ids
+            record = run(engine, GenerationRequest(
+                prompt_ids=engine.prepare(request), block_size=block_size, max_new_tokens=max_new_tokens,
+                temperature=temperature, thinking=thinking))
             out.append(record)
-            history.append((user, record["text"]))
+            history.append((user, record.text))
     return out
 
 
-def summarize(block_size: int, records: list[dict]) -> dict:
-    lengths = [n for r in records for n in r["acceptance_lengths"]]
-    decode_s = sum(r["decode_s"] for r in records)
-    counted = sum(max(r["generated_tokens"] - 1, 0) for r in records)
-    histogram = acceptance_histogram(lengths, block_size)
-    return {
-        "block_size": block_size, "generated_tokens": sum(r["generated_tokens"] for r in records),
-        "steps": len(lengths), "decode_tokens_per_s": counted / decode_s if decode_s > 0 else 0.0,
-        "speedup": None, "speedup_vs_framework": None,
-        "tau": sum(lengths) / len(lengths) if lengths else 0.0, "histogram": histogram,
-        "ttft_s": sum(r["ttft_s"] for r in records) / len(records) if records else 0.0,
-        "peak_memory_bytes": max((r["peak_memory_bytes"] for r in records), default=0),
-        "peak_memory_kind": records[0]["peak_memory_kind"] if records else "device",
-        "identical_to_block_1": None,
-    }
+def summarize(block_size: int, runs: list[Run]) -> BenchRow:
+    return BenchRow.of(block_size, runs)
 
 
 # -- the framework's own generate ------------------------------------------------------------------
 
 
-def framework_generate(engine, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> dict:
-    """The target alone through its framework's own generation loop (engines/baseline.py)."""
-    run = engine.baseline_generate(prompt_ids, max_new_tokens, temperature)
-    return {"token_ids": run.token_ids, "generated_tokens": run.generated_tokens, "ttft_s": run.ttft_s,
-            "decode_s": run.decode_s}
-
-
 def run_framework(engine, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                  tick: Optional[Callable[[str], None]] = None) -> list[dict]:
+                  tick: Optional[Callable[[str], None]] = None) -> list:
+    """The target alone through its framework's own generation loop (engines/baseline.py), per prompt."""
     out = []
     for number, ids in enumerate(prompts, 1):
         if tick:
             tick(f"{engine.baseline_name} · turn {number}")
-        out.append(framework_generate(engine, ids, max_new_tokens, temperature))
+        out.append(engine.baseline_generate(ids, max_new_tokens, temperature))
     return out
 
 
@@ -253,8 +282,8 @@ def run_framework(engine, prompts: list[list[int]], max_new_tokens: int, tempera
 def run_bench(engine, samples: list[dict], block_sizes: list[int], max_new_tokens: int = 256,
               temperature: float = 0.0, thinking: bool = False, framework: bool = True,
               progress: Optional[ProgressFn] = None, system_prompt: str = "", dataset: str = "?",
-              profile: str = "?", warmup: bool = True) -> dict:
-    """Block 1, every other block size, and the framework's generate; the result dict (module docstring)."""
+              profile: str = "?", warmup: bool = True) -> BenchResult:
+    """Block 1, every other block size, and the framework's generate (module docstring)."""
     from dflash_tui.core.sessions import now_iso
 
     block_sizes = parse_block_sizes(block_sizes)
@@ -262,73 +291,51 @@ def run_bench(engine, samples: list[dict], block_sizes: list[int], max_new_token
         block_sizes = [1]
     name = engine.baseline_name if framework else None
     n_turns = sum(len(s["turns"]) for s in samples)
-    total = n_turns * (len(block_sizes) + (1 if name else 0)) + ((len(block_sizes) + (1 if name else 0)) if warmup else 0)
-    state = {"done": 0}
-
-    def tick(label: str) -> None:
-        if progress:
-            progress(state["done"], total, label)
-        state["done"] += 1
+    passes = len(block_sizes) + (1 if name else 0)
+    counter = Counter(n_turns * passes + (passes if warmup else 0), progress)
+    tick = counter.tick
 
     first_prompt = [{"turns": samples[0]["turns"][:1]}]
-    records: dict[int, list[dict]] = {}
+    runs: dict[int, list[Run]] = {}
     for block in block_sizes:
         if warmup:
             tick(f"warm-up, block {block}")
             run_block(engine, first_prompt, block, min(16, max_new_tokens), temperature, thinking, system_prompt)
-        records[block] = run_block(engine, samples, block, max_new_tokens, temperature, thinking, system_prompt, tick)
-    rows = [summarize(b, records[b]) for b in block_sizes]
-    base = rows[0]["decode_tokens_per_s"] if block_sizes[0] == 1 else None
+        runs[block] = run_block(engine, samples, block, max_new_tokens, temperature, thinking, system_prompt, tick)
+    rows = [summarize(b, runs[b]) for b in block_sizes]
+    reference = runs[block_sizes[0]]
+    add_speedups(rows)
     greedy = temperature <= 0
-    for row in rows:
-        if base:
-            row["speedup"] = row["decode_tokens_per_s"] / base
-        if greedy:
-            row["identical_to_block_1"] = all(a["token_ids"] == b["token_ids"]
-                                              for a, b in zip(records[row["block_size"]], records[block_sizes[0]]))
+    if greedy:
+        for row in rows:
+            row.identical_to_block_1 = same_ids(runs[row.block_size], reference)
     framework_row = None
     if name:
-        prompts = [r["prompt_ids"] for r in records[block_sizes[0]]]
+        prompts = [r.prompt_ids for r in reference]
         if warmup:
             tick(f"warm-up, {name}")
-            framework_generate(engine, prompts[0], min(16, max_new_tokens), temperature)
-        runs = run_framework(engine, prompts, max_new_tokens, temperature, tick)
-        decode_s = sum(r["decode_s"] for r in runs)
-        counted = sum(max(r["generated_tokens"] - 1, 0) for r in runs)
-        framework_row = {
-            "name": name, "generated_tokens": sum(r["generated_tokens"] for r in runs),
-            "decode_tokens_per_s": counted / decode_s if decode_s > 0 else 0.0,
-            "ttft_s": sum(r["ttft_s"] for r in runs) / len(runs),
-            "identical_to_block_1": all(a["token_ids"] == b["token_ids"] for a, b in zip(runs, records[block_sizes[0]]))
-            if greedy else None,
-        }
+            engine.baseline_generate(prompts[0], min(16, max_new_tokens), temperature)
+        baseline = run_framework(engine, prompts, max_new_tokens, temperature, tick)
+        framework_row = FrameworkRow(
+            name=name, generated_tokens=sum(r.generated_tokens for r in baseline),
+            decode_tokens_per_s=decode_rate(baseline), ttft_s=mean_ttft(baseline),
+            identical_to_block_1=same_ids(baseline, reference) if greedy else None)
         for row in rows:
-            if framework_row["decode_tokens_per_s"]:
-                row["speedup_vs_framework"] = row["decode_tokens_per_s"] / framework_row["decode_tokens_per_s"]
-    if progress:
-        progress(total, total, "done")
-    best = max(rows, key=lambda r: (r["decode_tokens_per_s"], -r["block_size"]))
-    return {
-        "schema": SCHEMA, "created": now_iso(), "profile": profile, "dataset": dataset, "samples": len(samples),
-        "turns": n_turns, "engine": engine.name, "device": engine.device, "dtype": engine.dtype,
-        "target": str(engine.target_info.path), "draft": str(engine.draft_info.path) if engine.draft_info else None,
-        "max_new_tokens": max_new_tokens, "temperature": temperature, "thinking": thinking,
-        "framework": framework_row, "rows": rows, "best_block_size": best["block_size"],
-    }
+            if framework_row.decode_tokens_per_s:
+                row.speedup_vs_framework = row.decode_tokens_per_s / framework_row.decode_tokens_per_s
+    counter.end("done")
+    best = max(rows, key=lambda r: (r.decode_tokens_per_s, -r.block_size))
+    return BenchResult(
+        created=now_iso(), profile=profile, dataset=dataset, samples=len(samples), turns=n_turns,
+        engine=engine.name, device=engine.device, dtype=engine.dtype, target=str(engine.target_info.path),
+        draft=str(engine.draft_info.path) if engine.draft_info else None, max_new_tokens=max_new_tokens,
+        temperature=temperature, thinking=thinking, framework=framework_row, rows=rows,
+        best_block_size=best.block_size)
 
 
-def histogram_line(histogram: list[int]) -> str:
-    total = sum(histogram)
-    if not total:
-        return "-"
-    return " · ".join(f"{n}: {100 * c / total:.0f}%" for n, c in enumerate(histogram, 1) if c)
-
-
-def format_result(result: dict, colour: bool = False) -> str:
+def format_result(result: BenchResult, colour: bool = False) -> str:
     """The benchmark as a table plus, per block size, the public benchmark's summary lines."""
     import click
-
-    from dflash_tui.measure.replay import histogram_text
 
     r = result
     lines = [f"bench {r['profile']} on {r['dataset']} ({r['samples']} samples, {r['turns']} turns) · {r['engine']} engine "
@@ -339,19 +346,13 @@ def format_result(result: dict, colour: bool = False) -> str:
               "acceptance 1..B", "TTFT", "same as block 1"]
     cells = []
     for row in r["rows"]:
-        same = {True: "✓", False: "✗", None: "-"}[row["identical_to_block_1"]]
         cells.append([str(row["block_size"]), str(row["generated_tokens"]), f"{row['decode_tokens_per_s']:.1f}",
-                      f"{row['speedup']:.2f}x" if row["speedup"] is not None else "-",
-                      f"{row['speedup_vs_framework']:.2f}x" if row["speedup_vs_framework"] is not None else "-",
-                      f"{row['tau']:.2f}", histogram_text(row["histogram"]), f"{row['ttft_s'] * 1000:.1f} ms", same])
+                      times(row["speedup"]), times(row["speedup_vs_framework"]), f"{row['tau']:.2f}",
+                      histogram_text(row["histogram"]), millis(row["ttft_s"]), mark(row["identical_to_block_1"])])
     if fw:
-        same = {True: "✓", False: "✗", None: "-"}[fw["identical_to_block_1"]]
         cells.append([fw["name"], str(fw["generated_tokens"]), f"{fw['decode_tokens_per_s']:.1f}", "", "1.00x", "", "",
-                      f"{fw['ttft_s'] * 1000:.1f} ms", same])
-    widths = [max(len(t), *(len(c[i]) for c in cells)) for i, t in enumerate(titles)]
-    for values in [titles, ["-" * w for w in widths], *cells]:
-        text = "  ".join(v.ljust(w) if i in (0, 6, 8) else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
-        lines.append(text.rstrip())
+                      millis(fw["ttft_s"]), mark(fw["identical_to_block_1"])])
+    lines += table(titles, cells, left=(0, 6, 8))
     base = next((row for row in r["rows"] if row["block_size"] == 1), None)
     for row in r["rows"]:
         if row["block_size"] == 1:

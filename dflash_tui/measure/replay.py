@@ -49,19 +49,20 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from engines.config import MAX_BLOCK_SIZE, SAMPLING_FIELDS, EngineConfig, GenerationRequest
 from engines.errors import UserError
-from engines.events import acceptance_histogram
 
 from dflash_tui.core import sessions
+from dflash_tui.measure.report import CHECK, CROSS, _text_chart, format_bytes, histogram_text, millis, table, times
+from dflash_tui.measure.report import chart as report_chart
+from dflash_tui.measure.runs import Counter, ProgressFn, Record, Run, Totals, add_speedups, run
 
 SCHEMA = "dflash-replay/1"
 DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 16)
-ProgressFn = Callable[[int, int, str], None]  # (done, total, what is running now)
 _SCHEMA_TEXT = __doc__.split("`<session>.replay-<YYYYmmdd-HHMMSS>.json`:", 1)[1]
 JSON_SCHEMA_HELP = "\b\nThe saved comparison and --json (schema \"dflash-replay/1\"):\n" + "\n".join(
     line[4:] for line in _SCHEMA_TEXT.splitlines() if line.startswith("    "))
@@ -190,33 +191,12 @@ def same_target(session: sessions.Session, engine) -> bool:
 # -- running ---------------------------------------------------------------------------------------
 
 
-def _merge_pieces(pieces: list) -> list[list[str]]:
-    merged: list[list[str]] = []
-    for text, origin in pieces:
-        if not text:
-            continue
-        if merged and merged[-1][1] == origin:
-            merged[-1][0] += text
-        else:
-            merged.append([text, origin])
-    return merged
-
-
-def run_turn(engine, request: GenerationRequest) -> dict:
-    """One generation; the per-turn record of the comparison."""
-    pieces = []
-    for event in engine.generate(request):
-        pieces += event.pieces
-    summary = engine.last_summary
-    if summary.finish_reason == "cancelled":
+def run_turn(engine, request: GenerationRequest) -> Run:
+    """One generation (ReplayCancelled when the person stopped it)."""
+    record = run(engine, request)
+    if record.finish_reason == "cancelled":
         raise ReplayCancelled()
-    return {
-        "token_ids": list(summary.token_ids), "pieces": _merge_pieces(pieces),
-        "acceptance_lengths": list(summary.acceptance_lengths), "generated_tokens": summary.generated_tokens,
-        "decode_s": summary.decode_s, "decode_tokens_per_s": summary.decode_tokens_per_s, "ttft_s": summary.ttft_s,
-        "peak_memory_bytes": summary.peak_memory_bytes, "peak_memory_kind": summary.peak_memory_kind,
-        "finish_reason": summary.finish_reason, "text": summary.text,
-    }
+    return record
 
 
 def first_difference(a: list[int], b: list[int]) -> Optional[int]:
@@ -227,32 +207,48 @@ def first_difference(a: list[int], b: list[int]) -> Optional[int]:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def aggregate(block_size: int, turns: list[dict]) -> dict:
-    lengths = [n for t in turns for n in t["acceptance_lengths"]]
-    decode_s = sum(t["decode_s"] for t in turns)
-    counted = sum(max(t["generated_tokens"] - 1, 0) for t in turns)
-    histogram = acceptance_histogram(lengths, block_size)
-    peaks = [t["peak_memory_bytes"] for t in turns]
-    return {
-        "block_size": block_size, "generated_tokens": sum(t["generated_tokens"] for t in turns), "steps": len(lengths),
-        "tau": sum(lengths) / len(lengths) if lengths else 0.0, "histogram": histogram,
-        "decode_tokens_per_s": counted / decode_s if decode_s > 0 else 0.0, "speedup": None,
-        "ttft_s": sum(t["ttft_s"] for t in turns) / len(turns) if turns else 0.0,
-        "peak_memory_bytes": max(peaks) if peaks else 0,
-        "peak_memory_kind": turns[0]["peak_memory_kind"] if turns else "device",
-        "identical_to_recording": None, "identical_across_block_sizes": None,
-        "turns": [{k: v for k, v in t.items() if k not in ("decode_s", "peak_memory_bytes", "peak_memory_kind",
-                                                            "text")} for t in turns],
-    }
+TURN_KEYS = ("token_ids", "pieces", "acceptance_lengths", "generated_tokens", "decode_tokens_per_s", "ttft_s",
+             "finish_reason")  # what a row keeps of each turn's run
 
 
-def add_speedups(rows: list[dict]) -> None:
-    base = next((r["decode_tokens_per_s"] for r in rows if r["block_size"] == 1), None)
-    for row in rows:
-        if row["block_size"] == 1:
-            row["speedup"] = 1.0
-        elif base:
-            row["speedup"] = row["decode_tokens_per_s"] / base
+@dataclass(eq=False)
+class ReplayRow(Totals):
+    """One block size (module docstring)."""
+
+    identical_to_recording: Optional[bool] = None  # None: sampled, or a different target
+    identical_across_block_sizes: Optional[bool] = None  # vs the first row; None when sampled
+    turns: list[dict] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class ReplayResult(Record):
+    """A whole comparison, as it is saved next to its session (module docstring)."""
+
+    NESTED = {"rows": ReplayRow}
+
+    schema: str = SCHEMA
+    session: str = ""
+    session_path: str = ""
+    created: str = ""
+    engine: str = ""
+    device: str = ""
+    dtype: str = ""
+    target: str = ""
+    recorded_target: Optional[str] = None
+    recorded_engine: Optional[str] = None
+    same_target: bool = False
+    temperature: float = 0.0
+    greedy: bool = False
+    block_sizes: list[int] = field(default_factory=list)
+    turns: list[dict] = field(default_factory=list)
+    rows: list[ReplayRow] = field(default_factory=list)
+    differences: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def aggregate(block_size: int, turns: list[RecordedTurn], runs: list[Run]) -> ReplayRow:
+    kept = [{"index": t.index, **{k: v for k, v in vars(r).items() if k in TURN_KEYS}} for t, r in zip(turns, runs)]
+    return ReplayRow.of(block_size, runs, turns=kept)
 
 
 def effective_temperature(engine, turns: list[RecordedTurn], temperature: Optional[float]) -> float:
@@ -265,8 +261,8 @@ def effective_temperature(engine, turns: list[RecordedTurn], temperature: Option
 
 def run_replay(engine, session: sessions.Session, block_sizes: list[int], temperature: Optional[float] = None,
                progress: Optional[ProgressFn] = None, cancel: Optional[threading.Event] = None,
-               warmup: bool = True) -> dict:
-    """Re-run every completed turn at every block size on `engine`; the comparison dict (module docstring)."""
+               warmup: bool = True) -> ReplayResult:
+    """Re-run every completed turn at every block size on `engine`; the comparison (module docstring)."""
     turns = recorded_turns(session)
     block_sizes = parse_block_sizes(block_sizes)
     has_draft = engine.draft_info is not None
@@ -278,33 +274,27 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
     temp = effective_temperature(engine, turns, temperature)
     greedy = temp <= 0
     matched = same_target(session, engine)
-    total = len(block_sizes) * len(turns) + (len(block_sizes) if warmup else 0)
-    done = 0
 
-    def tick(label: str) -> None:
+    def check() -> None:
         if cancel.is_set():
             raise ReplayCancelled()
-        if progress:
-            progress(done, total, label)
 
-    results: dict[int, list[dict]] = {}
+    counter = Counter(len(block_sizes) * len(turns) + (len(block_sizes) if warmup else 0), progress, check)
+    results: dict[int, list[Run]] = {}
     for block in block_sizes:
         if warmup:  # first calls pay one-time costs (allocations, kernels); keep them out of the timings
-            tick(f"warm-up, block {block}")
+            counter.tick(f"warm-up, block {block}")
             warm = turns[0].request(block, temperature, cancel)
             warm.max_new_tokens = min(8, warm.max_new_tokens)
             run_turn(engine, warm)
-            done += 1
         results[block] = []
         for turn in turns:
-            tick(f"block {block} · turn {turn.index + 1}")
-            results[block].append({"index": turn.index, **run_turn(engine, turn.request(block, temperature, cancel))})
-            done += 1
-    if progress:
-        progress(done, total, "comparing")
+            counter.tick(f"block {block} · turn {turn.index + 1}")
+            results[block].append(run_turn(engine, turn.request(block, temperature, cancel)))
+    counter.end("comparing")
 
-    rows = [aggregate(b, results[b]) for b in block_sizes]
-    add_speedups(rows)
+    rows = [aggregate(b, turns, results[b]) for b in block_sizes]
+    add_speedups(rows, block_1=True)
     differences = []
     margins: dict[tuple, tuple] = {}
 
@@ -320,11 +310,11 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
         for row, block in zip(rows, block_sizes):
             same_rec, same_ref = True, True
             for turn, run, ref in zip(turns, results[block], reference):
-                checks = [("block %d" % block_sizes[0], ref["token_ids"])] if block != block_sizes[0] else []
+                checks = [("block %d" % block_sizes[0], ref.token_ids)] if block != block_sizes[0] else []
                 if matched:
                     checks.insert(0, ("recording", turn.recorded_ids))
                 for against, expected in checks:
-                    pos = first_difference(expected, run["token_ids"])
+                    pos = first_difference(expected, run.token_ids)
                     if pos is None:
                         continue
                     if against == "recording":
@@ -335,30 +325,29 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
                     differences.append({
                         "turn": turn.index, "block_size": block, "against": against, "position": pos,
                         "expected": expected[pos] if pos < len(expected) else None,
-                        "got": run["token_ids"][pos] if pos < len(run["token_ids"]) else None,
+                        "got": run.token_ids[pos] if pos < len(run.token_ids) else None,
                         "margin": margin, "top2": top2,
                     })
-            row["identical_to_recording"] = same_rec if matched else None
-            row["identical_across_block_sizes"] = same_ref
+            row.identical_to_recording = same_rec if matched else None
+            row.identical_across_block_sizes = same_ref
     else:
         warnings.append(f"Sampled at temperature {temp:g}: outputs are not compared (replay with --temperature 0 "
                         "to check that every block size gives the identical text).")
     header = session.header
-    return {
-        "schema": SCHEMA, "session": session.id, "session_path": str(session.path), "created": sessions.now_iso(),
-        "engine": engine.name, "device": engine.device, "dtype": engine.dtype,
-        "target": str(engine.target_info.path),
-        "recorded_target": header.get("target_path") or header.get("target"),
-        "recorded_engine": header.get("engine"), "same_target": matched, "temperature": temp, "greedy": greedy,
-        "block_sizes": block_sizes,
-        "turns": [{"index": t.index, "user": t.user, "prompt_tokens": len(t.prompt_ids),
-                   "recorded_tokens": len(t.recorded_ids), "recorded_block_size": t.settings.get("block_size")}
-                  for t in turns],
-        "rows": rows, "differences": differences, "warnings": warnings,
-    }
+    return ReplayResult(
+        session=session.id, session_path=str(session.path), created=sessions.now_iso(),
+        engine=engine.name, device=engine.device, dtype=engine.dtype, target=str(engine.target_info.path),
+        recorded_target=header.get("target_path") or header.get("target"),
+        recorded_engine=header.get("engine"), same_target=matched, temperature=temp, greedy=greedy,
+        block_sizes=block_sizes,
+        turns=[{"index": t.index, "user": t.user, "prompt_tokens": len(t.prompt_ids),
+                "recorded_tokens": len(t.recorded_ids), "recorded_block_size": t.settings.get("block_size")}
+               for t in turns],
+        rows=rows, differences=differences, warnings=warnings,
+    )
 
 
-def save_comparison(comparison: dict, session_path: Optional[Path] = None) -> Path:
+def save_comparison(comparison: ReplayResult, session_path: Optional[Path] = None) -> Path:
     """Write the comparison next to its session file (never touching the session itself)."""
     session_path = Path(session_path or comparison["session_path"])
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -370,7 +359,7 @@ def save_comparison(comparison: dict, session_path: Optional[Path] = None) -> Pa
         path = base.parent / f"{base.name}.replay-{stamp}-{n}.json"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(comparison, f, ensure_ascii=False, indent=1)
+        json.dump(comparison.to_dict(), f, ensure_ascii=False, indent=1)
         f.write("\n")
     return path
 
@@ -380,28 +369,6 @@ def saved_comparisons(session_path: Path) -> list[Path]:
 
 
 # -- presenting ------------------------------------------------------------------------------------
-
-CHECK, CROSS = "✓", "✗"
-
-
-def format_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def histogram_text(histogram: list[int], width: int = 16) -> str:
-    """A compact histogram: one block character per acceptance length 1..B, its height the count relative
-    to the most common length (· for none)."""
-    total = sum(histogram)
-    if not total:
-        return "-"
-    bars = " ▁▂▃▄▅▆▇█"
-    cells = [bars[min(8, max(1, round(8 * c / max(histogram))))] if c else "·" for c in histogram]
-    return "".join(cells)
-
 
 def identity_mark(row: dict, comparison: dict) -> str:
     """✓ / ✗ text for a row: identical to the recording and across block sizes."""
@@ -417,39 +384,21 @@ def identity_mark(row: dict, comparison: dict) -> str:
     return " · ".join(parts)
 
 
-def table_rows(comparison: dict) -> tuple[list[str], list[list[str]]]:
+def table_rows(comparison: ReplayResult) -> tuple[list[str], list[list[str]]]:
     """Column titles and the cells of the comparison table (shared by the CLI and the TUI)."""
     titles = ["block", "tau", "acceptance 1..B", "tok/s", "speedup", "TTFT", "peak mem", "identical"]
     cells = []
     for row in comparison["rows"]:
         peak = format_bytes(row["peak_memory_bytes"]) + ("" if row["peak_memory_kind"] == "device" else "*")
-        speedup = f"{row['speedup']:.2f}x" if row["speedup"] is not None else "-"
         cells.append([str(row["block_size"]), f"{row['tau']:.2f}", histogram_text(row["histogram"]),
-                      f"{row['decode_tokens_per_s']:.1f}", speedup, f"{row['ttft_s'] * 1000:.1f} ms", peak,
+                      f"{row['decode_tokens_per_s']:.1f}", times(row["speedup"]), millis(row["ttft_s"]), peak,
                       identity_mark(row, comparison)])
     return titles, cells
 
 
-def format_table(comparison: dict, colour: bool = False) -> str:
-    import click
-
+def format_table(comparison: ReplayResult, colour: bool = False) -> str:
     titles, cells = table_rows(comparison)
-    widths = [max(len(t), *(len(c[i]) for c in cells)) for i, t in enumerate(titles)]
-
-    def line(values: list[str]) -> str:
-        out = []
-        for i, (value, width) in enumerate(zip(values, widths)):
-            text = value.ljust(width) if i in (2, 7) else value.rjust(width)
-            if colour and i == 7:
-                if CROSS in value:
-                    text = click.style(text, fg="red", bold=True)
-                elif CHECK in value:
-                    text = click.style(text, fg="green")
-            out.append(text)
-        return "  ".join(out).rstrip()
-
-    lines = [line(titles), "  ".join("-" * w for w in widths)]
-    lines += [line(c) for c in cells]
+    lines = table(titles, cells, left=(2, 7), marks=7, colour=colour)
     if any(r["peak_memory_kind"] != "device" for r in comparison["rows"]):
         lines.append("* process peak RSS over the whole run (no device memory counter on this engine/device)")
     return "\n".join(lines)
@@ -478,55 +427,9 @@ def difference_lines(comparison: dict) -> list[str]:
     return out
 
 
-def chart(comparison: dict, colour: bool = False, width: int = 80, height: int = 14) -> str:
-    """A plotext bar chart of speedup and tau per block size (a plain-text one without colour)."""
-    labels = [str(r["block_size"]) for r in comparison["rows"]]
-    speedups = [round(r["speedup"] or 0.0, 2) for r in comparison["rows"]]
-    taus = [round(r["tau"], 2) for r in comparison["rows"]]
-    try:
-        text = _plotext_chart(labels, speedups, taus, width, height)
-    except Exception:  # noqa: BLE001 - a chart is a nicety; fall back to text bars
-        return _text_chart(labels, speedups, taus)
-    if not colour:
-        import plotext
-
-        text = plotext.uncolorize(text)
-    return text.rstrip("\n")
-
-
-def _plotext_chart(labels, speedups, taus, width, height) -> str:
-    import plotext as plt
-
-    figure = getattr(plt, "figure", None)
-    if figure is not None and hasattr(figure, "build") and not callable(getattr(plt, "bar", None)):
-        figure.clear()  # plotext 6: the explicit-figure API
-        figure.subplots(1, 2)
-        figure.theme("simple")  # coloured bars on the terminal's own background
-        figure.plot_size(width, height)
-        for col, (values, title) in enumerate(((speedups, "speedup vs block 1"), (taus, "tau (mean acceptance)")), 1):
-            sub = figure.subplot(1, col)
-            sub.draw(sub.bar(labels, values, labeled=True, width=0.6))
-            sub.title(title)
-            sub.label("block size", "x")
-        return str(figure.build())
-    plt.clf()  # plotext 5: the functional API
-    plt.subplots(1, 2)
-    plt.theme("clear")
-    plt.plotsize(width, height)
-    for col, (values, title) in enumerate(((speedups, "speedup vs block 1"), (taus, "tau (mean acceptance)")), 1):
-        plt.subplot(1, col)
-        plt.bar(labels, values)
-        plt.title(title)
-        plt.xlabel("block size")
-    return plt.build()
-
-
-def _text_chart(labels, speedups, taus) -> str:
-    top_s, top_t = max(speedups + [1e-9]), max(taus + [1e-9])
-    lines = ["block  speedup                        tau"]
-    for label, s, t in zip(labels, speedups, taus):
-        lines.append(f"{label:>5}  {'█' * round(20 * s / top_s):<20} {s:5.2f}x  {'█' * round(20 * t / top_t):<20} {t:5.2f}")
-    return "\n".join(lines)
+def chart(comparison: ReplayResult, colour: bool = False, width: int = 80, height: int = 14) -> str:
+    """The speedup and tau of every row as bar charts (report.chart)."""
+    return report_chart(comparison["rows"], colour, width, height)
 
 
 def report(comparison: dict, colour: bool = False, width: int = 80) -> str:
@@ -540,11 +443,13 @@ def report(comparison: dict, colour: bool = False, width: int = 80) -> str:
     return "\n".join(parts)
 
 
-def load_comparison(path: Path) -> dict:
+def load_comparison(path: Path) -> ReplayResult:
+    """A saved comparison, from this version or an older one."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise UserError(f"Replay comparison {path} cannot be read ({exc}).") from None
-    if data.get("schema") != SCHEMA:
-        raise UserError(f"{path} is not a dflash replay comparison (schema {data.get('schema')!r}).")
-    return data
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        schema = data.get("schema") if isinstance(data, dict) else None
+        raise UserError(f"{path} is not a dflash replay comparison (schema {schema!r}).")
+    return ReplayResult.from_dict(data)

@@ -19,7 +19,8 @@ import tomlkit
 from engines.errors import UserError
 
 from dflash_tui.measure.bench import run_block, summarize
-from dflash_tui.measure.replay import ProgressFn
+from dflash_tui.measure.report import histogram_text, table
+from dflash_tui.measure.runs import Counter, ProgressFn
 
 NONE_WORDS = ("none", "off", "no", "0")
 
@@ -56,18 +57,12 @@ def sweep(engine, samples: list[dict], block_sizes: list[int], windows: list[Opt
     block_sizes = sorted(set(block_sizes) | {1})
     others = [b for b in block_sizes if b > 1]
     n_turns = sum(len(s["turns"]) for s in samples)
-    total = 1 + n_turns * (1 + len(others) * len(windows))
-    state = {"done": 0}
-
-    def tick(label: str) -> None:
-        if progress:
-            progress(state["done"], total, label)
-        state["done"] += 1
+    counter = Counter(1 + n_turns * (1 + len(others) * len(windows)), progress)
+    tick = counter.tick
 
     def run(block: int, window: Optional[int]) -> dict:
-        row = summarize(block, run_block(engine, samples, block, max_new_tokens, 0.0, thinking, system_prompt, tick))
-        row["draft_window"] = window
-        return row
+        runs = run_block(engine, samples, block, max_new_tokens, 0.0, thinking, system_prompt, tick)
+        return {**summarize(block, runs).to_dict(), "draft_window": window}
 
     original = engine.config.draft_window
     rows = []
@@ -82,8 +77,7 @@ def sweep(engine, samples: list[dict], block_sizes: list[int], windows: list[Opt
                 rows.append(run(block, window))
     finally:
         engine.config.draft_window = original
-    if progress:
-        progress(total, total, "done")
+    counter.end("done")
     base_rate = rows[0]["decode_tokens_per_s"]
     for row in rows:
         row["speedup"] = row["decode_tokens_per_s"] / base_rate if base_rate else None
@@ -92,8 +86,6 @@ def sweep(engine, samples: list[dict], block_sizes: list[int], windows: list[Opt
 
 
 def format_sweep(result: dict) -> str:
-    from dflash_tui.measure.replay import histogram_text
-
     show_window = result["windows"] != [None]
     titles = ["block"] + (["window"] if show_window else []) + ["tok/s", "speedup", "tau", "acceptance 1..B", ""]
     cells = []
@@ -103,12 +95,7 @@ def format_sweep(result: dict) -> str:
         cells.append([str(row["block_size"])] + window + [
             f"{row['decode_tokens_per_s']:.1f}", f"{row['speedup']:.2f}x" if row["speedup"] else "-",
             f"{row['tau']:.2f}", histogram_text(row["histogram"]), mark])
-    widths = [max(len(t), *(len(c[i]) for c in cells)) for i, t in enumerate(titles)]
-    lines = []
-    for values in [titles, ["-" * w if w else "" for w in widths], *cells]:
-        lines.append("  ".join(v.rjust(w) if i < len(values) - 2 else v.ljust(w)
-                               for i, (v, w) in enumerate(zip(values, widths))).rstrip())
-    return "\n".join(lines)
+    return "\n".join(table(titles, cells, left=(len(titles) - 2, len(titles) - 1)))
 
 
 # -- writing the profile ---------------------------------------------------------------------------

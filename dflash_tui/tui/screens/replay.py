@@ -65,7 +65,7 @@ class ReplayScreen(ModalScreen):
     def __init__(self, session_id: Optional[str] = None) -> None:
         super().__init__()
         self.session_id = session_id
-        self.comparison: Optional[dict] = None
+        self.comparison: Optional[replay.ReplayResult] = None
         self.cancel = threading.Event()
         self.running = False
         self._own_engine = None  # an engine this screen loaded (the chat's runs another target)
@@ -178,7 +178,7 @@ class ReplayScreen(ModalScreen):
         self.query_one("#replay-progress", ProgressBar).update(total=total, progress=done)
         self._status(f"{done}/{total} · {label}")
 
-    def _finished(self, comparison: Optional[dict], message: str) -> None:
+    def _finished(self, comparison: Optional[replay.ReplayResult], message: str) -> None:
         self.running = False
         if not self.is_attached:  # closed while the worker ran
             return
@@ -189,7 +189,7 @@ class ReplayScreen(ModalScreen):
             self.show(comparison)
 
     # -- showing ---------------------------------------------------------------------------------
-    def show(self, comparison: dict) -> None:
+    def show(self, comparison: replay.ReplayResult) -> None:
         self.comparison = comparison
         table = self.query_one("#replay-table", DataTable)
         table.clear(columns=True)

@@ -1,0 +1,71 @@
+"""Bench and replay results are typed records (measure/runs.py), and files written before they were still load.
+
+The two fixtures were written by `dflash bench --json` and `dflash replay` as they were before
+`BenchResult` and `ReplayResult` existed (a random tiny pair, one turn, block sizes 1 and 4).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_tui.measure import bench, replay, report
+from engines import UserError
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+BENCH_FILE = FIXTURES / "bench-before-schema-classes.json"
+REPLAY_FILE = FIXTURES / "replay-before-schema-classes.json"
+
+
+def test_a_bench_file_from_before_loads_typed_and_writes_back_the_same():
+    raw = json.loads(BENCH_FILE.read_text())
+    result = bench.load_result(BENCH_FILE)
+    assert isinstance(result, bench.BenchResult) and result.schema == bench.SCHEMA == raw["schema"]
+    assert [type(r) for r in result.rows] == [bench.BenchRow, bench.BenchRow]
+    assert isinstance(result.framework, bench.FrameworkRow) and result.framework.name == "transformers generate"
+    assert result.rows[1].block_size == 4 and result.rows[1].identical_to_block_1 is True
+    assert result.to_dict() == raw  # nothing lost or added
+    assert result["rows"][0]["speedup"] == result.rows[0].speedup == 1.0  # and it reads like its JSON
+    text = bench.format_result(result)
+    assert "DFlash throughput" in text and "fastest: block size" in text
+
+
+def test_a_replay_file_from_before_loads_typed_and_writes_back_the_same():
+    raw = json.loads(REPLAY_FILE.read_text())
+    result = replay.load_comparison(REPLAY_FILE)
+    assert isinstance(result, replay.ReplayResult) and result.schema == replay.SCHEMA
+    assert [type(r) for r in result.rows] == [replay.ReplayRow, replay.ReplayRow]
+    assert result.to_dict() == raw and result["rows"] == raw["rows"]
+    assert result.rows[1].turns[0]["token_ids"] == raw["rows"][1]["turns"][0]["token_ids"]
+    text = replay.report(result)
+    assert replay.verdict(result) in text and "✓ recording" in replay.format_table(result)
+
+
+def test_unknown_keys_are_ignored_and_missing_ones_filled():
+    raw = json.loads(BENCH_FILE.read_text())
+    raw["from_the_future"] = {"x": 1}
+    raw["rows"][0]["new_column"] = 3
+    del raw["best_block_size"], raw["rows"][1]["peak_memory_kind"], raw["framework"]["ttft_s"]
+    result = bench.BenchResult.from_dict(raw)
+    assert "from_the_future" not in result.to_dict() and "new_column" not in result.rows[0]
+    assert result.best_block_size == 0 and result.rows[1].peak_memory_kind == "device"
+    assert result.framework.ttft_s == 0.0
+
+
+def test_a_file_of_another_kind_is_one_sentence(tmp_path):
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(BENCH_FILE.read_text())
+    with pytest.raises(UserError, match="not a dflash replay comparison"):
+        replay.load_comparison(wrong)
+    wrong.write_text("[1, 2]")
+    with pytest.raises(UserError, match="not a dflash benchmark"):
+        bench.load_result(wrong)
+
+
+def test_one_table_layout_for_every_result():
+    lines = report.table(["block", "what", "ok"], [["1", "a", report.mark(True)], ["16", "bb", report.mark(None)]],
+                         left=(1,))
+    assert lines == ["block  what  ok", "-----  ----  --", "    1  a      ✓", "   16  bb     -"]
+    assert report.times(None) == "-" and report.times(2.5) == "2.50x" and report.millis(0.0123) == "12.3 ms"
