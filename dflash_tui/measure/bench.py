@@ -54,8 +54,8 @@ from engines.errors import UserError
 
 from dflash_tui.measure.replay import DEFAULT_BLOCK_SIZES, parse_block_sizes
 from dflash_tui.measure.report import histogram_line, histogram_text, mark, millis, table, times
-from dflash_tui.measure.runs import (Counter, ProgressFn, Record, Run, Totals, add_speedups, decode_rate, mean_ttft,
-                                     run, same_ids)
+from dflash_tui.measure.runs import (Counter, ProgressFn, Record, Run, Totals, add_speedups, decode_rate, load_json,
+                                     mean_ttft, run, same_ids)
 
 SCHEMA = "dflash-bench/1"
 BUILTIN_SETS = ("chat", "math", "code", "demo")
@@ -221,14 +221,7 @@ class BenchResult(Record):
 
 def load_result(path) -> BenchResult:
     """A `--json` file, from this version or an older one."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"Benchmark file {path} cannot be read ({exc}).") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        schema = data.get("schema") if isinstance(data, dict) else None
-        raise UserError(f"{path} is not a dflash benchmark (schema {schema!r}).")
-    return BenchResult.from_dict(data)
+    return BenchResult.from_dict(load_json(path, SCHEMA, "benchmark"))
 
 
 def messages_for(system_prompt: str, history: list[tuple[str, str]], user: str) -> list[dict]:

@@ -59,7 +59,7 @@ from engines.errors import UserError
 from dflash_tui.core import sessions
 from dflash_tui.measure.report import CHECK, CROSS, _text_chart, format_bytes, histogram_text, millis, table, times
 from dflash_tui.measure.report import chart as report_chart
-from dflash_tui.measure.runs import Counter, ProgressFn, Record, Run, Totals, add_speedups, run
+from dflash_tui.measure.runs import Counter, ProgressFn, Record, Run, Totals, add_speedups, load_json, run
 
 SCHEMA = "dflash-replay/1"
 DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 16)
@@ -445,11 +445,4 @@ def report(comparison: dict, colour: bool = False, width: int = 80) -> str:
 
 def load_comparison(path: Path) -> ReplayResult:
     """A saved comparison, from this version or an older one."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"Replay comparison {path} cannot be read ({exc}).") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        schema = data.get("schema") if isinstance(data, dict) else None
-        raise UserError(f"{path} is not a dflash replay comparison (schema {schema!r}).")
-    return ReplayResult.from_dict(data)
+    return ReplayResult.from_dict(load_json(path, SCHEMA, "replay comparison"))

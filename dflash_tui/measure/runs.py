@@ -12,11 +12,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Callable, ClassVar, Optional
 
 from engines.config import GenerationRequest
+from engines.errors import UserError
 from engines.events import acceptance_histogram
 
 ProgressFn = Callable[[int, int, str], None]  # (done, total, what is running now)
@@ -58,6 +61,18 @@ class Record(Mapping):
                 value = [nested.from_dict(v) for v in value] if isinstance(value, list) else nested.from_dict(value)
             values[name] = value
         return cls(**values)
+
+
+def load_json(path, schema: str, what: str) -> dict:
+    """The JSON object a saved result holds, checked to be of `schema` (one sentence when it is not)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{what[0].upper()}{what[1:]} {path} cannot be read ({exc}).") from None
+    if not isinstance(data, dict) or data.get("schema") != schema:
+        found = data.get("schema") if isinstance(data, dict) else None
+        raise UserError(f"{path} is not a dflash {what} (schema {found!r}).")
+    return data
 
 
 def _plain(value):
