@@ -281,7 +281,9 @@ def run(*args):
 
 
 def test_cli_validate_good_and_malformed(tmp_path):
-    good = write(tmp_path / "good.toml", GOOD)
+    for name in ("target", "draft"):  # validate checks that the models are here (folders or cached repos)
+        (tmp_path / name).mkdir()
+    good = write(tmp_path / "good.toml", GOOD.replace('"org/target"', '"target"').replace('"org/draft"', '"draft"'))
     result = run("validate", str(good))
     assert result.exit_code == 0 and result.stdout.startswith("ok: ") and "mine" in result.stdout
     bad = write(tmp_path / "bad.toml", "[model]\ntarget = \n")
@@ -337,3 +339,18 @@ def test_checkpoint_paths_beside_the_profile_file_resolve(tmp_path):
     config = load_profile(str(path)).engine_config("cuda")
     assert config.target == str(tmp_path / "models" / "t")
     assert config.draft == "org/hub-draft"  # no such directory: a hub id stays a hub id
+
+
+def test_a_copy_keeps_working_and_a_hand_copy_is_caught_by_validate(user_dir):
+    """Copying demo.toml by hand breaks its relative model paths: validate says so (it used to say
+    ok and the run asked to download 'demo/target'); `profile new --from` writes absolute paths."""
+    created = run("new", "mydemo", "--from", "demo")
+    assert created.exit_code == 0, created.output
+    copy = user_dir / "mydemo.toml"
+    doc = tomlkit.parse(copy.read_text())
+    assert doc["name"] == "mydemo" and Path(doc["model"]["target"]).is_absolute()
+    assert run("validate", str(copy)).exit_code == 0
+    by_hand = user_dir / "byhand.toml"
+    by_hand.write_text((Path(profiles.builtin_profile_dir()) / "demo.toml").read_text())
+    result = run("validate", str(by_hand))
+    assert result.exit_code == 2 and "is neither a folder" in result.stderr and "demo/target" in result.stderr

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import click
 
 from engines.errors import UserError
+
+from engines import hub
 
 from dflash_tui.cli.style import styled
 from dflash_tui.core import profiles
@@ -58,16 +61,23 @@ def validate(file: Path) -> None:
     if not file.is_file():
         raise UserError(f"Profile file {file} does not exist; check the path.")
     p = profiles.load_profile(str(file))
+    for role, value in (("target", p.target), ("draft", p.draft)):
+        if value and not Path(p.local_path(value)).expanduser().is_dir() and not (
+                hub.looks_like_hub_id(value) and hub.cached(value)):
+            beside = p.path.resolve().parent / value if p.path else value
+            raise UserError(f"{file}: {role} = {value!r} is neither a folder (none at {beside}) nor a downloaded hub "
+                            f"repo; fix the path, or run `hf download {value}` if it is a hub id.")
     draft = f" + {p.draft}" if p.draft else " (no draft)"
     click.echo(f"{styled('ok', fg='green')}: {file} is profile {p.name}: {p.target}{draft}")
 
 
 @profile.command()
 @click.argument("name")
+@click.option("--from", "source", metavar="PROFILE", help="Start from a copy of this profile (paths made absolute).")
 @click.option("--force", is_flag=True, help="Overwrite an existing profile of that name.")
-def new(name: str, force: bool) -> None:
-    """Write a commented template for profile NAME to your profile directory and print its path."""
-    text = profiles.new_profile_text(name)
+def new(name: str, source: Optional[str], force: bool) -> None:
+    """Write a commented template (or a copy of --from) for profile NAME to your profile directory."""
+    text = profiles.copied_profile_text(name, source) if source else profiles.new_profile_text(name)
     target = profiles.user_profile_dir() / f"{name}.toml"
     if target.exists() and not force:
         raise UserError(f"Profile {target} already exists; edit it, or pass --force to overwrite it.")

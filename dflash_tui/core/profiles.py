@@ -431,6 +431,22 @@ def check_name(name: str) -> None:
                         "'.', '_' and '-', starting with a letter or digit.")
 
 
+def copied_profile_text(name: str, source: str) -> str:
+    """Profile `source` saved under `name`, comments kept, with model paths that resolve to folders
+    beside the source made absolute (a copy elsewhere would otherwise read them as hub ids)."""
+    check_name(name)
+    original = load_profile(source)
+    doc = tomlkit.parse(original.path.read_text(encoding="utf-8").removeprefix("\ufeff"))
+    doc["name"] = name
+    tables = [doc.get("model", {})] + [t for t in doc.get("engines", {}).values() if isinstance(t, dict)]
+    for table in tables:
+        for key in ("target", "draft"):
+            value = table.get(key)
+            if isinstance(value, str) and original.local_path(value) != value:
+                table[key] = original.local_path(value)
+    return tomlkit.dumps(doc)
+
+
 def new_profile_text(name: str) -> str:
     """A commented template that loads as is; optional keys are present but commented out."""
     check_name(name)
