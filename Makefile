@@ -37,7 +37,7 @@ chat: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engines import GenerationRequest, load_engine  # noqa: E402
-from engines.events import acceptance_histogram  # noqa: E402
-from engines.prompting import load_tokenizer  # noqa: E402
-from dflash_tui.core.settings import load_settings  # noqa: E402
+from dflash_tui.core.settings import load_settings  # noqa: E402 - after the sys.path line above
+from engines import GenerationRequest, load_engine  # noqa: E402 - after the sys.path line above
+from engines.events import acceptance_histogram  # noqa: E402 - after the sys.path line above
+from engines.prompting import load_tokenizer  # noqa: E402 - after the sys.path line above
 
 PROMPTS = [  # the demo's domain, answered with a reasoning trace (thinking on by default)
     "What is 48 + 75?",
@@ -61,13 +61,12 @@ def framework_generate(engine_name: str, engine, prompt_ids: list[int], max_new:
             if ids.device.type == "cuda":
                 torch.cuda.synchronize()
         return out.shape[1] - len(prompt_ids), time.perf_counter() - start
-    from mlx_lm.generate import generate_step
-
     import mlx.core as mx
+    from mlx_lm.generate import generate_step
 
     start = time.perf_counter()
     n = 0
-    for n, (token, _) in enumerate(generate_step(mx.array(prompt_ids), engine.model, max_tokens=max_new), 1):
+    for n, (token, _) in enumerate(generate_step(mx.array(prompt_ids), engine.model, max_tokens=max_new), 1):  # noqa: B007 (n is read after the loop: tokens made)
         if int(token) in stops:
             break
     return n, time.perf_counter() - start

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - after the sys.path line above
 
 # Public shapes: the targets' config.json values; drafts: 5 layers over the target layers the public
 # DFlash drafts read (profiles/qwen3-8b.toml, profiles/llama3.1-8b-instruct.toml: spread from layer 1 to L-3).

@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - after the sys.path line above
 
-from engines.checkpoints import TargetInfo  # noqa: E402
-from engines.cuda.target import Target  # noqa: E402
+from engines.checkpoints import TargetInfo  # noqa: E402 - after the sys.path line above
+from engines.cuda.target import Target  # noqa: E402 - after the sys.path line above
 
 
 def median_time(prepare, measure, repeats: int) -> float:

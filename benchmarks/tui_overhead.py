@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from engines import GenerationRequest, load_engine  # noqa: E402
+from engines import GenerationRequest, load_engine  # noqa: E402 - after the sys.path line above
 
 PROMPTS = [
     "What is 48 + 75?",

@@ -238,7 +238,8 @@ class DraftInfo:
         shapes = {k.removeprefix("model."): v for k, v in safetensors_shapes(path, "draft").items()}
         fc = shapes.get("fc.weight")
         if fc is None or len(fc) != 2:
-            raise CheckpointError(f"The draft '{name}' has no 2-D fc.weight in its safetensors files; it is incomplete or not a DFlash draft.")
+            raise CheckpointError(f"The draft '{name}' has no 2-D fc.weight in its safetensors files; it is incomplete "
+                                  "or not a DFlash draft.")
         return cls(
             path=path,
             hidden_size=hidden,

@@ -46,7 +46,7 @@ def quiet_loaders() -> None:
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a best-effort probe
         pass
 
 
@@ -89,7 +89,7 @@ def _serve(config: EngineConfig, conn, cancel) -> None:
         if message[0] == "call" and message[1] in CALLS:
             try:
                 conn.send(("result", getattr(engine, message[1])(*message[2])))
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:  # noqa: BLE001 - sent to the parent as the request's error
                 conn.send(_error(exc))
             continue
         if message[0] != "generate":
@@ -109,7 +109,7 @@ def _serve(config: EngineConfig, conn, cancel) -> None:
             conn.send(("summary", engine.last_summary))
         except (BrokenPipeError, EOFError, OSError):
             return
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:  # noqa: BLE001 - sent to the parent as a load error
             conn.send(_error(exc))
 
 
@@ -256,5 +256,5 @@ class ProcessEngine:
         try:
             if self._proc.is_alive():
                 self.close()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a child that is gone already
             pass

@@ -7,7 +7,6 @@ from dataclasses import dataclass, fields
 from .config import SAMPLING_FIELDS, GenerationRequest, Sampling
 from .errors import UserError
 
-
 # the value that leaves each setting out, from its one declaration (engines.config.Sampling)
 OFF = {f.name: f.metadata["off"] for f in fields(Sampling)}
 

@@ -5,7 +5,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from tests import tiny  # noqa: E402
+from tests import tiny  # noqa: E402 - after the importorskip above
 
 
 @pytest.fixture(scope="session")

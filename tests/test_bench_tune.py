@@ -10,9 +10,9 @@ import pytest
 import tomlkit
 from click.testing import CliRunner
 
-from dflash_tui.measure import bench, tune
 from dflash_tui.cli import main
 from dflash_tui.core.profiles import load_profile
+from dflash_tui.measure import bench, tune
 from engines import UserError
 
 TOP_KEYS = {"schema", "created", "profile", "dataset", "samples", "turns", "engine", "device", "dtype", "target",

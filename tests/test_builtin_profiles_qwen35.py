@@ -11,8 +11,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from dflash_tui.core import profiles
 from dflash_tui.cli import main
+from dflash_tui.core import profiles
 
 # name -> (target, draft, has an [engines.mlx] target override)
 QWEN35 = {

@@ -9,10 +9,10 @@ import torch
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
-from engines import EngineConfig, GenerationRequest, load_engine  # noqa: E402
-from engines.cuda.draft import DraftCache as TorchDraftCache  # noqa: E402
-from engines.mlx.draft import DraftCache as MlxDraftCache  # noqa: E402
-from tests import tiny  # noqa: E402
+from engines import EngineConfig, GenerationRequest, load_engine  # noqa: E402 - after the importorskip above
+from engines.cuda.draft import DraftCache as TorchDraftCache  # noqa: E402 - after the importorskip above
+from engines.mlx.draft import DraftCache as MlxDraftCache  # noqa: E402 - after the importorskip above
+from tests import tiny  # noqa: E402 - after the importorskip above
 
 PROMPTS = ["What is 48 + 75?", "Hello world, speculative decoding"]
 FAMILIES = [("qwen3", False), ("qwen3_moe", False), ("llama", False), ("qwen3", True)]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dflash_tui.core import sessions
 from dflash_tui.cli import main
+from dflash_tui.core import sessions
 from tests.tiny import write_profile
 
 EVIL = "import pathlib\npathlib.Path({marker!r}).write_text('code from a checkpoint ran')\n"

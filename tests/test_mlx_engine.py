@@ -11,11 +11,11 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
-from engines import EngineConfig, GenerationRequest, UserError, load_engine  # noqa: E402
-from engines.mlx.draft import DraftCache  # noqa: E402
-from engines.mlx.loop import Sampler, speculative_decode  # noqa: E402
-from engines.sampling import SamplingParams  # noqa: E402
-from tests.oracles import edited_copy, engine_for, mlx_lm_greedy, oracle_proposals, run  # noqa: E402
+from engines import EngineConfig, GenerationRequest, UserError, load_engine  # noqa: E402 - after the importorskip above
+from engines.mlx.draft import DraftCache  # noqa: E402 - after the importorskip above
+from engines.mlx.loop import Sampler, speculative_decode  # noqa: E402 - after the importorskip above
+from engines.sampling import SamplingParams  # noqa: E402 - after the importorskip above
+from tests.oracles import edited_copy, engine_for, mlx_lm_greedy, oracle_proposals, run  # noqa: E402 - after the importorskip above
 
 PROMPTS = ["What is 48 + 75?", "The quick brown fox", "Hello world, speculative decoding"]
 BLOCKS = [1, 2, 4, 8, 16]
@@ -258,7 +258,7 @@ def test_missing_mlx_is_one_sentence(monkeypatch, pairs):
         monkeypatch.delitem(sys.modules, mod)
     monkeypatch.setattr(builtins, "__import__", no_mlx)
     with pytest.raises(ImportError):
-        import engines.mlx.engine  # noqa: F401
+        import engines.mlx.engine  # noqa: F401 - importable means the engine can run
     monkeypatch.setattr(engines, "choose_engine", lambda name: "mlx")
     target, _ = pairs("qwen3")
     with pytest.raises(EngineUnavailable, match=r"pip install 'dflash-tui\[mlx\]'"):

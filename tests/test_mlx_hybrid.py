@@ -15,13 +15,13 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
-from engines import EngineConfig, GenerationRequest, load_engine  # noqa: E402
-from engines.checkpoints import TargetInfo  # noqa: E402
-from engines.mlx.loop import Sampler, speculative_decode  # noqa: E402
-from engines.mlx.target import Target  # noqa: E402
-from engines.sampling import SamplingParams  # noqa: E402
-from tests.oracles import engine_for, mlx_lm_greedy  # noqa: E402
-from tests.test_mlx_engine import OracleDraftCache  # noqa: E402
+from engines import EngineConfig, GenerationRequest, load_engine  # noqa: E402 - after the importorskip above
+from engines.checkpoints import TargetInfo  # noqa: E402 - after the importorskip above
+from engines.mlx.loop import Sampler, speculative_decode  # noqa: E402 - after the importorskip above
+from engines.mlx.target import Target  # noqa: E402 - after the importorskip above
+from engines.sampling import SamplingParams  # noqa: E402 - after the importorskip above
+from tests.oracles import engine_for, mlx_lm_greedy  # noqa: E402 - after the importorskip above
+from tests.test_mlx_engine import OracleDraftCache  # noqa: E402 - after the importorskip above
 
 PROMPTS = ["What is 48 + 75?", "The quick brown fox", "Hello world, speculative decoding"]
 BLOCKS = [1, 2, 4, 8, 16]

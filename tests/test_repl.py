@@ -99,8 +99,8 @@ def test_interactive_loop_with_key_bindings(profile, data_dir, pairs):
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
 
-    from dflash_tui.core.settings import profile_for as load_profile
     from dflash_tui.core.conversation import ChatSettings, Conversation
+    from dflash_tui.core.settings import profile_for as load_profile
     from dflash_tui.repl import Repl
     from engines import load_engine
 

@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dflash_tui.measure import replay
-
-from dflash_tui.core import sessions
 from dflash_tui.cli import main
+from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ChatSettings, Conversation
 from dflash_tui.core.profiles import Profile
+from dflash_tui.measure import replay
 from engines import EngineConfig, UserError, load_engine
 from tests import tiny, waiting
 
@@ -270,8 +269,8 @@ async def test_tui_replay_screen_runs_and_compares_a_turn_side_by_side(recorded,
 
     from textual.widgets import DataTable, Input, Static
 
-    from dflash_tui.tui.app import DflashApp
     from dflash_tui.core.conversation import printable
+    from dflash_tui.tui.app import DflashApp
     from dflash_tui.tui.screens.replay import ReplayScreen
 
     engine, session_id, _ = recorded

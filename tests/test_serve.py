@@ -20,11 +20,11 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("torch")
 
-from engines import EngineConfig, EngineLike, GenerationRequest, load_engine  # noqa: E402
-from engines.remote import RemoteConfig, RemoteEngine  # noqa: E402
-from engines.remote.client import parse_prometheus  # noqa: E402
-from engines.remote.thinking import ThinkingSplitter  # noqa: E402
-from tests import tiny  # noqa: E402
+from engines import EngineConfig, EngineLike, GenerationRequest, load_engine  # noqa: E402 - after the importorskip above
+from engines.remote import RemoteConfig, RemoteEngine  # noqa: E402 - after the importorskip above
+from engines.remote.client import parse_prometheus  # noqa: E402 - after the importorskip above
+from engines.remote.thinking import ThinkingSplitter  # noqa: E402 - after the importorskip above
+from tests import tiny  # noqa: E402 - after the importorskip above
 
 POLLS = 1200  # at 0.05 s apart: how long a wait may last before the test gives up
 LONG = 400  # max_tokens for a generation that must be stopped from outside (the context holds 512)
@@ -190,7 +190,7 @@ def test_remote_engine_shows_what_a_local_engine_shows(server, local):
         assert remote.prepare(request) == local.prepare(request)
         got = list(remote.generate(request))
         want, summary = local_run(local, prompt)
-        fields = lambda e: (e.drafted, e.accepted, e.emitted, e.pieces, e.rejected, e.is_prefill, e.finish_reason)  # noqa: E731
+        fields = lambda e: (e.drafted, e.accepted, e.emitted, e.pieces, e.rejected, e.is_prefill, e.finish_reason)  # noqa: E731 - a one-line key
         assert [fields(e) for e in got] == [fields(e) for e in want]
         assert remote.last_summary.token_ids == summary.token_ids
         assert remote.last_summary.acceptance_lengths == summary.acceptance_lengths

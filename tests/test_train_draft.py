@@ -14,8 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from engines import EngineConfig, GenerationRequest, load_engine
-from engines.cuda.training import (Interrupted, TrainConfig, Trainer, default_gamma, given_response_ids,
-                                load_conversations)
+from engines.cuda.training import Interrupted, TrainConfig, Trainer, default_gamma, given_response_ids, load_conversations
 from tests import tiny
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -163,8 +162,9 @@ def greedy_reference(target_dir, prompt_ids, max_new):
 def engines_available():
     names = ["cuda"]
     try:
-        import engines.mlx.engine  # noqa: F401
-        import mlx_lm  # noqa: F401
+        import mlx_lm  # noqa: F401 - importable means the engine can run
+
+        import engines.mlx.engine  # noqa: F401 - importable means the engine can run
         names.append("mlx")
     except ImportError:
         pass

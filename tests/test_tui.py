@@ -10,16 +10,16 @@ import json
 from pathlib import Path
 
 import pytest
+from rich.style import Style
 
 from tests import waiting
-from rich.style import Style
 
 pytest.importorskip("textual")
 pytest.importorskip("torch")
 
-from engines import EngineConfig, load_engine  # noqa: E402
-from engines.events import StepEvent  # noqa: E402
-from tests.tiny import write_profile  # noqa: E402
+from engines import EngineConfig, load_engine  # noqa: E402 - after the importorskip above
+from engines.events import StepEvent  # noqa: E402 - after the importorskip above
+from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
 
 SIZE = (120, 40)
 
@@ -482,16 +482,16 @@ def test_engine_process_cancels_within_a_step_and_reports_user_errors(process_en
 
 
 def test_engine_process_load_error_is_the_same_user_error(tmp_path, pair):
-    from engines.process import ProcessEngine
     from engines import CheckpointError
+    from engines.process import ProcessEngine
 
     with pytest.raises(CheckpointError, match="nothing-here"):
         ProcessEngine(EngineConfig(target=str(tmp_path / "nothing-here"), draft=str(pair[1]), engine="cuda"))
 
 
 def test_thinking_warns_once_when_the_draft_lacks_thinking_traces(tmp_path, pair, engine):
-    from dflash_tui.core.settings import profile_for as load_profile
     from dflash_tui.core.conversation import DRAFT_THINKING_WARNING, ChatSettings, Conversation
+    from dflash_tui.core.settings import profile_for as load_profile
 
     path = write_profile(tmp_path / "nothink.toml", *pair, thinking=False, block_size=16)
     text = path.read_text().replace("block_size = 16", "block_size = 16\nthinking_trained = false")
@@ -526,7 +526,7 @@ async def test_demo_pair_streams_both_colours(data_dir):
 
     try:
         config = load_profile("demo").engine_config("cuda")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - any reason the demo is missing is a skip
         pytest.skip(f"no demo profile here ({exc})")
     if not (Path(config.target).is_dir() and config.draft and Path(config.draft).is_dir()):
         pytest.skip("the demo pair is not built (make demo-models)")

@@ -7,9 +7,14 @@ import sys
 
 import click
 
-from engines.errors import UserError
-
+from dflash_tui.cli.chat import chat, sessions
 from dflash_tui.cli.doctor import doctor, print_version
+from dflash_tui.cli.generate import generate
+from dflash_tui.cli.measure import bench, replay, tune
+from dflash_tui.cli.profile import profile
+from dflash_tui.cli.train import train_draft
+from dflash_tui.serve.cli import serve, serve_command
+from engines.errors import UserError
 
 
 def _quiet_broken_pipe() -> None:
@@ -74,12 +79,14 @@ def main() -> None:
 
 
 # Subcommands register here, one line each.
-from dflash_tui.cli.generate import generate  # noqa: E402
-
 main.add_command(generate)
 main.add_command(doctor)
-from dflash_tui.cli.profile import profile; main.add_command(profile)  # noqa: E402,E702
-from dflash_tui.cli.train import train_draft; main.add_command(train_draft)  # noqa: E402,E702
-from dflash_tui.cli.chat import chat, sessions; main.add_command(chat); main.add_command(sessions)  # noqa: E402,E702
-from dflash_tui.cli.measure import bench, replay, tune; main.add_command(replay); main.add_command(bench); main.add_command(tune)  # noqa: E402,E702
-from dflash_tui.serve.cli import serve, serve_command; main.add_command(serve); profile.add_command(serve_command)  # noqa: E402,E702
+main.add_command(profile)
+profile.add_command(serve_command)
+main.add_command(train_draft)
+main.add_command(chat)
+main.add_command(sessions)
+main.add_command(replay)
+main.add_command(bench)
+main.add_command(tune)
+main.add_command(serve)

@@ -11,11 +11,10 @@ from typing import Optional
 
 import click
 
+from dflash_tui.cli import complete
 from engines import choose_engine, hub
 from engines.checkpoints import stored_bytes
 from engines.errors import UserError
-
-from dflash_tui.cli import complete
 
 PACKAGES = ("torch", "transformers", "mlx", "mlx-lm", "huggingface-hub", "textual")
 

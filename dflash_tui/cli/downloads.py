@@ -9,11 +9,10 @@ import sys
 
 import click
 
+from dflash_tui.cli.doctor import available_memory
 from engines import hub
 from engines.config import EngineConfig
 from engines.errors import UserError
-
-from dflash_tui.cli.doctor import available_memory
 
 
 def _size(n: int) -> str:

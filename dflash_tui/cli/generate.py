@@ -7,14 +7,14 @@ import sys
 
 import click
 
-from engines import load_engine
-
-from dflash_tui.measure.replay import format_bytes
-from dflash_tui.core.conversation import THINK_CLOSE, thinking_layout
-from dflash_tui.core.settings import generation_request, load_settings
 from dflash_tui.cli import complete
 from dflash_tui.cli.downloads import ensure_local
 from dflash_tui.cli.style import ORIGIN_STYLE, color_enabled
+from dflash_tui.core.conversation import THINK_CLOSE, thinking_layout
+from dflash_tui.core.settings import generation_request, load_settings
+from dflash_tui.measure.replay import format_bytes
+from engines import load_engine
+
 
 def engine_options(fn):
     """Options every command that loads an engine shares."""

@@ -8,12 +8,11 @@ from typing import Optional
 
 import click
 
-from engines import load_engine
-
-from dflash_tui.measure import bench as bench_mod
-from dflash_tui.measure import replay as replay_mod
 from dflash_tui.cli.generate import engine_options
 from dflash_tui.cli.style import color_enabled
+from dflash_tui.measure import bench as bench_mod
+from dflash_tui.measure import replay as replay_mod
+from engines import load_engine
 
 
 class Progress:

@@ -8,12 +8,10 @@ from typing import Optional
 
 import click
 
-from engines.errors import UserError
-
-from engines import hub
-
 from dflash_tui.cli.style import styled
 from dflash_tui.core import profiles
+from engines import hub
+from engines.errors import UserError
 
 
 @click.group()

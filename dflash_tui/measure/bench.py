@@ -49,13 +49,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from engines.config import GenerationRequest
-from engines.errors import UserError
-
 from dflash_tui.measure.replay import DEFAULT_BLOCK_SIZES, parse_block_sizes
 from dflash_tui.measure.report import histogram_line, histogram_text, mark, millis, table, times
-from dflash_tui.measure.runs import (Counter, ProgressFn, Record, Run, Totals, add_speedups, decode_rate, load_json,
-                                     mean_ttft, run, same_ids)
+from dflash_tui.measure.runs import (
+    Counter,
+    ProgressFn,
+    Record,
+    Run,
+    Totals,
+    add_speedups,
+    decode_rate,
+    load_json,
+    mean_ttft,
+    run,
+    same_ids,
+)
+from engines.config import GenerationRequest
+from engines.errors import UserError
 
 SCHEMA = "dflash-bench/1"
 BUILTIN_SETS = ("chat", "math", "code", "demo")

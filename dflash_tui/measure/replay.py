@@ -53,13 +53,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from engines.config import MAX_BLOCK_SIZE, SAMPLING_FIELDS, EngineConfig, GenerationRequest
-from engines.errors import UserError
-
 from dflash_tui.core import sessions
-from dflash_tui.measure.report import CHECK, CROSS, _text_chart, format_bytes, histogram_text, millis, table, times
+from dflash_tui.measure.report import CHECK, CROSS, format_bytes, histogram_text, millis, table, times
 from dflash_tui.measure.report import chart as report_chart
 from dflash_tui.measure.runs import Counter, ProgressFn, Record, Run, Totals, add_speedups, load_json, run
+from engines.config import MAX_BLOCK_SIZE, SAMPLING_FIELDS, EngineConfig, GenerationRequest
+from engines.errors import UserError
 
 SCHEMA = "dflash-replay/1"
 DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 16)

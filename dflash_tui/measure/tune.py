@@ -16,11 +16,10 @@ from typing import Optional
 
 import tomlkit
 
-from engines.errors import UserError
-
 from dflash_tui.measure.bench import run_block, summarize
 from dflash_tui.measure.report import histogram_text, table
 from dflash_tui.measure.runs import Counter, ProgressFn
+from engines.errors import UserError
 
 NONE_WORDS = ("none", "off", "no", "0")
 
@@ -117,16 +116,16 @@ def _absolute_paths(doc, source: Path) -> list[str]:
     changed = []
     tables = [("model", doc.get("model"))]
     engines = doc.get("engines") or {}
-    tables += [(f"engines.{name}", table) for name, table in engines.items()]
-    for where, table in tables:
-        if not table:
+    tables += [(f"engines.{name}", section) for name, section in engines.items()]
+    for where, section in tables:
+        if not section:
             continue
         for key in ("target", "draft"):
-            value = table.get(key)
+            value = section.get(key)
             if isinstance(value, str) and not Path(value).is_absolute():
                 beside = source.resolve().parent / value
                 if beside.is_dir():
-                    table[key] = str(beside)
+                    section[key] = str(beside)
                     changed.append(f"[{where}] {key}: {value} -> {beside} (so the copy still finds it)")
     return changed
 

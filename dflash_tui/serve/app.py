@@ -223,7 +223,7 @@ def _generation_request(state: ServeState, params: Params, ids: list[int], think
     limit = state.max_positions
     if limit:
         max_new = max(1, min(max_new, limit - len(ids)))
-    pick = lambda key: getattr(params, key) if getattr(params, key) is not None else d.get(key)  # noqa: E731
+    pick = lambda key: getattr(params, key) if getattr(params, key) is not None else d.get(key)  # noqa: E731 - a one-line lookup
     return check_request(lambda: GenerationRequest(
         prompt_ids=ids, max_new_tokens=max_new, temperature=pick("temperature"), top_p=pick("top_p"),
         top_k=pick("top_k"), min_p=pick("min_p"), seed=params.seed, block_size=params.block_size,

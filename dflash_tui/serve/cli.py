@@ -40,7 +40,8 @@ def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning
     Each streamed chunk carries the DFlash step (drafted, accepted, origins) in a `dflash` field that
     standard clients ignore; `dflash chat --engine remote --url http://HOST:PORT/v1` shows it all.
     """
-    from .run import check_host, check_port, serve as run_server
+    from .run import check_host, check_port
+    from .run import serve as run_server
 
     check_host(host, api_key)  # both before any weight loads
     check_port(host, port)
@@ -65,7 +66,8 @@ def serve_command(name: str, server: str, host: str, port: Optional[int]) -> Non
     `dflash chat --engine remote --url http://HOST:PORT/v1`)."""
     from dflash_tui.core.profiles import load_profile
 
-    from .launch import DEFAULT_PORTS, serve_command as build
+    from .launch import DEFAULT_PORTS
+    from .launch import serve_command as build
 
     line, notes = build(load_profile(name), server, host, port)
     click.echo(line)

@@ -37,7 +37,7 @@ def serve_command(profile, server: str, host: str = "127.0.0.1", port: Optional[
     block = p.block_size or trained_block_size(draft)
     if block is None:
         block = 16
-        notes.append(f"the draft's block size could not be read offline; 16 assumed (set block_size in [dflash])")
+        notes.append("the draft's block size could not be read offline; 16 assumed (set block_size in [dflash])")
     port = port or DEFAULT_PORTS[server]
     qwen3 = "qwen3" in f"{p.target}".lower()
     if server == "vllm":

@@ -18,15 +18,14 @@ from textual.app import App, SystemCommand
 from textual.message import Message
 from textual.screen import Screen
 
-from engines.engine import free_memory
-from engines.errors import UserError
-from engines.process import quiet_loaders
-
 from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ChatFlags, Conversation, open_conversation
 from dflash_tui.core.profiles import list_profiles
 from dflash_tui.core.settings import profile_for
 from dflash_tui.tui.screens import ChatScreen, HelpScreen, LoadErrorScreen, SystemPromptScreen
+from engines.engine import free_memory
+from engines.errors import UserError
+from engines.process import quiet_loaders
 
 ENGINE_CHOICES = ("auto", "cuda", "mlx")
 

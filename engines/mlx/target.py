@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..checkpoints import TargetInfo
-from ..errors import CheckpointError, UserError
+from ..errors import CheckpointError, UserError, describe
 
 NORM_NAMES = ("norm", "final_layernorm", "ln_f", "norm_f", "final_norm")
 EMBED_NAMES = ("embed_tokens", "wte", "tok_embeddings", "word_embeddings")
@@ -150,7 +150,8 @@ def load_mlx_model(path: Path, model_type: str, config: dict):
                 f"The target {path} is a '{model_type}' model, which mlx-lm {_mlx_lm_version()} does not run; "
                 f"it has {_supported_types()} (upgrade mlx-lm, or use --engine cuda)."
             ) from None
-        raise CheckpointError(f"The target {path} could not be loaded by mlx-lm ({exc}); re-download it or convert it with mlx_lm.convert.") from None
+        raise CheckpointError(f"The target {path} could not be loaded by mlx-lm ({describe(exc)}); re-download it or convert "
+                              "it with mlx_lm.convert.") from None
     except (FileNotFoundError, KeyError, TypeError) as exc:
         raise CheckpointError(
             f"The target {path} could not be loaded by mlx-lm ({type(exc).__name__}: {exc}); re-download it."

@@ -345,7 +345,7 @@ class RemoteEngine:
         if not text:
             return None
         raw = parse_prometheus(text)
-        get = lambda name: raw.get(name + "_total", raw.get(name, 0.0))  # noqa: E731
+        get = lambda name: raw.get(name + "_total", raw.get(name, 0.0))  # noqa: E731 - a one-line lookup
         return {"drafts": get("vllm:spec_decode_num_drafts"), "accepted": get("vllm:spec_decode_num_accepted_tokens"),
                 "generated": get("vllm:generation_tokens")}
 

@@ -23,17 +23,15 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, LoadingIndicator, Static
 
-from engines.errors import UserError
-from engines.events import Summary
-
 from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ActiveTurn, Conversation, resume
 from dflash_tui.tui.screens.markdown import MarkdownScreen
 from dflash_tui.tui.screens.replay import ReplayScreen
 from dflash_tui.tui.screens.sessions import SessionsScreen
-from dflash_tui.tui.widgets import (AnswerView, ChatHeader, NoticeLine, PromptInput, StatsLine, StatsPanel,
-                                    UserMessage)
+from dflash_tui.tui.widgets import AnswerView, ChatHeader, NoticeLine, PromptInput, StatsLine, StatsPanel, UserMessage
 from dflash_tui.tui.widgets.stats import StatsData
+from engines.errors import UserError
+from engines.events import Summary
 
 if TYPE_CHECKING:
     from dflash_tui.tui.app import DflashApp

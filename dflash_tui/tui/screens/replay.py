@@ -22,10 +22,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, ProgressBar, Static
 
-from dflash_tui.measure import replay
-
 from dflash_tui.core import sessions
 from dflash_tui.core.terminal import printable
+from dflash_tui.measure import replay
 from dflash_tui.tui.widgets.stats import DRAFT_STYLE, TARGET_STYLE
 
 ORIGIN_STYLES = {"draft": DRAFT_STYLE, "target": TARGET_STYLE}
