@@ -145,7 +145,7 @@ class Repl:
         turn = active.turn
         if turn is not None and turn.summary is not None:
             m = turn.summary
-            mark = (" · cancelled" if turn.cancelled else "") + (f" · {turn.save_error}" if turn.save_error else "")
+            mark = (f" · {m.stopped_by}" if m.stopped_by else "") + (f" · {turn.save_error}" if turn.save_error else "")
             self.info(f"[{m.generated_tokens} tokens · {m.decode_tokens_per_s:.1f} tok/s · "
                       f"tau {m.mean_acceptance_length:.2f} · block {active.block_size}{mark}]")
 

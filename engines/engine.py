@@ -239,12 +239,12 @@ class Engine:
         check_block_size(block_size, self.trained_block_size, self.draft_info is not None)
         sampling = resolve_sampling(request, self.generation_config)
         stops = set(request.stop_ids if request.stop_ids is not None else self.stop_ids())
-        max_new = max(1, request.max_new_tokens)
-        if max_positions:
-            max_new = min(max_new, max_positions - len(ids))
-        return self._drive(ids, block_size, sampling, max_new, stops, request)
+        max_new, limit = request.max_new_tokens, "tokens"
+        if max_positions and max_positions - len(ids) < max_new:
+            max_new, limit = max_positions - len(ids), "context"  # the answer can only fill the window
+        return self._drive(ids, block_size, sampling, max_new, stops, request, limit)
 
-    def _drive(self, ids, block_size, sampling, max_new, stops, request) -> Iterator[StepEvent]:
+    def _drive(self, ids, block_size, sampling, max_new, stops, request, limit: str) -> Iterator[StepEvent]:
         self.last_summary = None
         self._reset_peak_memory()
         detok = StreamingDetokenizer(self.decode, ids)
@@ -306,4 +306,5 @@ class Engine:
             peak_memory_bytes=peak, peak_memory_kind=kind, block_size=block_size,
             engine=self.name, device=self.device, dtype=self.dtype, finish_reason=finish,
             reused_prompt_tokens=reused, prefilled_prompt_tokens=len(ids) - reused if out_ids else 0,
+            limit=limit if finish == "length" else None,
         )

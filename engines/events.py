@@ -83,7 +83,17 @@ class Summary:
     graphs: bool = False  # the decode steps replayed CUDA graphs (absent in older session files)
     reused_prompt_tokens: int = 0  # prompt tokens whose caches a previous turn left (not prefilled again)
     prefilled_prompt_tokens: int = 0  # prompt tokens this turn's prefill ran (0 in files from before the field)
+    limit: Optional[str] = None  # with finish_reason "length": "tokens" (max_new_tokens) or "context" (the window is full)
     contract: int = CONTRACT_VERSION  # the contract version this Summary was written under
+
+    @property
+    def stopped_by(self) -> str:
+        """Why an answer ended early, in the words every front end shows ("" for a natural stop)."""
+        if self.finish_reason == "cancelled":
+            return "stopped: cancelled"
+        if self.finish_reason == "length":
+            return "stopped: context full" if self.limit == "context" else "stopped: token limit"
+        return ""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -100,3 +100,23 @@ def test_chat_takes_a_target_and_draft_like_generate(pairs, data_dir):
 
     (path,) = sessions.session_paths()
     assert sessions.read_session(path).header["target"] == str(target)
+
+
+def test_the_limit_that_ended_an_answer_is_named(pairs):
+    """finish_reason "length" says which limit: max_new_tokens, or the context window filling up."""
+    target, draft = pairs("qwen3")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target))
+    short = invoke("generate", "--target", str(target), "--draft", str(draft), "--raw", "--temperature", "0",
+                   "--json", "-n", "5", "hello")
+    summary = summary_of(short.stdout)
+    assert summary["finish_reason"] == "length" and summary["limit"] == "tokens"
+    text = "hello world " * 400
+    ids = tok.encode(text, add_special_tokens=False)
+    room = 506 - len(ids)  # leave a few positions of the tiny target's 512
+    text = tok.decode(ids[: min(len(ids), 506)])
+    full = invoke("generate", "--target", str(target), "--draft", str(draft), "--raw", "--temperature", "0",
+                  "-n", "100", text)
+    assert full.exit_code == 0, full.output
+    assert "stopped: context full" in full.stderr and room < 100

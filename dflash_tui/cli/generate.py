@@ -44,7 +44,7 @@ def stats_line(summary) -> str:
         peak += " (process peak RSS)"
     return (f"{summary.generated_tokens} tokens · {summary.decode_tokens_per_s:.1f} tok/s · "
             f"tau {summary.mean_acceptance_length:.2f} · peak {peak} · block {summary.block_size} · "
-            f"{summary.engine} engine on {summary.device} · {summary.dtype} · {summary.finish_reason}")
+            f"{summary.engine} engine on {summary.device} · {summary.dtype} · {summary.stopped_by or summary.finish_reason}")
 
 
 class AnswerFilter:
