@@ -56,8 +56,9 @@ test-min:
 	.venv-min/bin/uv pip install -q --python .venv-min/bin/python --resolution lowest-direct "$(TORCH_MIN)" ".[cuda,dev]"
 	OMP_NUM_THREADS=1 .venv-min/bin/python -m pytest -q -p no:cacheprovider $(SMOKE_MIN)
 
-# The oldest and newest Pythons the classifiers claim, each in a fresh venv with the MLX engine only.
-SMOKE_PYTHONS ?= python3.10 python3.13
+# The Pythons the classifiers claim, each in a fresh venv with the MLX engine only (give full paths,
+# e.g. SMOKE_PYTHONS="$$HOME/.pyenv/versions/3.10.13/bin/python3 ...", where pyenv shims hide them).
+SMOKE_PYTHONS ?= python3.10 python3.12 python3.13
 smoke-pythons:
 	for py in $(SMOKE_PYTHONS); do sh scripts/smoke_python.sh $$py || exit 1; done
 
