@@ -243,7 +243,9 @@ def test_first_difference():
 
 
 def test_chart_falls_back_to_plain_text_bars():
-    text = replay._text_chart(["1", "8"], [1.0, 2.5], [1.0, 4.2])
+    from dflash_tui.measure import report
+
+    text = report._text_chart(["1", "8"], [1.0, 2.5], [1.0, 4.2])
     assert "2.50x" in text and "4.20" in text
 
 

@@ -45,20 +45,19 @@ class ServeState:
 
     @property
     def max_positions(self) -> Optional[int]:
-        return getattr(getattr(self.engine, "target_info", None), "max_positions", None)
+        return self.engine.target_info.max_positions
 
     def card(self) -> dict:
         e = self.engine
-        target, draft = getattr(e, "target_info", None), getattr(e, "draft_info", None)
-        config = getattr(e, "config", None)
+        target, draft = e.target_info, e.draft_info
         info = {
-            "engine": getattr(e, "name", "?"), "device": getattr(e, "device", "?"), "dtype": getattr(e, "dtype", "?"),
-            "block_size": getattr(e, "block_size", 1), "trained_block_size": getattr(e, "trained_block_size", None),
-            "target": getattr(config, "target", None), "draft": getattr(config, "draft", None),
+            "engine": e.name, "device": e.device, "dtype": e.dtype,
+            "block_size": e.block_size, "trained_block_size": e.trained_block_size,
+            "target": e.config.target, "draft": e.config.draft,
             "target_path": str(target.path) if target is not None else None,
             "draft_path": str(draft.path) if draft is not None else None,
             "max_model_len": self.max_positions, "stop_ids": list(e.stop_ids()),
-            "generation_config": _jsonable(getattr(e, "generation_config", {}) or {}),
+            "generation_config": _jsonable(e.generation_config or {}),
         }
         return {"id": self.names[0], "object": "model", "created": self.created, "owned_by": "dflash",
                 "root": info["target"] or self.names[0], "parent": None, "max_model_len": self.max_positions,
@@ -239,7 +238,7 @@ def _prompt_ids(state: ServeState, params: Params, thinking: bool) -> list[int]:
     else:
         probe = check_request(lambda: GenerationRequest(prompt_ids=list(params.prompt)))
     ids = check_request(lambda: engine.prepare(probe))
-    vocab = getattr(getattr(engine, "target_info", None), "vocab_size", None)
+    vocab = engine.target_info.vocab_size
     if params.prompt is not None and not isinstance(params.prompt, str) and vocab and not 0 <= min(ids) <= max(ids) < vocab:
         raise ApiError(400, f"Token ids must be from 0 to {vocab - 1}; got {min(ids)} .. {max(ids)}.", "prompt")
     limit = state.max_positions

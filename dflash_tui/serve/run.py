@@ -75,12 +75,12 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
         from engines.process import ProcessEngine
 
         engine = ProcessEngine(config)
-    metrics = Metrics(names[0], getattr(engine, "block_size", 1) or 1)
+    metrics = Metrics(names[0], engine.block_size or 1)
     worker = EngineWorker(engine, max_queue=max_queue, metrics=metrics)
     state = ServeState(engine=engine, worker=worker, metrics=metrics, names=names, defaults=defaults,
                        reasoning_split=reasoning_split, api_key=api_key)
     app = build_app(state)
-    for warning in getattr(engine, "warnings", []):
+    for warning in engine.warnings:
         say(f"note: {warning}")
     shown = f"[{host}]" if ":" in host else host
     say(f"dflash serve: {names[0]} on the {engine.name} engine ({engine.device}, {engine.dtype}, block "
@@ -100,9 +100,7 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
             from None
     finally:
         worker.close()
-        close = getattr(engine, "close", None)
-        if close:
-            close()
+        engine.close()
         signal.signal(signal.SIGTERM, previous)
     if not server.started:
         raise UserError(f"Port {port} on {host} cannot be used (another server may hold it); pick another with --port.")
