@@ -310,3 +310,19 @@ def test_a_bad_flag_is_blamed_on_the_command_line_not_the_profile():
     result = run("generate", "--profile", "demo", "--draft-window", "0", "hi")
     assert_clean(result, allowed=(2,))
     assert "command line" in result.output and "built-in profile" not in result.output
+
+
+def test_replay_exits_1_and_says_where_when_outputs_differ(tiny, tmp_path, monkeypatch):
+    from tests.tiny import write_profile
+
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "data"))
+    target, draft = tiny
+    profile = write_profile(tmp_path / "p.toml", target, draft, max_new_tokens=6)
+    assert run("chat", "--plain", "--profile", profile, input="hello\n").exit_code == 0
+    (path,) = (tmp_path / "data" / "sessions").glob("*.jsonl")
+    header, turn = path.read_text().splitlines()
+    record = json.loads(turn)
+    record["emitted_ids"][2] = (record["emitted_ids"][2] + 1) % 300  # the recording no longer matches
+    path.write_text(header + "\n" + json.dumps(record) + "\n")
+    result = run("replay", path.stem, "--block-sizes", "1,4", "--no-save")
+    assert result.exit_code == 1 and "outputs differ: turn 0" in result.output and "at token 2" in result.output
