@@ -326,3 +326,14 @@ def test_replay_exits_1_and_says_where_when_outputs_differ(tiny, tmp_path, monke
     path.write_text(header + "\n" + json.dumps(record) + "\n")
     result = run("replay", path.stem, "--block-sizes", "1,4", "--no-save")
     assert result.exit_code == 1 and "outputs differ: turn 0" in result.output and "at token 2" in result.output
+
+
+def test_tune_refuses_a_profile_it_cannot_write_before_the_sweep(tiny, tmp_path, monkeypatch):
+    """A profile whose name is not a file name (here '../x') is refused before any model loads."""
+    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(tmp_path / "config"))
+    target, draft = tiny
+    profile = tmp_path / "bad.toml"
+    profile.write_text(f'name = "../x"\n[model]\ntarget = "{target}"\ndraft = "{draft}"\n')
+    result = run("tune", "--profile", profile, "--block-sizes", "1,4", "--max-samples", "1")
+    assert_clean(result, allowed=(2,))
+    assert "not usable as a file name" in result.output and "loading" not in result.output.lower()

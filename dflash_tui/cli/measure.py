@@ -213,6 +213,8 @@ def tune(dataset, block_sizes, draft_windows, max_samples, max_new_tokens, think
     from dflash_tui.measure import tune as tune_mod
 
     settings, config, samples, dataset_name, sizes = _setup(flags, dataset, block_sizes, max_samples)
+    if not dry_run:
+        tune_mod.user_copy_path(settings)  # where the result goes is checked before the sweep, not after
     windows = tune_mod.windows_for(draft_windows, settings, config)
     loaded = _load(config)
     result = _with_progress(tune_mod.sweep, loaded, samples, sizes, windows,
