@@ -540,3 +540,32 @@ async def test_demo_pair_streams_both_colours(data_dir):
         kinds = {kind for _, kind in answer.segments}
         assert {"draft", "target"} <= kinds
         assert active.stats.tau > 1.0 and app._last_stats.histogram[1:] != [0] * (len(app._last_stats.histogram) - 1)
+
+
+@pytest.mark.asyncio
+async def test_a_turn_the_disk_could_not_take_says_so_and_is_saved_with_the_next(tmp_path, pair, data_dir, monkeypatch):
+    """Disk full while a turn is written: the answer stays on screen marked "not saved: disk full",
+    the app goes on, and the next turn writes both (a fault-injecting writer; no tmpfs needed)."""
+    from dflash_tui.core import sessions
+
+    real_append = sessions.SessionWriter._append
+    calls = {"n": 0}
+
+    def first_write_fails(self, records):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(28, "No space left on device")
+        return real_append(self, records)
+
+    monkeypatch.setattr(sessions.SessionWriter, "_append", first_write_fails)
+    profile = write_profile(tmp_path / "short.toml", *pair, max_new_tokens=6)
+    app = make_app(profile, block_size=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "one")
+        footer = str(app.query("AnswerView").last().query_one(".answer-footer").render())
+        assert "not saved: disk full" in footer and "stopped: token limit" in footer
+        await send(pilot, "two")
+        footer = str(app.query("AnswerView").last().query_one(".answer-footer").render())
+        assert "not saved" not in footer
+    assert [line["user"] for line in session_lines(app) if line.get("type") == "turn"] == ["one", "two"]

@@ -282,7 +282,7 @@ class ChatScreen(Screen):
         status = turn.status if turn else ("error" if error else "cancelled")
         summary = turn.summary if turn else None
         if view is not None:
-            view.finish(status, footer_for(summary))
+            view.finish(status, footer_for(summary, turn.save_error if turn else None))
         self.active, self.active_view = None, None
         self.turns_done += 1
         self.finished.append(active)
@@ -400,9 +400,11 @@ class ChatScreen(Screen):
         self.app.push_screen(MarkdownScreen(message.answer.answer_text))
 
 
-def footer_for(summary: Optional[Summary]) -> Optional[str]:
+def footer_for(summary: Optional[Summary], save_error: Optional[str] = None) -> Optional[str]:
+    """The line under an answer: its figures, why it stopped early, and whether the file has it."""
     if summary is None:
-        return None
+        return save_error
     parts = [f"{summary.generated_tokens} tokens", f"{summary.decode_tokens_per_s:.1f} tok/s",
              f"tau {summary.mean_acceptance_length:.2f}", f"block {summary.block_size}"]
+    parts += [note for note in (summary.stopped_by, save_error) if note]
     return " · ".join(parts)
