@@ -282,21 +282,27 @@ def test_any_session_id(tmp_path_factory, monkeypatch, ident):
         assert_clean(run("sessions", command, ident, *(["--yes"] if command == "delete" else [])))
 
 
-@pytest.mark.parametrize("ids", [[999999], [-1], [1, 2, 10**30]])
-def test_replay_of_tampered_prompt_ids(tiny, tmp_path, monkeypatch, ids):
-    """A session whose recorded prompt ids were edited: replay says so in one sentence."""
+def _recorded_then_edited(tiny, tmp_path, monkeypatch, max_new_tokens: int, edit) -> str:
+    """A one-turn chat recorded with the real CLI, then its turn record changed by `edit`: the id."""
     from tests.tiny import write_profile
 
     monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "data"))
     target, draft = tiny
-    profile = write_profile(tmp_path / "p.toml", target, draft, max_new_tokens=4)
+    profile = write_profile(tmp_path / "p.toml", target, draft, max_new_tokens=max_new_tokens)
     assert run("chat", "--plain", "--profile", profile, input="hello\n").exit_code == 0
     (path,) = (tmp_path / "data" / "sessions").glob("*.jsonl")
     header, turn = path.read_text().splitlines()
     record = json.loads(turn)
-    record["prompt_ids"] = ids
+    edit(record)
     path.write_text(header + "\n" + json.dumps(record) + "\n")
-    assert_clean(run("replay", path.stem, "--block-sizes", "1", "--no-save"), allowed=(2,))
+    return path.stem
+
+
+@pytest.mark.parametrize("ids", [[999999], [-1], [1, 2, 10**30]])
+def test_replay_of_tampered_prompt_ids(tiny, tmp_path, monkeypatch, ids):
+    """A session whose recorded prompt ids were edited: replay says so in one sentence."""
+    session_id = _recorded_then_edited(tiny, tmp_path, monkeypatch, 4, lambda record: record.update(prompt_ids=ids))
+    assert_clean(run("replay", session_id, "--block-sizes", "1", "--no-save"), allowed=(2,))
 
 
 def test_cuda_engine_refuses_devices_it_does_not_run(tiny):
@@ -313,18 +319,11 @@ def test_a_bad_flag_is_blamed_on_the_command_line_not_the_profile():
 
 
 def test_replay_exits_1_and_says_where_when_outputs_differ(tiny, tmp_path, monkeypatch):
-    from tests.tiny import write_profile
+    def change_token_2(record):  # the recording no longer matches
+        record["emitted_ids"][2] = (record["emitted_ids"][2] + 1) % 300
 
-    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "data"))
-    target, draft = tiny
-    profile = write_profile(tmp_path / "p.toml", target, draft, max_new_tokens=6)
-    assert run("chat", "--plain", "--profile", profile, input="hello\n").exit_code == 0
-    (path,) = (tmp_path / "data" / "sessions").glob("*.jsonl")
-    header, turn = path.read_text().splitlines()
-    record = json.loads(turn)
-    record["emitted_ids"][2] = (record["emitted_ids"][2] + 1) % 300  # the recording no longer matches
-    path.write_text(header + "\n" + json.dumps(record) + "\n")
-    result = run("replay", path.stem, "--block-sizes", "1,4", "--no-save")
+    session_id = _recorded_then_edited(tiny, tmp_path, monkeypatch, 6, change_token_2)
+    result = run("replay", session_id, "--block-sizes", "1,4", "--no-save")
     assert result.exit_code == 1 and "outputs differ: turn 0" in result.output and "at token 2" in result.output
 
 
