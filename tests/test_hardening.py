@@ -46,17 +46,23 @@ def marker(tmp_path):
     assert not path.exists(), "a module shipped in a checkpoint was executed"
 
 
+def edited_target(pairs, folder: Path, filename: str, **updates) -> Path:
+    """A copy of the tiny qwen3 target with `updates` merged into one of its JSON files."""
+    good, _ = pairs("qwen3")
+    shutil.copytree(good, folder)
+    data = json.loads((folder / filename).read_text())
+    data.update(updates)
+    (folder / filename).write_text(json.dumps(data))
+    return folder
+
+
 @pytest.fixture
 def custom_type_target(pairs, tmp_path, marker):
     """A target of an unknown model type whose config maps the auto classes to its own code."""
-    good, _ = pairs("qwen3")
-    folder = tmp_path / "custom"
-    shutil.copytree(good, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="evilnet", architectures=["EvilForCausalLM"],
-                  auto_map={"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilForCausalLM",
-                            "AutoTokenizer": ["evil.EvilTokenizer", None]})
-    (folder / "config.json").write_text(json.dumps(config))
+    folder = edited_target(pairs, tmp_path / "custom", "config.json", model_type="evilnet",
+                           architectures=["EvilForCausalLM"],
+                           auto_map={"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilForCausalLM",
+                                     "AutoTokenizer": ["evil.EvilTokenizer", None]})
     plant(folder, marker)
     return folder
 
@@ -64,12 +70,8 @@ def custom_type_target(pairs, tmp_path, marker):
 @pytest.fixture
 def custom_tokenizer_target(pairs, tmp_path, marker):
     """A supported model type whose tokenizer config names a class from the checkpoint's own code."""
-    good, _ = pairs("qwen3")
-    folder = tmp_path / "custom-tok"
-    shutil.copytree(good, folder)
-    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
-    tok_config.update(tokenizer_class="EvilTokenizer", auto_map={"AutoTokenizer": ["evil.EvilTokenizer", None]})
-    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config))
+    folder = edited_target(pairs, tmp_path / "custom-tok", "tokenizer_config.json", tokenizer_class="EvilTokenizer",
+                           auto_map={"AutoTokenizer": ["evil.EvilTokenizer", None]})
     plant(folder, marker)
     return folder
 
