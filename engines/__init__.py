@@ -17,7 +17,7 @@ from .events import CONTRACT_VERSION, StepEvent, Summary
 
 __all__ = [
     "EngineConfig", "GenerationRequest", "StepEvent", "Summary", "CONTRACT_VERSION", "EngineLike", "UserError",
-    "CheckpointError", "EngineUnavailable", "load_engine", "choose_engine",
+    "CheckpointError", "EngineUnavailable", "load_engine", "choose_engine", "describe_auto", "available_memory",
 ]
 
 # On a CPU without CUDA or Metal, the PyTorch engine decodes faster than MLX's CPU backend
@@ -73,3 +73,35 @@ def load_engine(config: EngineConfig) -> EngineLike:
     except ImportError:
         raise EngineUnavailable(f"The MLX engine is not available in this build; {INSTALL_HINT['mlx']}.") from None
     return MlxEngine(config)
+
+
+def describe_auto() -> str:
+    """What `--engine auto` resolves to here, and on which device (for `dflash doctor`)."""
+    try:
+        engine = choose_engine("auto")
+    except UserError as exc:
+        return f"nothing ({exc})"
+    if engine == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
+            return f"cuda engine on {torch.cuda.device_count()} GPU(s): {', '.join(names)}"
+        return "cuda engine on the CPU (no CUDA device)"
+    import mlx.core as mx
+
+    return f"mlx engine on {'the Metal GPU' if mx.is_available(mx.gpu) else 'the CPU'}"
+
+
+def available_memory() -> tuple[int, str]:
+    """Memory the weights of `auto` would go to, and a phrase naming it: the free memory of every
+    visible GPU (the cuda engine's own fit check), else the available RAM."""
+    if _has("torch"):
+        import torch
+
+        from .cuda.memory import free_bytes
+
+        return free_bytes(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    import psutil
+
+    return psutil.virtual_memory().available, "this machine's available RAM"

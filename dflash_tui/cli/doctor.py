@@ -12,7 +12,7 @@ from typing import Optional
 import click
 
 from dflash_tui.cli import complete
-from engines import choose_engine, hub
+from engines import available_memory, describe_auto, hub
 from engines.checkpoints import stored_bytes
 from engines.errors import UserError
 
@@ -26,29 +26,11 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def auto_choice() -> str:
-    """What `--engine auto` resolves to here, and on which device."""
-    try:
-        engine = choose_engine("auto")
-    except UserError as exc:
-        return f"nothing ({exc})"
-    if engine == "cuda":
-        import torch
-
-        if torch.cuda.is_available():
-            names = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
-            return f"cuda engine on {torch.cuda.device_count()} GPU(s): {', '.join(names)}"
-        return "cuda engine on the CPU (no CUDA device)"
-    import mlx.core as mx
-
-    return f"mlx engine on {'the Metal GPU' if mx.is_available(mx.gpu) else 'the CPU'}"
-
-
 def environment() -> list[tuple[str, str]]:
     rows = [("dflash-tui", _version("dflash-tui")),
             ("python", f"{platform.python_version()} ({sys.platform}, {platform.machine()})")]
     rows += [(dist, _version(dist)) for dist in PACKAGES]
-    rows.append(("auto-engine", auto_choice()))
+    rows.append(("auto-engine", describe_auto()))
     return rows
 
 
@@ -59,20 +41,6 @@ def print_version(ctx: click.Context, _param, value: bool) -> None:
     for name, value in environment():
         click.echo(f"{name:<16} {value}")
     ctx.exit(0)
-
-
-def available_memory() -> tuple[int, str]:
-    """Memory the weights would go to: every visible GPU's free memory, else available RAM."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return sum(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())), "free GPU memory"
-    except ImportError:
-        pass
-    import psutil
-
-    return psutil.virtual_memory().available, "available RAM"
 
 
 def where(name: Optional[str]) -> tuple[str, Optional[Path]]:

@@ -9,8 +9,7 @@ import sys
 
 import click
 
-from dflash_tui.cli.doctor import available_memory
-from engines import hub
+from engines import available_memory, hub
 from engines.config import EngineConfig
 from engines.errors import UserError
 
@@ -34,7 +33,7 @@ def ensure_local(config: EngineConfig) -> None:
     total = sum(d.bytes or 0 for d in downloads)
     have, place = available_memory()
     if total > have:  # the weights as stored are a lower bound of what loading them takes
-        raise UserError(f"{' and '.join(d.repo for d in downloads)} take {_size(total)} as stored but the {place} is "
+        raise UserError(f"{' and '.join(d.repo for d in downloads)} take {_size(total)} as stored but {place} has "
                         f"{_size(have)}; pick a smaller profile, or a quantized MLX build with --engine mlx.")
     listing = ", ".join(f"the {d.role} {d.repo} ({_size(d.bytes or 0)})" for d in downloads)
     if not click.confirm(f"Download {listing} into the Hugging Face cache?", default=True, err=True):
