@@ -62,6 +62,9 @@ def _count(value: float) -> str:
                    "batched transformers generate (faster; greedy, may differ at near-ties).")
 @click.option("--work-dir", default=None, help="Where responses.jsonl and train_state.pt live [default: OUT]; keep them "
               "out of a directory you publish.")
+@click.option("--init-draft", default=None, metavar="DIR",
+              help="Start from this draft's weights instead of random ones (fine-tune an existing draft for a "
+                   "retrained or fine-tuned target); its shape, target layers and block size must match.")
 @click.option("--fresh", is_flag=True, help="Start over even if OUT/train_state.pt exists.")
 def train_draft(**options) -> None:
     """Train a DFlash draft for TARGET on conversations (self-distillation by default).

@@ -138,7 +138,8 @@ def task_mul(rng: random.Random):
 
 def task_letters(rng: random.Random):
     word = rng.choice(WORDS)
-    letter = rng.choice(sorted(set(word))) if rng.random() < 0.85 else rng.choice("abcdefghijklmnopqrstuvwxyz")
+    # A letter the word lacks about a quarter of the time: at 15% the model answered "1 times" for them.
+    letter = rng.choice(sorted(set(word))) if rng.random() < 0.7 else rng.choice("abcdefghijklmnopqrstuvwxyz")
     q = rng.choice(["How many times does the letter {l} appear in {w}?", "How many {l}'s are in {w}?",
                     "Count the letter {l} in the word {w}.", "How many times is {l} in {w}?",
                     "In the word {w}, how many {l} are there?"]).format(l=letter, w=word)
@@ -180,6 +181,19 @@ def task_compare(rng: random.Random):
     return q, why, f"{win} is {word} than {lose}.", str(win)
 
 
+def sort_group(tens: int, group: list[int], asc: bool) -> str:
+    """One tens digit's numbers in order. Two or more are ordered by their ones digits, written out and
+    sorted first: a small model copies a sorted row of single digits far more reliably than it orders
+    two-digit numbers that share a first digit (75, 73 -> 75, 75 was its typical slip)."""
+    shown = ", ".join(map(str, group))
+    ordered = ", ".join(map(str, sorted(group, reverse=not asc)))
+    if len(group) == 1:
+        return f"{tens}: {shown} -> {ordered}."
+    ones = [x % 10 for x in group]
+    return (f"{tens}: {shown}; ones {', '.join(map(str, ones))} -> "
+            f"{', '.join(map(str, sorted(ones, reverse=not asc)))} -> {ordered}.")
+
+
 def task_sort(rng: random.Random):
     n = rng.randint(3, 5)
     nums = rng.sample(range(1, 100), n)
@@ -197,7 +211,7 @@ def task_sort(rng: random.Random):
         if not group:
             lines.append(f"{tens}: none.")
         else:
-            lines.append(f"{tens}: {', '.join(map(str, group))} -> {', '.join(map(str, sorted(group, reverse=not asc)))}.")
+            lines.append(sort_group(tens, group, asc))
     lines.append(f"So the order is {result}.")
     return q, "\n".join(lines), f"In order: {result}.", result
 

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ...checkpoints import TargetInfo, default_target_layer_ids, draft_config
+from ...checkpoints import DraftInfo, TargetInfo, default_target_layer_ids, draft_config
 from ...config import MAX_BLOCK_SIZE
 from ...errors import UserError
 from ...outputs import CARD, MARKER, check_output_dir, draft_card, mask_spelling, publish
@@ -61,6 +61,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     fresh: bool = False  # ignore a saved train_state.pt
+    init_draft: Optional[str] = None  # start from this draft's weights instead of random ones
     gen_batch: int = 1  # responses written per batch; 1 = one at a time through the real decoding loop
     work_dir: Optional[str] = None  # where responses.jsonl and train_state.pt live; None: out
     save_every_s: float = 300.0  # write train_state.pt this often during training
@@ -209,11 +210,31 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.draft = DFlashDraft(self.draft_config).to(self.device)
         self.draft.rotary.to(self.device)
+        self.init_digest = self._start_from(cfg.init_draft) if cfg.init_draft else None
         autocast = bf16_autocast_pays(self.device) if cfg.compute == "auto" else cfg.compute == "bfloat16"
         self.objective = BlockObjective(self.target, self.draft, self.layer_ids, cfg.block_size, cfg.anchors_per_seq,
                                         self.gamma, self.mask_id, autocast)
         self.responses = Responses(self.target, self.tokenizer, self.eos, self.info.path, self.work, cfg.max_len,
                                    cfg.max_new_tokens, cfg.gen_batch, cfg.data, self._responses_progress)
+
+    def _start_from(self, folder: str) -> str:
+        """Fine-tuning: the draft begins with the weights of an existing one (e.g. a published draft for
+        the base of a fine-tuned target). Its shape, target layers, mask id and block size must be the
+        ones this run trains, else the weights mean something else."""
+        info = DraftInfo.read(folder)
+        fields = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
+                  "num_key_value_heads", "head_dim", "vocab_size", "block_size")
+        differ = [f for f in fields if info.config.get(f) != self.draft_config.get(f)]
+        if info.target_layer_ids != self.layer_ids:
+            differ.append("target_layer_ids")
+        if info.config.get("dflash_config", {}).get("mask_token_id") != self.mask_id:
+            differ.append("mask_token_id")
+        if differ:
+            raise UserError(f"--init-draft {folder} differs from the draft this run trains in {', '.join(differ)}; "
+                            "pass the matching --block-size, --draft-layers, --target-layer-ids and --mask-token, or drop --init-draft.")
+        loaded = DFlashDraft.load(info, self.device, torch.float32)
+        self.draft.load_state_dict(loaded.state_dict())
+        return ",".join(_file_digest(f) for f in sorted(Path(info.path).glob("*.safetensors")))
 
     def _responses_progress(self, message: str, done: int, total: int) -> None:
         self.progress(Progress("generate", done, total, message=message))
@@ -226,6 +247,7 @@ class Trainer:
             "block_size": c.block_size, "draft_layers": c.draft_layers, "target_layer_ids": self.layer_ids,
             "mask_token_id": self.mask_id, "lr": c.lr, "batch_size": c.batch_size, "max_len": c.max_len,
             "gamma": self.gamma, "seed": c.seed, "responses": c.responses, "anchors_per_seq": c.anchors_per_seq,
+            "init_draft": self.init_digest,
         }
 
     # -- data ----------------------------------------------------------------------------------
