@@ -14,10 +14,11 @@ from .config import EngineConfig, GenerationRequest
 from .engine import EngineLike
 from .errors import CheckpointError, EngineUnavailable, UserError
 from .events import CONTRACT_VERSION, StepEvent, Summary
+from .probe import Block1Probe
 
 __all__ = [
     "EngineConfig", "GenerationRequest", "StepEvent", "Summary", "CONTRACT_VERSION", "EngineLike", "UserError",
-    "CheckpointError", "EngineUnavailable", "load_engine", "choose_engine", "describe_auto", "available_memory",
+    "CheckpointError", "EngineUnavailable", "Block1Probe", "load_engine", "choose_engine", "describe_auto", "available_memory",
 ]
 
 # On a CPU without CUDA or Metal, the PyTorch engine decodes faster than MLX's CPU backend

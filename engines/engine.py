@@ -23,6 +23,7 @@ from .config import EngineConfig, GenerationRequest
 from .detokenize import StreamingDetokenizer
 from .errors import UserError
 from .events import StepEvent, Summary, acceptance_histogram
+from .probe import Block1Probe, Block1Step, time_block1
 from .prompting import check_context, load_tokenizer, prompt_ids
 from .sampling import SamplingParams, resolve_sampling
 
@@ -129,6 +130,8 @@ class EngineLike(Protocol):
 
     def top2_margin(self, ids: list[int]) -> Margin: ...
 
+    def measure_block1(self, steps: int = 4) -> Optional[Block1Probe]: ...
+
     def close(self) -> None: ...
 
 
@@ -176,6 +179,18 @@ class Engine:
         """Forget the caches kept from earlier requests: the next one prefills its whole prompt."""
         self._forget_turns()
 
+    def measure_block1(self, steps: int = 4) -> Optional[Block1Probe]:
+        """The cost of one block-1 step at the kept context, measured on top of the kept caches and rolled
+        back (docs/engine-contract.md, "The block-1 probe"); None when no context is kept."""
+        step = self._block1_step()
+        if step is None:
+            return None
+        try:
+            return time_block1(step, steps)
+        except BaseException:
+            self._forget_turns()  # an interrupted probe leaves nothing to reuse, as an interrupted step does
+            raise
+
     # -- baselines, from the framework's `baseline` module (engines/baseline.py) -----------------
     def _baseline(self):
         return importlib.import_module(f"{__package__}.{self.name}.baseline")
@@ -209,6 +224,10 @@ class Engine:
 
     def _forget_turns(self) -> None:
         """Drop what the last request left in the caches (the engine's `new_context`)."""
+
+    def _block1_step(self) -> Optional[Block1Step]:
+        """A single-token target step over the kept caches and its exact undo; None when none are kept."""
+        return None
 
     def _split(self, ids: list[int]) -> Optional[int]:
         if not hasattr(self, "_header"):

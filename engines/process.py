@@ -23,12 +23,13 @@ from typing import Iterator, Optional
 from .baseline import BaselineRun, Margin
 from .config import EngineConfig, GenerationRequest
 from .errors import CheckpointError, EngineUnavailable, UserError
+from .probe import Block1Probe
 from .prompting import load_tokenizer, prompt_ids
 
 ERRORS = {"UserError": UserError, "CheckpointError": CheckpointError, "EngineUnavailable": EngineUnavailable}
 BATCH_S = 0.05  # events travel in batches: one wake-up of the UI process per 50 ms, not one per step
 REQUEST_FIELDS = [f.name for f in fields(GenerationRequest) if f.name != "cancel"]
-CALLS = ("top2_margin", "baseline_generate", "new_context")  # engine methods the child answers with one value
+CALLS = ("top2_margin", "baseline_generate", "new_context", "measure_block1")  # engine methods the child answers with one value
 
 
 def _error(exc: BaseException) -> tuple:
@@ -192,6 +193,11 @@ class ProcessEngine:
 
     def baseline_generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> BaselineRun:
         return self._call("baseline_generate", list(prompt_ids), max_new_tokens, temperature)
+
+    def measure_block1(self, steps: int = 4) -> Optional[Block1Probe]:
+        """The child's probe over the caches it keeps (Engine.measure_block1). Like every call it shares
+        the pipe with generations: a front end makes them one at a time (the probe lasts steps + 1 block-1 steps)."""
+        return self._call("measure_block1", steps)
 
     def generate(self, request: GenerationRequest) -> Iterator:
         self.last_summary = None

@@ -215,18 +215,23 @@ class TurnCache:
         for old in sorted(self.snapshots)[:-MAX_SNAPSHOTS]:
             del self.snapshots[old]
 
+    def holds(self) -> bool:
+        """Whether something is kept that can be brought back exactly: attention K/V in bucket layers and
+        linear-attention states (sliding windows and other layer kinds cannot be cropped back)."""
+        if self.ids is None or self.cache is None:
+            return False
+        linear = linear_layers(self.cache)
+        return all(isinstance(layer, BucketLayer) or i in linear for i, layer in enumerate(getattr(self.cache, "layers", [])))
+
     def resume(self, prompt_ids: list[int], draft_length: Optional[int]) -> int:
         """Bring the kept target cache back to the longest prefix of `prompt_ids` it can restore exactly
         (at least one prompt token is left to prefill; never past `draft_length` when the draft is fed);
         returns that length, 0 when nothing is reusable."""
         from ..engine import common_prefix
 
-        if self.ids is None or self.cache is None:
+        if not self.holds():
             return 0
-        layers = getattr(self.cache, "layers", [])
         linear = linear_layers(self.cache)
-        if any(not isinstance(layer, BucketLayer) and i not in linear for i, layer in enumerate(layers)):
-            return 0  # sliding windows and other layer kinds cannot be cropped back
         keep = min(common_prefix(self.ids, prompt_ids), len(prompt_ids) - 1)
         if draft_length is not None:
             keep = min(keep, draft_length)

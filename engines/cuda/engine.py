@@ -16,6 +16,7 @@ from .draft import DFlashDraft
 from .graphs import StepGraphs, why_eager
 from .loop import Sampler, speculative_decode
 from .memory import check_fits
+from .probe import block1_step
 from .target import Target, check_family
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -92,6 +93,9 @@ class CudaEngine(Engine):
 
     def _forget_turns(self) -> None:
         self.turn.clear()
+
+    def _block1_step(self):
+        return block1_step(self.target, self.turn, self.graphs)
 
     def _drive(self, *args) -> Iterator:
         yield from super()._drive(*args)

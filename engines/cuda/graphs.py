@@ -172,6 +172,12 @@ class StepGraphs:
     def has(self, b: int) -> bool:
         return ("verify", b) in self.graphs
 
+    def replayable(self, cache, b: int) -> bool:
+        """Whether the verify step for block `b` runs on `cache` as it is: built for this very cache and
+        its buffers (making one would run passes over them and lose what they keep)."""
+        buffers = tuple(layer.k_buf.data_ptr() if layer.k_buf is not None else 0 for layer in bucket_layers(cache))
+        return self.has(b) and self.cache is cache and buffers == self._buffers
+
     def draft_step(self, last: torch.Tensor, start: int, b: int) -> torch.Tensor:
         """Fill the static inputs (device-side copies, no sync) and run the draft: the block [1, b]."""
         s = self._static[b]

@@ -18,6 +18,7 @@ from ..errors import UserError
 from ..sampling import SamplingParams
 from .draft import DFlashDraft
 from .loop import Sampler, TurnCache, speculative_decode
+from .probe import block1_step
 from .target import DTYPES, Target, check_target, dtype_name
 
 
@@ -68,6 +69,9 @@ class MlxEngine(Engine):
 
     def _forget_turns(self) -> None:
         self.turn.clear()
+
+    def _block1_step(self):
+        return block1_step(self.target, self.turn)
 
     def _reset_peak_memory(self) -> None:
         mx.reset_peak_memory()

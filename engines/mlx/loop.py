@@ -89,12 +89,17 @@ class TurnCache:
         for old in sorted(self.snapshots)[:-self.MAX_SNAPSHOTS]:
             del self.snapshots[old]
 
+    def holds(self, rollback) -> bool:
+        """Whether something is kept that can be brought back exactly (KV caches trimmed, linear-attention
+        states restored; the "refeed" fallback's caches cannot be)."""
+        return self.ids is not None and self.cache is not None and rollback.mode in ("trim", "mixers")
+
     def resume(self, prompt_ids: list[int], rollback, use_draft: bool) -> int:
         """Crop / restore the kept caches to the longest prefix of `prompt_ids` they can hold exactly (at
         least one prompt token left to prefill); 0 when nothing is reusable."""
         from ..engine import common_prefix
 
-        if self.ids is None or self.cache is None or rollback.mode not in ("trim", "mixers"):
+        if not self.holds(rollback):
             return 0
         keep = min(common_prefix(self.ids, prompt_ids), len(prompt_ids) - 1)
         draft_length = self.draft_cache.length if self.draft_cache is not None else 0

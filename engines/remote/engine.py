@@ -251,6 +251,11 @@ class RemoteEngine:
             return None
         return Margin()
 
+    def measure_block1(self, steps: int = 4) -> None:
+        """Never measured: the server keeps its own caches and runs its own steps, which cannot be timed
+        from here (docs/engine-contract.md, "The block-1 probe")."""
+        return None
+
     # -- generating --------------------------------------------------------------------------------
     def _body(self, request: GenerationRequest) -> tuple[str, dict]:
         body: dict = {"model": self.model, "stream": True, "stream_options": {"include_usage": True},
