@@ -303,3 +303,22 @@ def test_bad_data_exits_2_naming_file_and_line(counting, tmp_path):
     assert result.exit_code == 2 and f"{bad}:2" in result.output
     result = run_cli(["--target", str(tmp_path / "nowhere"), "--data", str(counting[1]), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "nowhere" in result.output
+
+
+def test_init_draft_starts_from_its_weights_and_must_match(counting, trained, tmp_path):
+    """--init-draft fine-tunes an existing draft: training begins at its weights (so at its acceptance),
+    a draft of another shape is refused in one sentence, and a saved state from another start is not resumed."""
+    first, result, tau0, _ = trained
+    trainer = Trainer(config(counting, tmp_path / "tuned", init_draft=result.out))
+    saved = trainer.draft.state_dict()
+    for name, tensor in first.draft.state_dict().items():
+        torch.testing.assert_close(saved[name], tensor.to(saved[name].dtype), atol=1e-3, rtol=1e-3)  # stored float16
+    _, held = trainer.split()
+    assert trainer.estimate_tau(trainer.val_prompts(held)) > tau0 + 1.0  # begins where the first run ended
+    assert trainer.key()["init_draft"] and Trainer(config(counting, tmp_path / "x")).key()["init_draft"] is None
+
+    wider = run_cli(cli_args(counting, tmp_path / "o", "--init-draft", result.out))  # it sets block 4
+    assert wider.exit_code == 2 and "--init-draft" in wider.output and "block_size" in wider.output, wider.output
+    assert len(wider.output.strip().splitlines()) == 1
+    missing = run_cli(cli_args(counting, tmp_path / "o", "--init-draft", str(tmp_path / "nowhere")))
+    assert missing.exit_code == 2, missing.output

@@ -196,6 +196,8 @@ class Trainer:
         self.mask_id = mask_id(self.tokenizer, cfg.mask_token, self.info)
         self.eos = self.info.stop_ids()
         self.gamma = cfg.gamma if cfg.gamma is not None else default_gamma(cfg.block_size)
+        self.draft_config = draft_config(self.info.config, cfg.draft_layers, self.layer_ids, cfg.block_size, self.mask_id)
+        init = self._check_init(cfg.init_draft) if cfg.init_draft else None  # before any weight loads
         self.device = pick_device(cfg.device)
         cuda = self.device.type == "cuda"
         if cuda:
@@ -206,18 +208,17 @@ class Trainer:
         if not 0 <= self.mask_id < vocab_rows:
             raise UserError(f"The mask token id {self.mask_id} is outside the target's {vocab_rows} embedding rows; "
                             "pass --mask-token with a token the target's vocabulary has.")
-        self.draft_config = draft_config(self.info.config, cfg.draft_layers, self.layer_ids, cfg.block_size, self.mask_id)
         torch.manual_seed(cfg.seed)
         self.draft = DFlashDraft(self.draft_config).to(self.device)
         self.draft.rotary.to(self.device)
-        self.init_digest = self._start_from(cfg.init_draft) if cfg.init_draft else None
+        self.init_digest = self._start_from(init) if init else None
         autocast = bf16_autocast_pays(self.device) if cfg.compute == "auto" else cfg.compute == "bfloat16"
         self.objective = BlockObjective(self.target, self.draft, self.layer_ids, cfg.block_size, cfg.anchors_per_seq,
                                         self.gamma, self.mask_id, autocast)
         self.responses = Responses(self.target, self.tokenizer, self.eos, self.info.path, self.work, cfg.max_len,
                                    cfg.max_new_tokens, cfg.gen_batch, cfg.data, self._responses_progress)
 
-    def _start_from(self, folder: str) -> str:
+    def _check_init(self, folder: str) -> DraftInfo:
         """Fine-tuning: the draft begins with the weights of an existing one (e.g. a published draft for
         the base of a fine-tuned target). Its shape, target layers, mask id and block size must be the
         ones this run trains, else the weights mean something else."""
@@ -232,6 +233,10 @@ class Trainer:
         if differ:
             raise UserError(f"--init-draft {folder} differs from the draft this run trains in {', '.join(differ)}; "
                             "pass the matching --block-size, --draft-layers, --target-layer-ids and --mask-token, or drop --init-draft.")
+        return info
+
+    def _start_from(self, info: DraftInfo) -> str:
+        """Load the checked draft's weights; their digest joins the resume key."""
         loaded = DFlashDraft.load(info, self.device, torch.float32)
         self.draft.load_state_dict(loaded.state_dict())
         return ",".join(_file_digest(f) for f in sorted(Path(info.path).glob("*.safetensors")))
