@@ -182,6 +182,8 @@ class Engine:
     def measure_block1(self, steps: int = 4) -> Optional[Block1Probe]:
         """The cost of one block-1 step at the kept context, measured on top of the kept caches and rolled
         back (docs/engine-contract.md, "The block-1 probe"); None when no context is kept."""
+        if steps < 1:
+            raise ValueError(f"the block-1 probe needs at least one timed step, not {steps}")
         step = self._block1_step()
         if step is None:
             return None
