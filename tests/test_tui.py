@@ -104,9 +104,9 @@ async def test_prompt_streams_coloured_text_and_updates_stats(profile, data_dir)
         stats = app._last_stats
         assert stats.tokens == active.turn.summary.generated_tokens == 48
         assert stats.tokens_per_s > 0 and stats.tau >= 1.0 and sum(stats.histogram) > 0
-        assert stats.speedup is not None and stats.speedup_kind == "est."
         panel = str(app.screen.query_one(StatsPanel).render())
         assert "tok/s" in panel and "tau" in panel and "accepted draft" in panel
+        assert "est." not in panel and "est." not in str(app.screen.query_one("#stats-line").render())  # measured or "–"
         assert 1 <= app.flushes <= len(active.steps) + 1  # batches from the flush timer, not one per event
         # up recalls the last prompt
         await pilot.press("up")

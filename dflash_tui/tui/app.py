@@ -3,7 +3,8 @@ global keys (help, quit); the chat itself (its keys, streaming, stats, sessions)
 
 The screen appears at once; the engine loads in a thread worker that reports back with an
 `EngineLoaded` or `LoadFailed` message (a load error becomes a screen that says how to fix it). The app
-holds what outlives a screen: the profile, the engine and the `Conversation` on it.
+holds what outlives a screen: the profile, the engine and the `Conversation` on it, and the theme,
+which it remembers between runs (`preferences.py`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from operator import attrgetter
 from typing import Iterable, Optional
 
 from textual import work
-from textual.app import App, SystemCommand
+from textual.app import App, InvalidThemeError, SystemCommand
 from textual.message import Message
 from textual.screen import Screen
 
@@ -22,12 +23,15 @@ from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ChatFlags, Conversation, open_conversation
 from dflash_tui.core.profiles import list_profiles
 from dflash_tui.core.settings import profile_for
+from dflash_tui.tui.preferences import load_preferences, save_preferences
 from dflash_tui.tui.screens import ChatScreen, HelpScreen, LoadErrorScreen, SystemPromptScreen
+from dflash_tui.tui.widgets.header import temperature_text
 from engines.engine import free_memory
 from engines.errors import UserError
 from engines.process import quiet_loaders
 
 ENGINE_CHOICES = ("auto", "cuda", "mlx")
+TEMPERATURE_CHOICES = (0.0, 0.3, 0.6, 1.0)
 
 
 def profile_names() -> list[str]:
@@ -59,6 +63,7 @@ class DflashApp(App):
     TITLE = "dflash"
     FLUSH_INTERVAL = 0.1
     ENABLE_COMMAND_PALETTE = True
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]  # every screen: a modal fits 24 rows tighter
 
     # the chat screen's state, read here by tests and benchmarks
     active = property(attrgetter("chat.active"))
@@ -92,12 +97,23 @@ class DflashApp(App):
         self._owns_engine = False  # an engine handed in is the caller's to close
         self._keep_conversation = False
         self.chat = ChatScreen()
+        self.preferences, warning = load_preferences()
+        self._startup_warnings = [warning] if warning else []
+        self._preferences_warned = bool(warning)  # one warning about the preferences file per run is enough
+        if self.preferences.theme:
+            try:
+                self.theme = self.preferences.theme
+            except InvalidThemeError:
+                self._startup_warnings.append(f"The saved theme {self.preferences.theme!r} does not exist here; "
+                                              "pick one from the palette (ctrl+p, theme).")
 
     # -- startup and loading ---------------------------------------------------------------------
     def get_default_screen(self) -> Screen:
         return self.chat
 
     def on_mount(self) -> None:
+        for warning in self._startup_warnings:
+            self.notify(warning, severity="warning", timeout=8)
         if self.loaded_engine is not None:
             self.call_after_refresh(self._use_loaded_engine)
         else:
@@ -214,6 +230,17 @@ class DflashApp(App):
         if self.engine is not None and self._owns_engine:
             self.engine.close()
 
+    # -- the theme, remembered ----------------------------------------------------------------------
+    def watch_theme(self, theme: str) -> None:
+        """Every theme change (the palette's theme picker) is saved; a failure is said once per run."""
+        if theme == self.preferences.theme:
+            return
+        self.preferences.theme = theme
+        warning = save_preferences(self.preferences)
+        if warning and not self._preferences_warned:
+            self._preferences_warned = True
+            self.notify(warning, severity="warning", timeout=8)
+
     # -- global keys and the palette -------------------------------------------------------------
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
@@ -238,6 +265,25 @@ class DflashApp(App):
 
         self.push_screen(SystemPromptScreen(self.conversation.settings.system_prompt), saved)
 
+    def set_temperature(self, value: Optional[float]) -> None:
+        """From the next turn on; the header shows it, and each turn's record keeps the one it used."""
+        if self.conversation is None:
+            return
+        self.conversation.settings.temperature = value
+        self.notify(f"Temperature {temperature_text(value)} from the next turn.", timeout=3)
+        self.chat.refresh_chrome()
+
+    def _temperature_commands(self) -> Iterable[SystemCommand]:
+        profile = self.conversation.profile
+        ours = profile.temperature if profile is not None else None
+        choices = dict.fromkeys([*TEMPERATURE_CHOICES, ours])  # the profile's last, unless it is one of them
+        for value in choices:
+            what = "the target's generation_config" if value is None else "greedy" if value == 0 else "sample"
+            if value == ours:
+                what += " (the profile's)"
+            yield SystemCommand(f"Temperature: {temperature_text(value)}", f"{what}, from the next turn",
+                                lambda v=value: self.set_temperature(v), discover=False)
+
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         chat = self.chat
@@ -248,6 +294,8 @@ class DflashApp(App):
             for block in self.conversation.block_choices():
                 yield SystemCommand(f"Block size {block}", "use this block size from the next turn",
                                     lambda b=block: chat.set_block(b), discover=False)
+        if self.conversation is not None:
+            yield from self._temperature_commands()
         yield SystemCommand("Edit system prompt", "the system message sent with every turn", self.action_system_prompt)
         yield SystemCommand("New session", "ctrl+n: start a fresh conversation", chat.action_new_session)
         yield SystemCommand("New context", "ctrl+l: clear the kept caches; the next turn prefills the whole history",

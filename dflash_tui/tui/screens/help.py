@@ -1,4 +1,5 @@
-"""F1: every key, and what the colours mean."""
+"""F1: every key, what the figures and the colours mean. It scrolls (keys and mouse wheel), so an
+80x24 terminal reaches every row."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -25,32 +26,55 @@ KEY_HELP = [
     ("ctrl+o", "sessions: resume, delete, export"),
     ("ctrl+r", "replay the session across block sizes"),
     ("f2 / click", "the last answer as rendered Markdown"),
-    ("ctrl+p", "command palette: profile, engine, system prompt, …"),
+    ("ctrl+p", "command palette: profile, engine, temperature, theme, system prompt, …"),
     ("f1", "this help"),
-    ("ctrl+q", "quit"),
+    ("ctrl+q", "quit (a running answer is stopped and saved first)"),
 ]
+
+FIGURES = [
+    ("tok/s", "generated tokens per second of decoding (prefill not counted)"),
+    ("speedup", "this turn's rate over block 1's, measured: the block-1 step timed at the same context "
+                "length; \"–\" until that is measured"),
+    ("tau", "mean tokens each verify pass commits (the session's in brackets)"),
+    ("block", "block size: each step the draft proposes a block and the target verifies it; 1 is the target alone"),
+    ("temp", "temperature from the next turn (ctrl+p, type temp); 0 is greedy"),
+    ("ctx", "tokens in the context: prompt and answer, of the target's limit"),
+]
+
+
+def _table(rows: list[tuple[str, str]]) -> Table:
+    table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(ratio=1)
+    for key, what in rows:
+        table.add_row(key, what)
+    return table
+
+
+def legend() -> Text:
+    text = Text()
+    text.append("Colours: ")
+    text.append("accepted draft tokens", style=DRAFT_STYLE)
+    text.append(" came free from the draft; ")
+    text.append("target tokens", style=TARGET_STYLE)
+    text.append(" are the target's own (one per verify step, or where it disagreed); ")
+    text.append("ghosts", style=GHOST_STYLE)
+    text.append(" are draft proposals the target rejected.")
+    return text
 
 
 class HelpScreen(ModalScreen):
     BINDINGS = [Binding("escape,f1,q", "dismiss", "close")]
 
     def compose(self) -> ComposeResult:
-        table = Table(box=None, show_header=False, padding=(0, 2, 0, 0))
-        table.add_column(style="bold", no_wrap=True)
-        table.add_column()
-        for key, what in KEY_HELP:
-            table.add_row(key, what)
-        legend = Text()
-        legend.append("\nColours: ")
-        legend.append("accepted draft tokens", style=DRAFT_STYLE)
-        legend.append(" came free from the draft; ")
-        legend.append("target tokens", style=TARGET_STYLE)
-        legend.append(" are the target's own (one per verify step, or where it disagreed); ")
-        legend.append("ghosts", style=GHOST_STYLE)
-        legend.append(" are draft proposals the target rejected.\n"
-                      "tau is the mean number of tokens each verify pass commits.")
         with Vertical(id="help-box"):
             yield Static("dflash · keys", classes="modal-title")
-            yield Static(table)
-            yield Static(legend)
-            yield Static("escape closes", classes="modal-hint")
+            with VerticalScroll(id="help-scroll"):
+                yield Static(_table(KEY_HELP))
+                yield Static("The figures", classes="help-heading")
+                yield Static(_table(FIGURES))
+                yield Static(legend(), id="help-legend")
+            yield Static("↑ ↓ pgup pgdn scroll · escape closes", classes="modal-hint")
+
+    def on_mount(self) -> None:
+        self.query_one("#help-scroll").focus()  # the arrow and page keys scroll it

@@ -1,11 +1,21 @@
-"""The one-line header: profile, engine, device, dtype, block size, thinking (always visible)."""
+"""The one-line header: profile, thinking, block size, temperature, engine, device, dtype (always visible).
+
+What the next turn is generated with comes first, so an 80-column terminal cuts only the engine details.
+"""
 
 from __future__ import annotations
+
+from typing import Optional
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Static
+
+
+def temperature_text(value: Optional[float]) -> str:
+    """0 is greedy; None leaves it to the target's generation_config."""
+    return "model default" if value is None else f"{value:g}"
 
 
 class ChatHeader(Horizontal):
@@ -22,7 +32,12 @@ class ChatHeader(Horizontal):
         if loading:
             text.append(" · loading…", style="italic")
         else:
-            text.append(f" · block {block_size} · {engine} engine on {device} · {dtype}")
+            text.append(f" · block {block_size}")
+            conversation = self.app.conversation  # read here: the one setting ChatScreen.refresh_chrome does not pass
+            if conversation is not None:
+                text.append(f" · temp {temperature_text(conversation.settings.temperature)}")
         if ghosts:
             text.append(" · ghosts")
+        if not loading:
+            text.append(f" · {engine} engine on {device} · {dtype}")
         self.query_one("#header-state", Static).update(text)

@@ -1,4 +1,8 @@
-"""The live stats: a side panel, folded into one line under the header on small terminals."""
+"""The live stats: a side panel, folded into one line under the header on small terminals.
+
+The speedup is measured, never estimated: the turn's rate against the block-1 step timed at the same
+context length; until that is measured it shows "–".
+"""
 
 from __future__ import annotations
 
@@ -24,8 +28,7 @@ class StatsData:
     block_size: int = 1
     draft_s: float = 0.0
     verify_s: float = 0.0
-    speedup: Optional[float] = None
-    speedup_kind: str = "est."
+    speedup: Optional[float] = None  # measured against block 1; None until measured
     peak_bytes: int = 0
     peak_kind: str = "device"
     context_tokens: int = 0
@@ -63,9 +66,11 @@ def split(d: StatsData) -> tuple[float, float]:
 
 
 def speedup_text(d: StatsData) -> str:
-    if d.speedup is None:
-        return "–x vs block 1"
-    return f"{d.speedup:.1f}x vs block 1 ({d.speedup_kind})"
+    return "–" if d.speedup is None else f"{d.speedup:.1f}x"
+
+
+def context_text(d: StatsData) -> str:
+    return f"{d.context_tokens}" + (f"/{d.context_limit}" if d.context_limit else "")
 
 
 def memory_text(d: StatsData) -> str:
@@ -80,7 +85,7 @@ class StatsPanel(Static):
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(f"{d.tokens_per_s:7.1f} tok/s", style="bold")
         t.append(f"  {d.tokens} tok\n")
-        t.append(speedup_text(d) + "\n")
+        t.append(f"speedup {speedup_text(d)} vs block 1\n" if d.speedup is not None else "speedup – (not yet measured)\n")
         t.append(f"tau {d.tau:.2f}", style="bold")
         t.append(f"   (session {d.session_tau:.2f})\n\n")
         t.append("acceptance length\n", style="underline")
@@ -94,8 +99,7 @@ class StatsPanel(Static):
             t.append(f" {share * 100:4.0f}%\n")
         draft, verify = split(d)
         t.append(f"\ndraft {draft * 100:.0f}% · verify {verify * 100:.0f}%\n")
-        ctx = f"{d.context_tokens}" + (f"/{d.context_limit}" if d.context_limit else "")
-        t.append(f"{memory_text(d)} · context {ctx}\n")
+        t.append(f"{memory_text(d)} · context {context_text(d)}\n")
         t.append(f"prompt {d.reused_tokens} reused · {d.prefilled_tokens} prefilled\n\n")
         t.append(f"{d.engine} · {d.device} · {d.dtype}\n")
         t.append(f"block {d.block_size} · thinking ")
@@ -111,17 +115,13 @@ class StatsPanel(Static):
 
 
 class StatsLine(Static):
-    """The same figures in one line (small terminals)."""
+    """The same figures in one line (small terminals), the most telling first: 80 columns show all
+    but the last two; the colour legend is in help (F1)."""
 
     def show(self, d: StatsData) -> None:
         draft, _ = split(d)
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(f"{d.tokens_per_s:.0f} tok/s", style="bold")
-        s = f"{d.speedup:.1f}x {d.speedup_kind}" if d.speedup is not None else "–x"
-        t.append(f" · {s} · tau {d.tau:.2f} ({d.session_tau:.2f}) · ")
-        t.append("■", style=DRAFT_STYLE)
-        t.append("draft ")
-        t.append("■", style=TARGET_STYLE)
-        t.append("target")
-        t.append(f" · draft {draft * 100:.0f}% · {memory_text(d).replace(' RSS', '')} · ctx {d.context_tokens}")
+        t.append(f" · speedup {speedup_text(d)} · tau {d.tau:.2f} ({d.session_tau:.2f}) · block {d.block_size}")
+        t.append(f" · ctx {context_text(d)} · draft {draft * 100:.0f}% · {memory_text(d).replace(' RSS', '')}")
         self.update(t, layout=False)  # fixed size: no layout pass per frame

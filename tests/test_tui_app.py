@@ -1,0 +1,267 @@
+"""The app at 80x24 and its app-wide parts: quitting mid-answer, the help screen, the temperature from
+the palette, the remembered theme. Real tiny engines, the real Textual app driven by its pilot."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+pytest.importorskip("textual")
+pytest.importorskip("torch")
+
+from textual.command import CommandList, CommandPalette  # noqa: E402 - after the importorskip above
+from textual.events import MouseScrollDown  # noqa: E402 - after the importorskip above
+from textual.widgets import Static  # noqa: E402 - after the importorskip above
+
+from engines import EngineConfig, load_engine  # noqa: E402 - after the importorskip above
+from tests.test_tui import make_app, ready, send, session_lines, wait_for  # noqa: E402 - after the importorskip above
+from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
+
+SMALL = (80, 24)
+
+
+@pytest.fixture(scope="module")
+def pair(pairs):
+    return pairs("qwen3")
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+    return load_engine(EngineConfig(target=str(pair[0]), draft=str(pair[1]), engine="cuda", device="cpu", dtype="float32"))
+
+
+@pytest.fixture(scope="module")
+def process_engine(pair):
+    from engines.process import ProcessEngine
+
+    engine = ProcessEngine(EngineConfig(target=str(pair[0]), draft=str(pair[1]), engine="cuda", device="cpu",
+                                        dtype="float32"))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def profile(tmp_path, pair):
+    return write_profile(tmp_path / "tiny.toml", *pair)
+
+
+@pytest.fixture
+def config_dir(tmp_path, monkeypatch):
+    """Profiles and preferences go to a fresh config directory (DFLASH_CONFIG_DIR)."""
+    folder = tmp_path / "config"
+    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(folder))
+    return folder
+
+
+def warnings_shown(app) -> list[str]:
+    return [n.message for n in app._notifications if n.severity == "warning"]
+
+
+# -- ctrl+q mid-answer -----------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_ctrl_q_during_an_answer_saves_the_turn_as_cancelled_then_quits(tmp_path, pair, process_engine,
+                                                                              data_dir, config_dir):
+    profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=450)
+    app = make_app(profile, process_engine, block_size=1)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+        await pilot.press(*"tell me a long story", "enter")
+        await wait_for(pilot, lambda: app.active is not None and app.flushes > 0)  # a partial answer on screen
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: not app.is_running)
+    assert app.turns_done == 1 and app.finished[-1].turn.status == "cancelled"
+    record = session_lines(app)[-1]
+    assert record["type"] == "turn" and record["user"] == "tell me a long story"
+    assert record["status"] == "cancelled" and record["summary"]["finish_reason"] == "cancelled"
+    assert record["answer"] and 1 <= len(record["emitted_ids"]) < 440
+
+
+# -- 80x24: stats line, help, message box ----------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_the_stats_line_fits_80_columns_with_the_main_figures(profile, engine, data_dir, config_dir):
+    app = make_app(profile, engine)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+        await send(pilot, "hello")
+        line = app.screen.query_one("#stats-line")
+        text = str(line.render())
+        visible = text[:line.content_size.width]
+        for figure in ("tok/s", "speedup ", "tau ", "block ", "ctx "):
+            assert figure in visible, f"{figure!r} is cut from {visible!r}"
+        assert "est." not in text
+        speedup = app._last_stats.speedup
+        assert (f"speedup {speedup:.1f}x" if speedup is not None else "speedup –") in visible
+
+
+@pytest.mark.asyncio
+async def test_help_scrolls_to_its_last_row_by_key_and_by_wheel(profile, engine, data_dir, config_dir):
+    from dflash_tui.tui.screens import HelpScreen
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await pilot.pause()
+        scroll = app.screen.query_one("#help-scroll")
+        legend = app.screen.query_one("#help-legend")
+        assert scroll.max_scroll_y > 0  # it does not fit: it must scroll
+        assert not scroll.region.contains_region(legend.region)
+        await pilot.press("end")
+        await wait_for(pilot, lambda: scroll.scroll_y == scroll.max_scroll_y)
+        await pilot.pause()
+        assert scroll.region.contains_region(legend.region) and legend.region.height >= 2
+        await pilot.press("home")
+        await wait_for(pilot, lambda: scroll.scroll_y == 0)
+        for _ in range(scroll.max_scroll_y):  # the wheel gets there too (at least one row a notch)
+            await pilot._post_mouse_events([MouseScrollDown], "#help-scroll")
+            if scroll.scroll_y == scroll.max_scroll_y:
+                break
+        await wait_for(pilot, lambda: scroll.scroll_y == scroll.max_scroll_y)
+        console = Console(width=200, file=io.StringIO(), record=True)
+        for static in scroll.query(Static):
+            console.print(static.content)
+        help_text = console.export_text()
+        assert "measured: the block-1 step timed at the same context length; \"–\" until" in help_text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+@pytest.mark.asyncio
+async def test_the_message_box_grows_with_its_lines_and_enter_still_sends(profile, engine, data_dir, config_dir):
+    app = make_app(profile, engine)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+        prompt = app.screen.query_one("#prompt")
+        one_line = prompt.outer_size.height
+        await pilot.press(*"first", "ctrl+j", *"second", "ctrl+j", *"third")
+        await pilot.pause()
+        assert prompt.text == "first\nsecond\nthird"
+        assert prompt.outer_size.height == one_line + 2  # every line in view
+        assert prompt.scroll_y == 0
+        for n in range(4, 10):
+            await pilot.press("ctrl+j", *f"line{n}")
+        await pilot.pause()
+        assert prompt.outer_size.height < 10  # it stops growing and scrolls, the conversation keeps its room
+        assert prompt.max_scroll_y > 0 and prompt.scroll_y == prompt.max_scroll_y  # the cursor's line shows
+        active = await send(pilot, "")
+        assert active.request.messages[-1]["content"].startswith("first\nsecond\nthird\nline4")
+        await pilot.pause()
+        assert prompt.text == "" and prompt.outer_size.height == one_line
+
+
+# -- the palette: temperature ----------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_temperature_from_the_palette_applies_from_the_next_turn(profile, engine, data_dir, config_dir):
+    app = make_app(profile, engine)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+        first = await send(pilot, "one")
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert {"Temperature: 0", "Temperature: 0.3", "Temperature: 0.6", "Temperature: 1"} <= set(titles)
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
+        await pilot.press(*"Temperature: 0.6")
+        commands = app.screen.query_one(CommandList)
+
+        def highlighted() -> str:
+            index = commands.highlighted
+            return str(commands.get_option_at_index(index).prompt) if index is not None else ""
+
+        await wait_for(pilot, lambda: "Temperature: 0.6" in highlighted())
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.conversation.settings.temperature == 0.6)
+        await pilot.pause()
+        assert "temp 0.6" in str(app.screen.query_one("#header-state").render())
+        assert any("Temperature 0.6 from the next turn" in n.message for n in app._notifications)
+        second = await send(pilot, "two")
+    assert first.request.temperature == 0.0 and second.request.temperature == 0.6
+    turns = [r for r in session_lines(app) if r.get("type") == "turn"]
+    assert [t["settings"]["temperature"] for t in turns] == [0.0, 0.6]
+
+
+# -- the theme, remembered -------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_the_chosen_theme_is_restored_at_the_next_start(profile, engine, data_dir, config_dir):
+    app = make_app(profile, engine)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+        assert app.theme != "nord"
+        app.theme = "nord"  # what the palette's theme picker does
+        await pilot.pause()
+    assert json.loads((config_dir / "preferences.json").read_text()) == {"theme": "nord"}
+    again = make_app(profile, engine)
+    async with again.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+        assert again.theme == "nord" and warnings_shown(again) == []
+
+
+@pytest.mark.asyncio
+async def test_a_corrupt_preferences_file_is_one_warning_not_a_crash(profile, engine, data_dir, config_dir):
+    config_dir.mkdir()
+    (config_dir / "preferences.json").write_text("{ not json")
+    app = make_app(profile, engine)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+        assert app.conversation is not None
+        assert len(warnings_shown(app)) == 1 and "preferences.json" in warnings_shown(app)[0]
+        app.theme = "nord"  # a new pick replaces the bad file
+        await pilot.pause()
+    assert json.loads((config_dir / "preferences.json").read_text()) == {"theme": "nord"}
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_saved_theme_is_one_warning(profile, engine, data_dir, config_dir):
+    config_dir.mkdir()
+    (config_dir / "preferences.json").write_text('{"theme": "no-such-theme"}')
+    app = make_app(profile, engine)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+        assert app.theme != "no-such-theme"
+        assert len(warnings_shown(app)) == 1 and "no-such-theme" in warnings_shown(app)[0]
+
+
+@pytest.mark.asyncio
+async def test_an_unusable_config_dir_warns_once_and_keeps_the_theme(tmp_path, profile, engine, data_dir,
+                                                                     monkeypatch):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(blocked / "config"))  # under a file: nothing can be written
+    app = make_app(profile, engine)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+        app.theme = "nord"
+        await pilot.pause()
+        app.theme = "gruvbox"
+        await pilot.pause()
+        assert app.theme == "gruvbox" and app.is_running
+        assert len(warnings_shown(app)) == 1 and "preferences.json" in warnings_shown(app)[0]
+
+
+def test_preferences_round_trip_and_reject_wrong_types(tmp_path):
+    from dflash_tui.tui.preferences import Preferences, load_preferences, save_preferences
+
+    path = tmp_path / "prefs" / "preferences.json"
+    assert load_preferences(path) == (Preferences(), None)
+    assert save_preferences(Preferences(theme="nord"), path) is None
+    assert load_preferences(path) == (Preferences(theme="nord"), None)
+    path.write_text('{"theme": 3}')
+    prefs, warning = load_preferences(path)
+    assert prefs == Preferences() and str(path) in warning
+    path.write_text("[1, 2]")
+    prefs, warning = load_preferences(path)
+    assert prefs == Preferences() and "not a JSON object" in warning
+    under_a_file = path / "preferences.json"
+    assert "this run only" in save_preferences(Preferences(theme="nord"), under_a_file)
+    assert "Could not read" in load_preferences(under_a_file)[1]
