@@ -1,5 +1,7 @@
 """`dflash bench` and `dflash tune` on a random tiny pair: the documented --json schema, prompt sets and
-their errors, and tune writing the user's copy of a profile with its comments kept. No mocks."""
+their errors, repeated runs (best of N and their spread), and tune writing the user's copy of a profile
+only when a size beats the current one by more than that spread, its stale comments replaced. No mocks;
+no timing is compared with a number (which size wins on a random pair is not the point)."""
 
 from __future__ import annotations
 
@@ -12,14 +14,16 @@ from click.testing import CliRunner
 
 from dflash_tui.cli import main
 from dflash_tui.core.profiles import load_profile
-from dflash_tui.measure import bench, tune
-from engines import UserError
+from dflash_tui.measure import bench, runs, tune
+from engines import EngineConfig, UserError, load_engine
 
 TOP_KEYS = {"schema", "created", "profile", "dataset", "samples", "turns", "engine", "device", "dtype", "target",
             "draft", "max_new_tokens", "temperature", "thinking", "framework", "rows", "best_block_size"}
 ROW_KEYS = {"block_size", "generated_tokens", "steps", "decode_tokens_per_s", "speedup", "speedup_vs_framework", "tau",
-            "histogram", "ttft_s", "peak_memory_bytes", "peak_memory_kind", "identical_to_block_1"}
-FRAMEWORK_KEYS = {"name", "generated_tokens", "decode_tokens_per_s", "ttft_s", "identical_to_block_1"}
+            "histogram", "ttft_s", "peak_memory_bytes", "peak_memory_kind", "repeats", "repeat_rates",
+            "identical_to_block_1"}
+FRAMEWORK_KEYS = {"name", "generated_tokens", "decode_tokens_per_s", "ttft_s", "repeats", "repeat_rates",
+                  "identical_to_block_1"}
 
 PROFILE = """\
 # A tiny test profile: comments must survive tune.
@@ -36,6 +40,9 @@ block_size = 16  # the trained block size
 [generation]
 temperature = 0.0
 max_new_tokens = 12  # short: these are tests
+
+[bench]
+prompts = "demo"  # bench and tune measure on this set by default
 """
 
 
@@ -57,7 +64,16 @@ def invoke(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
+def assert_best_of_runs(row, repeats: int) -> None:
+    """A row counts its runs, shows the fastest, and its spread is the distance between them."""
+    rates = row["repeat_rates"]
+    assert row["repeats"] == repeats == len(rates) and all(rate > 0 for rate in rates)
+    assert row["decode_tokens_per_s"] == max(rates) and all(row["decode_tokens_per_s"] >= rate for rate in rates)
+    assert runs.spread(row) == max(rates) - min(rates) >= 0
+
+
 def test_builtin_prompt_sets_load():
+    assert set(bench.BUILTIN_SETS) == {"chat", "code", "demo", "math"}  # the files in measure/prompts/
     for name in bench.BUILTIN_SETS:
         samples, label = bench.load_dataset(name)
         assert label == name and len(samples) >= 10
@@ -97,32 +113,35 @@ def test_bench_json_has_the_documented_schema(profile_file, tmp_path):
                        + json.dumps({"turns": ["The quick brown fox"], "category": "ignored"}) + "\n")
     out = tmp_path / "bench.json"
     result = invoke("bench", "--profile", profile_file, "--dataset", prompts, "--block-sizes", "4,16",
-                    "--engine", "cuda", "--device", "cpu", "--json", out)
+                    "--repeats", "2", "--engine", "cuda", "--device", "cpu", "--json", out)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert set(data) == TOP_KEYS and data["schema"] == bench.SCHEMA
+    assert set(data) == TOP_KEYS and data["schema"] == bench.SCHEMA == "dflash-bench/2"
     assert data["samples"] == 2 and data["turns"] == 3 and data["dataset"] == "two-turn.jsonl"
     assert [r["block_size"] for r in data["rows"]] == [1, 4, 16]
     for row in data["rows"]:
         assert set(row) == ROW_KEYS
         assert len(row["histogram"]) == row["block_size"] and sum(row["histogram"]) == row["steps"]
-        assert row["identical_to_block_1"] is True  # temperature 0: lossless at every block size
+        assert row["identical_to_block_1"] is True  # temperature 0: lossless at every block size, every run
+        assert_best_of_runs(row, 2)
     assert data["rows"][0]["speedup"] == 1.0
     assert set(data["framework"]) == FRAMEWORK_KEYS and data["framework"]["name"] == "transformers generate"
+    assert_best_of_runs(data["framework"], 2)
     assert data["framework"]["identical_to_block_1"] is True  # the engine equals transformers' own greedy
     assert data["best_block_size"] in (1, 4, 16)
     # the printed report: the public benchmark's lines, per block size
     for words in ("DFlash throughput", "Decoding speedup", "Average acceptance length", "Acceptance length histogram",
                   "Baseline throughput (transformers generate)"):
         assert words in result.stdout
-    assert "warm-up" in result.stderr  # progress on stderr
+    assert "warm-up" in result.stderr and "run 2/2" in result.stderr  # progress on stderr
+    assert "best of 2 runs after a warm-up" in result.stdout and bench.load_result(out).rows[1].repeats == 2
 
 
 def test_bench_mlx_framework_baseline(profile_file, tmp_path):
     pytest.importorskip("mlx.core")
     out = tmp_path / "bench.json"
     result = invoke("bench", "--profile", profile_file, "--dataset", "demo", "--max-samples", "2", "-B", "8",
-                    "--engine", "mlx", "--json", out)
+                    "--repeats", "1", "--engine", "mlx", "--json", out)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["engine"] == "mlx" and data["framework"]["name"] == "mlx-lm generate_step"
@@ -132,13 +151,14 @@ def test_bench_mlx_framework_baseline(profile_file, tmp_path):
 def test_bench_help_documents_the_json_schema():
     result = invoke("bench", "--help")
     assert result.exit_code == 0
-    assert "dflash-bench/1" in result.stdout and "speedup_vs_framework" in result.stdout
+    assert bench.SCHEMA in result.stdout and "speedup_vs_framework" in result.stdout and "repeat_rates" in result.stdout
 
 
 @pytest.mark.parametrize("args, words", [
     (["--dataset", "gsm8k"], "public dataset 'gsm8k'"),
     (["--block-sizes", "1,99"], "Block size 99 is out of range"),
     (["--max-samples", "0"], "--max-samples 0"),
+    (["--repeats", "0"], "runs per block size must be at least 1"),
 ])
 def test_bench_bad_input_exits_2(profile_file, args, words):
     result = invoke("bench", "--profile", profile_file, *args)
@@ -152,39 +172,112 @@ def test_bench_malformed_dataset_exits_2_with_file_and_line(profile_file, tmp_pa
     assert result.exit_code == 2 and f"{bad}:2:" in result.stderr
 
 
-def test_tune_writes_the_user_copy_and_keeps_comments(profile_file, tmp_path):
-    result = invoke("tune", "--profile", profile_file, "--dataset", "demo", "--max-samples", "2", "-B", "2,4",
-                    "--engine", "cuda", "--device", "cpu")
+def test_the_prompt_set_comes_from_the_profile_not_its_name(profile_file, tmp_path):
+    assert bench.default_dataset(load_profile(str(profile_file))) == "demo"  # [bench] prompts
+    named_demo = tmp_path / "demo.toml"
+    named_demo.write_text(PROFILE.replace('name = "tiny"', 'name = "demo"').split("[bench]")[0])
+    assert bench.default_dataset(load_profile(str(named_demo))) == "chat"  # no key: chat, whatever the name
+    assert load_profile("demo").bench_prompts == "demo"  # the built-in demo profile says so
+
+
+def test_tune_refuses_to_write_after_fewer_than_3_runs(profile_file, tmp_path):
+    result = invoke("tune", "--profile", profile_file, "-B", "2", "--repeats", "2", "--engine", "cuda", "--device", "cpu")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "--repeats 2" in result.stderr and "at least 3" in result.stderr and "--dry-run" in result.stderr
+    assert "loading" not in result.output.lower()  # refused before the sweep
+    assert not (tmp_path / "config" / "profiles" / "tiny.toml").exists()
+
+
+def test_tune_sweeps_3_runs_and_writes_only_past_the_spread(profile_file, tmp_path):
+    result = invoke("tune", "--profile", profile_file, "--max-samples", "1", "-B", "2", "--engine", "cuda",
+                    "--device", "cpu")
     assert result.exit_code == 0, result.output
+    assert "tune tiny on demo (1 samples)" in result.stdout  # the profile's [bench] prompts
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("block"))
+    assert header.split()[:5] == ["block", "tok/s", "spread", "runs", "speedup"]
+    rows = [line.split() for line in lines[lines.index(header) + 2:] if line[:5].strip().isdigit()]
+    assert [row[0] for row in rows] == ["1", "2", "16"]  # block 1, the asked size, and the current one
+    assert all(row[3] == "3" for row in rows) and "(current)" in lines[lines.index(header) + 4]
     copy = tmp_path / "config" / "profiles" / "tiny.toml"
-    assert copy.is_file() and f"wrote {copy}" in result.stdout
-    text = copy.read_text()
-    for comment in ("# A tiny test profile: comments must survive tune.", "# the trained block size",
-                    "# short: these are tests", "# beside this file"):
-        assert comment in text
-    best = tomlkit.parse(text)["dflash"]["block_size"]
-    assert best in (1, 2, 4) and f"best: block size {best}" in result.stdout
-    if best != 16:
-        assert f"[dflash] block_size: 16 -> {best}" in result.stdout
-    # relative checkpoints were made absolute so the copy still loads, and the user copy now wins
-    profile = load_profile("tiny")
-    assert profile.origin == "user" and profile.block_size == best
-    assert Path(profile.engine_config("cuda").target) == tmp_path / "pair" / "target"
-    assert "block  " in result.stdout and "← best" in result.stdout
-    # the original file is untouched
-    assert (tmp_path / "tiny.toml").read_text() == PROFILE
+    if "more than the spread" in result.stdout:  # a size beat block 16 by more than its runs' spread
+        text = copy.read_text()
+        best = tomlkit.parse(text)["dflash"]["block_size"]
+        assert f"[dflash] block_size: 16 -> {best}" in result.stdout and f"wrote {copy}" in result.stdout
+        assert "# the trained block size" not in text  # it spoke of 16
+        assert "  # dflash tune on demo: " in text and "best of 3, vs " in text
+        for comment in ("# A tiny test profile: comments must survive tune.", "# short: these are tests",
+                        "# beside this file"):
+            assert comment in text
+        assert load_profile("tiny").origin == "user" and load_profile("tiny").block_size == best
+    else:  # within the spread, or block 16 itself was the fastest: nothing written
+        assert "Kept the current setting" in result.stdout or "is the fastest; nothing to write" in result.stdout
+        assert not copy.exists() and "wrote" not in result.stdout
+    assert (tmp_path / "tiny.toml").read_text() == PROFILE  # the original file is untouched
 
 
-def test_write_best_edits_in_place_and_reports_no_change(profile_file, tmp_path):
+def test_a_sweep_counts_its_runs_and_measures_the_current_size(pairs):
+    target, draft = pairs("qwen3")
+    engine = load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
+                                      block_size=8))
+    samples = [{"turns": ["What is 48 + 75?"]}]
+    result = tune.sweep(engine, samples, [4], [None], max_new_tokens=6, repeats=3)
+    assert [row.block_size for row in result.rows] == [1, 4, 8] and result.current.block_size == 8 == engine.block_size
+    for row in result.rows:
+        assert_best_of_runs(row, 3)
+    assert result.best.decode_tokens_per_s == max(row.decode_tokens_per_s for row in result.rows)
+    assert "(current)" in tune.format_sweep(result) and "best of 3 runs" in tune.format_sweep(result)
+
+
+def rates_row(block: int, rates: list[float]) -> tune.TuneRow:
+    """A sweep row as three runs measured it (the decision reads only the rates)."""
+    return tune.TuneRow(block_size=block, decode_tokens_per_s=max(rates), repeats=len(rates), repeat_rates=rates)
+
+
+@pytest.mark.parametrize("best_rates, current_rates, write", [
+    ([105.0, 100.0, 101.0], [100.0, 99.0, 100.0], False),  # beats by 5.0, the spread is 5.0: noise
+    ([112.0, 110.0, 111.0], [100.0, 96.0, 99.0], True),  # beats by 12.0, more than either spread (2.0, 4.0)
+    ([130.0, 90.0, 95.0], [100.0, 99.0, 100.0], False),  # beats by 30.0, but its own runs spread 40.0
+])
+def test_decide_writes_only_past_the_spread_of_both(best_rates, current_rates, write):
+    best, current = rates_row(8, best_rates), rates_row(16, current_rates)
+    decision = tune.decide(tune.Sweep(rows=[best, current], best=best, current=current, windows=[None], repeats=3))
+    assert decision.write is write
+    assert ("more than the spread" if write else "Kept the current setting: block 8") in decision.reason
+
+
+def test_decide_never_writes_the_current_size_or_after_2_runs():
+    same = rates_row(16, [100.0, 50.0])
+    decision = tune.decide(tune.Sweep(rows=[same], best=same, current=same, windows=[None], repeats=2))
+    assert not decision.write and "at least 3" in decision.reason
+    same = rates_row(16, [100.0, 99.0, 98.0])
+    decision = tune.decide(tune.Sweep(rows=[same], best=same, current=same, windows=[None], repeats=3))
+    assert not decision.write and "block 16, is the fastest" in decision.reason
+
+
+def test_comment_says_what_tune_measured():
+    best, current = rates_row(1, [120.0, 118.0, 119.0]), rates_row(16, [100.0, 99.0, 98.0])
+    result = tune.Sweep(rows=[best, current], best=best, current=current, windows=[None], repeats=3)
+    assert tune.comment_for(result, "demo", 16) == ("dflash tune on demo: 120.0 tok/s, best of 3, vs 100.0 at the old "
+                                                   "block 16; block 1 is plain decoding (DFlash off)")
+    result.best = rates_row(8, [120.0, 118.0, 119.0])
+    assert tune.comment_for(result, "demo", 16).endswith("; the draft was trained at 16")
+
+
+def test_write_best_edits_in_place_and_replaces_stale_comments(profile_file, tmp_path):
     profile = load_profile(str(profile_file))
-    path, changes = tune.write_best(profile, {"block_size": 8, "draft_window": None})
+    path, changes = tune.write_best(profile, {"block_size": 8, "draft_window": None}, comment="measured: 8 wins")
     assert changes[0].startswith("created ") and "[dflash] block_size: 16 -> 8" in changes
+    text = path.read_text()
+    assert "block_size = 8  # measured: 8 wins\n" in text and "# the trained block size" not in text
+    assert "# short: these are tests" in text and "# bench and tune measure on this set by default" in text
     user = load_profile("tiny")
+    assert user.origin == "user" and Path(user.engine_config("cuda").target) == tmp_path / "pair" / "target"  # made absolute
     path2, changes2 = tune.write_best(user, {"block_size": 8})
     assert path2 == path and changes2 == []
     path3, changes3 = tune.write_best(user, {"block_size": 4, "draft_window": 1024}, tune_window=True)
     assert changes3 == ["[dflash] block_size: 8 -> 4", "[dflash] draft_window: (unset) -> 1024"]
-    assert "# the trained block size" in path3.read_text()
+    assert "block_size = 4\n" in path3.read_text()  # no comment given: the stale one is gone, not kept
 
 
 def test_write_best_without_a_change_creates_no_copy(profile_file, tmp_path):
@@ -199,7 +292,7 @@ def test_write_best_changes_the_engine_override_that_wins(profile_file, tmp_path
     assert "[engines.mlx] block_size: 8 -> 4" in changes
     doc = tomlkit.parse(path.read_text())
     assert doc["dflash"]["block_size"] == 16 and doc["engines"]["mlx"]["block_size"] == 4
-    assert "# mlx keeps its own" in path.read_text()
+    assert "# mlx keeps its own" not in path.read_text()  # it spoke of the old value
 
 
 def test_draft_windows_sweep_values(profile_file):

@@ -142,6 +142,10 @@ BAD = [
     ('[model]\ndraft = "a"\n', "model", 1),  # the required target is missing
     ('dflash = { block_size = "8" }\n[model]\ntarget = "a"\n', "dflash.block_size", 1),  # inline table
     ('[model]\ntarget = "a"\ndflash.block_size = 99\n', "model.dflash", 3),  # dotted key, wrong table
+    ('[model]\ntarget = "a"\n[bench]\nprompts = "gsm8k"\n', "bench.prompts", 4),  # not a built-in set
+    ('[model]\ntarget = "a"\n[bench]\nprompt = "demo"\n', "bench.prompt", 4),  # unknown key
+    ('examples = "What is 1 + 1?"\n[model]\ntarget = "a"\n', "examples", 1),  # not a list
+    ('name = "x"\nexamples = ["ok", " "]\n[model]\ntarget = "a"\n', "examples", 2),  # an empty example
 ]
 
 
@@ -153,6 +157,21 @@ def test_bad_input_names_file_key_and_line(tmp_path, text, key, line):
     message = str(e.value)
     assert str(path) in message and key in message and f"line {line}" in message, message
     assert "\n" not in message and message.endswith(".") and "; " in message  # one sentence with a fix
+
+
+def test_bench_prompts_and_examples(tmp_path):
+    demo = profiles.load_profile("demo")
+    assert demo.bench_prompts == "demo" and len(demo.examples) == 3 and isinstance(demo.examples, tuple)
+    assert demo.examples[0] == "What is 48 + 75?"
+    plain = profiles.load_profile(str(write(tmp_path / "plain.toml", '[model]\ntarget = "org/t"\n')))
+    assert plain.bench_prompts is None and plain.examples == ()
+    path = write(tmp_path / "p.toml", '[model]\ntarget = "a"\n[bench]\nprompts = "gsm8k"\n')
+    with pytest.raises(UserError, match=r"the name of a built-in prompt set \(chat, code, demo, math\).*"
+                                        r"write e\.g\. prompts = \"chat\"\."):
+        profiles.load_profile(str(path))
+    path = write(tmp_path / "p.toml", '[model]\ntarget = "a"\n[bench]\nprompt = "demo"\n')
+    with pytest.raises(UserError, match="did you mean 'prompts'"):
+        profiles.load_profile(str(path))
 
 
 def test_quoted_number_suggests_removing_quotes(tmp_path):
@@ -222,6 +241,7 @@ def test_new_profile_text_round_trips_and_keeps_comments(tmp_path):
     uncommented = re.sub(r"^# (\w+ = )", r"\1", text, flags=re.M).replace("# [engines.mlx]", "[engines.mlx]")
     q = profiles.load_profile(str(write(tmp_path / "mine.toml", uncommented)))
     assert q.temperature == 0.7 and q.draft_window == 4096 and q.engines["mlx"]["target"]
+    assert q.examples == ("What is 48 + 75?",) and q.bench_prompts == "chat"
     with pytest.raises(UserError, match="file name"):
         profiles.new_profile_text("../evil")
 
@@ -238,7 +258,7 @@ known = {s: st.fixed_dictionaries({}, optional={k: values for k in keys})
          for s, keys in profiles.SCHEMA.items() if s not in ("", "model")}
 documents = st.fixed_dictionaries(
     {"model": st.fixed_dictionaries({"target": st.just("org/t") | values}, optional={"draft": values, "x": values})},
-    optional={**known, "name": values, "description": values, "extra": values,
+    optional={**known, "name": values, "description": values, "examples": values, "extra": values,
               "engines": st.dictionaries(st.sampled_from(["cuda", "mlx", "rocm"]),
                                          st.fixed_dictionaries({}, optional={k: values for k in profiles.OVERRIDES}),
                                          max_size=2)})

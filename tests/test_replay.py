@@ -2,7 +2,8 @@
 
 The session is written by `Conversation` + `SessionWriter` on a random tiny pair at temperature 0
 (and on the demo pair when it has been built). No engine is mocked: the identity checks and the top-2
-margins come from real generations and real forward passes.
+margins come from real generations and real forward passes. Timings are never compared with a number:
+the tests check that the runs are counted and that the best and the spread are drawn from them.
 """
 
 from __future__ import annotations
@@ -19,19 +20,21 @@ from dflash_tui.cli import main
 from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ChatSettings, Conversation
 from dflash_tui.core.profiles import Profile
-from dflash_tui.measure import replay
+from dflash_tui.measure import replay, runs
 from engines import EngineConfig, UserError, load_engine
 from tests import tiny, waiting
 
 BLOCKS = [1, 2, 4, 8, 16]
 QUESTIONS = ["What is 48 + 75?", "The quick brown fox"]
 ROW_KEYS = {"block_size", "generated_tokens", "steps", "tau", "histogram", "decode_tokens_per_s", "speedup", "ttft_s",
-            "peak_memory_bytes", "peak_memory_kind", "identical_to_recording", "identical_across_block_sizes", "turns"}
+            "peak_memory_bytes", "peak_memory_kind", "repeats", "repeat_rates", "identical_to_recording",
+            "identical_across_block_sizes", "turns"}
 TOP_KEYS = {"schema", "session", "session_path", "created", "engine", "device", "dtype", "target", "recorded_target",
             "recorded_engine", "same_target", "temperature", "greedy", "block_sizes", "turns", "rows", "differences",
             "warnings"}
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "profiles" / "demo"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def record_session(engine, profile, questions, block_size: int, max_new_tokens: int = 32) -> str:
@@ -82,16 +85,26 @@ def invoke(*args):
     return CliRunner().invoke(main, list(args))
 
 
+def assert_best_of_runs(row, repeats: int) -> None:
+    """A row counts its runs, shows the fastest, and its spread is the distance between them."""
+    rates = row["repeat_rates"]
+    assert row["repeats"] == repeats == len(rates) and all(rate > 0 for rate in rates)
+    assert row["decode_tokens_per_s"] == max(rates) and all(row["decode_tokens_per_s"] >= rate for rate in rates)
+    assert runs.spread(row) == max(rates) - min(rates) >= 0
+
+
 def test_every_block_size_is_identical_and_block_1_is_the_baseline(recorded, data_dir):
     engine, session_id, _ = recorded
     session = sessions.load_session(session_id)
     seen = []
-    comparison = replay.run_replay(engine, session, BLOCKS, progress=lambda done, total, label: seen.append(done))
+    comparison = replay.run_replay(engine, session, BLOCKS, progress=lambda done, total, label: seen.append(done),
+                                   repeats=3)
     assert comparison["greedy"] and comparison["same_target"]
     assert [row["block_size"] for row in comparison["rows"]] == BLOCKS
     assert comparison["differences"] == []
     for row in comparison["rows"]:
         assert row["identical_to_recording"] is True and row["identical_across_block_sizes"] is True
+        assert_best_of_runs(row, 3)
         assert len(row["histogram"]) == row["block_size"] and sum(row["histogram"]) == row["steps"]
         recorded_ids = [t["emitted_ids"] for t in session.turns]
         assert [t["token_ids"] for t in row["turns"]] == recorded_ids
@@ -99,22 +112,24 @@ def test_every_block_size_is_identical_and_block_1_is_the_baseline(recorded, dat
         assert ["".join(p[0] for p in t["pieces"]) for t in row["turns"]] == [t["answer"] for t in session.turns]
     assert comparison["rows"][0]["speedup"] == 1.0
     assert all(isinstance(row["speedup"], float) for row in comparison["rows"])
-    assert seen == sorted(seen) and seen[-1] == len(BLOCKS) * (len(QUESTIONS) + 1)
+    assert seen == sorted(seen) and seen[-1] == len(BLOCKS) * (3 * len(QUESTIONS) + 1)  # a warm-up, then 3 runs
     text = replay.report(comparison, colour=False)
-    assert "✓ All 2 turns identical at block sizes 1, 2, 4, 8, 16" in text
+    assert "✓ All 2 turns identical at block sizes 1, 2, 4, 8, 16 in every run (3 per block size)" in text
+    assert "tok/s: best of 3 runs after a warm-up" in text
     assert "\x1b[" not in text  # no colour codes when colour is off (NO_COLOR, not a tty)
     assert "speedup vs block 1" in text and "tau" in text
 
 
 def test_cli_json_has_the_documented_schema_and_is_saved_next_to_the_session(recorded, data_dir):
     _, session_id, _ = recorded
-    result = invoke("replay", session_id, "--block-sizes", "4,1,16", "--json")
+    result = invoke("replay", session_id, "--block-sizes", "4,1,16", "--repeats", "2", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert set(data) == TOP_KEYS and data["schema"] == replay.SCHEMA
+    assert set(data) == TOP_KEYS and data["schema"] == replay.SCHEMA == "dflash-replay/2"
     assert data["block_sizes"] == [1, 4, 16]
     for row in data["rows"]:
         assert set(row) == ROW_KEYS
+        assert_best_of_runs(row, 2)
         assert set(row["turns"][0]) == {"index", "token_ids", "pieces", "acceptance_lengths", "generated_tokens",
                                         "decode_tokens_per_s", "ttft_s", "finish_reason"}
         assert row["identical_to_recording"] is True
@@ -122,24 +137,28 @@ def test_cli_json_has_the_documented_schema_and_is_saved_next_to_the_session(rec
     assert set(data["turns"][0]) == {"index", "user", "prompt_tokens", "recorded_tokens", "recorded_block_size"}
     saved = replay.saved_comparisons(sessions.resolve(session_id))
     assert saved and replay.load_comparison(saved[-1])["rows"] == data["rows"]
-    assert "saved" in result.stderr and "block 16" in result.stderr  # progress went to stderr
+    assert "saved" in result.stderr and "block 16 · run 2/2" in result.stderr  # progress went to stderr
     # the session itself is untouched and still lists once
     assert [s.id for s in sessions.list_sessions()].count(session_id) == 1
 
 
 def test_cli_table_marks_identical_outputs(recorded, data_dir):
     _, session_id, _ = recorded
-    result = invoke("replay", session_id, "-B", "1,8", "--no-save")
+    result = invoke("replay", session_id, "-B", "1,8", "--repeats", "3", "--no-save")
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "✓ recording · ✓ block 1" in out and "1.00x" in out and "✓ All 2 turns identical" in out
+    header, rule, *rows = out.splitlines()[2:6]
+    assert header.split()[:5] == ["block", "identical", "tok/s", "spread", "runs"]
+    assert [row.split()[1] for row in rows] == ["✓", "✓"] and all(" 3 " in row and "%" in row for row in rows)
+    assert "best of 3 runs after a warm-up" in out
     assert "saved" not in result.stderr
 
 
 def test_a_torn_last_line_still_replays(recorded, data_dir):
     engine, session_id, _ = recorded
     torn = copy_session(data_dir, session_id, "torn-session", tail='{"type": "turn", "index": 2, "user": "Hel')
-    result = invoke("replay", torn, "-B", "1,4", "--json", "--no-save")
+    result = invoke("replay", torn, "-B", "1,4", "--repeats", "1", "--json", "--no-save")
     assert result.exit_code == 0, result.output
     assert "incomplete" in result.stderr
     data = json.loads(result.stdout)
@@ -162,7 +181,7 @@ def test_cancelled_turns_are_not_replayed(recorded, data_dir):
         return lines
 
     name = copy_session(data_dir, session_id, "cancelled-session", cancel_first)
-    comparison = replay.run_replay(engine, sessions.load_session(name), [1, 2], warmup=False)
+    comparison = replay.run_replay(engine, sessions.load_session(name), [1, 2], warmup=False, repeats=1)
     assert [t["index"] for t in comparison["turns"]] == [1]
 
 
@@ -175,11 +194,12 @@ def test_a_difference_is_flagged_with_position_and_top2_margin(recorded, data_di
         return lines
 
     name = copy_session(data_dir, session_id, "corrupt-session", corrupt)
-    comparison = replay.run_replay(engine, sessions.load_session(name), [1, 4], warmup=False)
+    comparison = replay.run_replay(engine, sessions.load_session(name), [1, 4], warmup=False, repeats=2)
     assert [r["identical_to_recording"] for r in comparison["rows"]] == [False, False]
     assert [r["identical_across_block_sizes"] for r in comparison["rows"]] == [True, True]
     diffs = comparison["differences"]
     assert {(d["turn"], d["position"], d["against"]) for d in diffs} == {(0, 3, "recording")}
+    assert len(diffs) == 2  # one per block size, though each of the 2 runs differs
     session = sessions.load_session(session_id)
     assert diffs[0]["got"] == session.turns[0]["emitted_ids"][3]
     assert isinstance(diffs[0]["margin"], float) and diffs[0]["margin"] >= 0
@@ -196,7 +216,7 @@ def test_another_target_says_different_target(recorded, data_dir):
         return lines
 
     name = copy_session(data_dir, session_id, "moved-session", move_target)
-    comparison = replay.run_replay(engine, sessions.load_session(name), [1, 2], warmup=False)
+    comparison = replay.run_replay(engine, sessions.load_session(name), [1, 2], warmup=False, repeats=1)
     assert comparison["same_target"] is False
     assert all(r["identical_to_recording"] is None for r in comparison["rows"])
     assert comparison["rows"][1]["identical_across_block_sizes"] is True
@@ -210,7 +230,7 @@ def test_mlx_replay_matches_the_cuda_recording_and_margins_agree(recorded, data_
     config = replay.engine_config_for(session, engine="mlx")
     assert config.engine == "mlx" and config.target == session.header["target_path"]
     mlx_engine = load_engine(config)
-    comparison = replay.run_replay(mlx_engine, session, [1, 4], warmup=False)
+    comparison = replay.run_replay(mlx_engine, session, [1, 4], warmup=False, repeats=1)
     assert comparison["same_target"] and not comparison["differences"]
     ids = session.turns[0]["prompt_ids"]
     cuda, mlx = engine.top2_margin(ids), mlx_engine.top2_margin(ids)
@@ -223,9 +243,10 @@ def test_unknown_session_exits_2_in_one_sentence(data_dir):
     assert result.stderr.startswith("error: No session 'no-such-session'") and result.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize("sizes", ["0,4", "1,65", "1,x", ""])
-def test_bad_block_sizes_exit_2(recorded, data_dir, sizes):
-    result = invoke("replay", recorded[1], "--block-sizes", sizes)
+@pytest.mark.parametrize("args", [["--block-sizes", "0,4"], ["--block-sizes", "1,65"], ["--block-sizes", "1,x"],
+                                  ["--block-sizes", ""], ["--repeats", "0"]])
+def test_bad_block_sizes_and_repeats_exit_2(recorded, data_dir, args):
+    result = invoke("replay", recorded[1], *args)
     assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
 
 
@@ -258,7 +279,7 @@ def test_demo_session_replays_identically(tmp_path, monkeypatch):
     profile, config = load_settings("demo", "cuda", device="cpu")
     engine = load_engine(config)
     session_id = record_session(engine, replace(profile, max_new_tokens=96), ["What is 48 + 75?", "hi"], 16, 96)
-    result = invoke("replay", session_id, "--block-sizes", "1,4,8,16", "--no-save")
+    result = invoke("replay", session_id, "--block-sizes", "1,4,8,16", "--repeats", "1", "--no-save")
     assert result.exit_code == 0, result.output
     assert "✓ All 2 turns identical at block sizes 1, 4, 8, 16" in result.stdout
     assert result.stdout.count("✓ recording") == 4
@@ -289,6 +310,7 @@ async def test_tui_replay_screen_runs_and_compares_a_turn_side_by_side(recorded,
         await wait_for(pilot, lambda: isinstance(app.screen, ReplayScreen))
         screen = app.screen
         assert screen.query_one("#replay-session", Input).value == session_id  # the newest session
+        assert screen.query_one("#replay-repeats", Input).value == str(replay.DEFAULT_REPEATS) == "3"
         screen.query_one("#replay-blocks", Input).value = "1,4"
         screen.query_one("#replay-blocks", Input).focus()
         await pilot.press("enter")
@@ -296,7 +318,17 @@ async def test_tui_replay_screen_runs_and_compares_a_turn_side_by_side(recorded,
         await wait_for(pilot, lambda: screen.comparison is not None and not screen.running)
         comparison = screen.comparison
         assert [r["block_size"] for r in comparison["rows"]] == [1, 4] and not comparison["differences"]
-        assert screen.query_one("#replay-table", DataTable).row_count == 2
+        table = screen.query_one("#replay-table", DataTable)
+        assert table.row_count == 2
+        # the table shows how many runs each row is the best of, and how far apart they were
+        titles = [str(column.label) for column in table.columns.values()]
+        assert titles[:5] == ["block", "identical", "tok/s", "spread", "runs"]
+        for number, row in enumerate(comparison["rows"]):
+            assert_best_of_runs(row, 3)
+            cells = [str(cell) for cell in table.get_row_at(number)]
+            assert cells[titles.index("runs")] == "3" and cells[titles.index("spread")].endswith("%")
+            assert cells[titles.index("tok/s")] == f"{max(row['repeat_rates']):.1f}"
+        assert "best of 3 runs after a warm-up" in str(screen.query_one("#replay-note", Static).render())
         assert "✓ All 2 turns identical" in str(screen.query_one("#replay-verdict", Static).render())
         await pilot.pause()
         columns = list(screen.query(".replay-column"))
@@ -347,7 +379,8 @@ def test_another_engine_takes_the_profile_override_for_it(recorded, data_dir, tm
 def test_replay_help_documents_the_json_schema():
     result = invoke("replay", "--help")
     assert result.exit_code == 0
-    assert "dflash-replay/1" in result.stdout and "identical_across_block_sizes" in result.stdout
+    assert replay.SCHEMA in result.stdout and "identical_across_block_sizes" in result.stdout
+    assert "repeat_rates" in result.stdout and "--repeats" in result.stdout
 
 
 def test_replay_through_the_tuis_engine_process(recorded, data_dir):
@@ -359,8 +392,86 @@ def test_replay_through_the_tuis_engine_process(recorded, data_dir):
     try:
         session = sessions.load_session(session_id)
         assert replay.same_target(session, served)
-        comparison = replay.run_replay(served, session, [1, 4], warmup=False)
+        comparison = replay.run_replay(served, session, [1, 4], warmup=False, repeats=1)
     finally:
         served.close()
     assert comparison["greedy"] and not comparison["differences"]
     assert all(r["identical_to_recording"] and r["identical_across_block_sizes"] for r in comparison["rows"])
+
+
+# -- the replay screen at 80x24 (a saved comparison with fixed numbers: nothing timing-dependent on screen) --
+
+SNAPSHOT_SESSION = "20260101-120000-abcd"
+
+
+@pytest.fixture
+def saved_replay(tmp_path, monkeypatch):
+    """A fresh data folder with one session and, beside it, a saved comparison of 3 runs per block size
+    (tests/fixtures/replay-3-runs.json), which the replay screen shows when it opens."""
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "screen-data"))
+    writer = sessions.SessionWriter({"created": "2026-01-01T12:00:00+00:00", "profile": {"name": "tiny"},
+                                     "engine": "cuda"}, session_id=SNAPSHOT_SESSION)
+    writer.append_turn({"status": "completed", "user": "What is 48 + 75?", "answer": "48 + 75 = 123.", "settings": {}})
+    path = sessions.resolve(SNAPSHOT_SESSION)
+    saved = path.parent / f"{path.with_suffix('').name}.replay-20260101-120500.json"
+    saved.write_text((FIXTURES / "replay-3-runs.json").read_text())
+    return saved
+
+
+def screen_app(recorded, tmp_path):
+    from dflash_tui.tui.app import DflashApp
+
+    engine = recorded[0]
+    profile = tiny.write_profile(tmp_path / "tiny.toml", engine.config.target, engine.config.draft, max_new_tokens=16)
+    return DflashApp(profile=str(profile), loaded_engine=engine, animate=False, record=False)
+
+
+async def open_replay_screen(pilot):
+    """Wait for the chat, open the replay screen (ctrl+r), wait for the saved comparison, stop the cursors."""
+    from textual.widgets import Input
+
+    from dflash_tui.tui.screens.replay import ReplayScreen
+
+    app = pilot.app
+    await waiting.until(pilot, lambda: app.conversation is not None or app.load_error is not None)
+    app.screen.query_one("#prompt").cursor_blink = False
+    await pilot.pause()
+    await pilot.press("ctrl+r")
+    await waiting.until(pilot, lambda: isinstance(app.screen, ReplayScreen) and app.screen.comparison is not None)
+    for field in app.screen.query(Input):
+        field.cursor_blink = False
+    await pilot.pause()
+
+
+def test_snapshot_replay_screen_80x24(snap_compare, recorded, saved_replay, tmp_path):
+    assert snap_compare(screen_app(recorded, tmp_path), terminal_size=(80, 24), run_before=open_replay_screen)
+
+
+@pytest.mark.asyncio
+async def test_replay_screen_at_80x24_shows_run_identity_runs_and_spread(recorded, saved_replay, tmp_path):
+    """At 80x24 the run button and the columns that answer "identical?", "how fast?" and "how sure?" are
+    on screen; the columns to their right are reached by scrolling the table."""
+    from textual.widgets import Button, DataTable, Static
+
+    app = screen_app(recorded, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await open_replay_screen(pilot)
+        screen = app.screen
+        button = screen.query_one("#replay-run", Button)
+        assert button.region.width >= len("run") and button.region.right <= 80
+        assert button.region.bottom <= 24 and screen.get_widget_at(*button.region.center)[0] is button
+        table = screen.query_one("#replay-table", DataTable)
+        titles = [str(column.label) for column in table.columns.values()]
+        widths = [column.get_render_width(table) for column in table.columns.values()]
+        shown = table.scrollable_content_region.width
+        assert sum(widths[:titles.index("runs") + 1]) <= shown  # block, identical, tok/s, spread, runs
+        cells = [[str(cell) for cell in table.get_row_at(n)] for n in range(table.row_count)]
+        assert [row[titles.index("identical")] for row in cells] == ["✓ recording"] + ["✓ recording · ✓ block 1"] * 3
+        assert [row[titles.index("runs")] for row in cells] == ["3"] * 4
+        assert [row[titles.index("spread")] for row in cells] == ["6%", "5%", "7%", "12%"]
+        assert "best of 3 runs after a warm-up" in str(screen.query_one("#replay-note", Static).render())
+        # the rest of the table is a scroll away
+        assert table.max_scroll_x > 0
+        table.focus()
+        await pilot.press("right")
+        await waiting.until(pilot, lambda: table.scroll_x > 0)

@@ -12,7 +12,8 @@ from dflash_tui.cli.generate import engine_options
 from dflash_tui.cli.style import color_enabled
 from dflash_tui.measure import bench as bench_mod
 from dflash_tui.measure import replay as replay_mod
-from engines import load_engine
+from dflash_tui.measure.report import times
+from engines import UserError, load_engine
 
 
 class Progress:
@@ -41,6 +42,11 @@ class Progress:
             self.stream.flush()
 
 
+repeats_option = click.option(
+    "--repeats", "-r", type=int, default=replay_mod.DEFAULT_REPEATS, show_default=True,
+    help="Runs per block size after a warm-up; the table shows the best and the spread between them.")
+
+
 def _width() -> int:
     import shutil
 
@@ -58,21 +64,26 @@ def _width() -> int:
               help="Weights dtype (default: the recorded one).")
 @click.option("--temperature", "-t", type=float,
               help="Override the recorded temperature (0 compares outputs token for token).")
+@repeats_option
 @click.option("--no-save", is_flag=True, help="Do not save the comparison next to the session.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON (schema below).")
-def replay(session_id, block_sizes, engine, device, dtype, temperature, no_save, as_json):
-    """Re-run every completed turn of session ID once per block size and compare.
+def replay(session_id, block_sizes, engine, device, dtype, temperature, repeats, no_save, as_json):
+    """Re-run every completed turn of session ID at every block size and compare.
 
-    Every block size gets the recorded prompt ids (history included). The table shows, per block
-    size, tau (mean acceptance length), the acceptance histogram (lengths 1..B), decode tok/s,
-    speedup vs block 1, time to first token, peak memory and, at temperature 0, whether the output is
-    identical to the recording and across block sizes (✓), or where it first differs and the target's
-    top-2 logit margin there. A replay on a target other than the recorded one (e.g. a quantized MLX
-    build) says "different target". The comparison is saved next to the session as
-    `<session>.replay-<time>.json` (schema "dflash-replay/1"); --json prints it. Progress goes to stderr.
+    Every block size gets the recorded prompt ids (history included), a warm-up generation, then
+    --repeats runs of every turn. The table shows, per block size, at temperature 0 whether the output
+    is identical to the recording and across block sizes (✓; every run is checked), the best decode
+    tok/s of the runs and their spread, speedup vs block 1, tau (mean acceptance length), the
+    acceptance histogram (lengths 1..B), time to first token and peak memory; where an output differs,
+    where it first differs and the target's top-2 logit margin there. A replay on a target other than
+    the recorded one (e.g. a quantized MLX build) says "different target". The comparison is saved next
+    to the session as `<session>.replay-<time>.json` (schema below); --json prints it. Progress goes to
+    stderr.
     """
     from dflash_tui.core import sessions
+    from dflash_tui.measure.runs import check_repeats
 
+    check_repeats(repeats)
     sizes = replay_mod.parse_block_sizes(block_sizes)
     session = sessions.load_session(session_id)
     for warning in session.warnings:
@@ -81,7 +92,8 @@ def replay(session_id, block_sizes, engine, device, dtype, temperature, no_save,
     replay_mod.recorded_turns(session)  # fail before loading anything when nothing can be replayed
     config = replay_mod.engine_config_for(session, engine, device, dtype)
     click.echo(f"loading {config.target} on the {config.engine} engine ...", err=True)
-    comparison = _with_progress(replay_mod.run_replay, _load(config), session, sizes, temperature=temperature)
+    comparison = _with_progress(replay_mod.run_replay, _load(config), session, sizes, temperature=temperature,
+                                repeats=repeats)
     if not no_save:
         path = replay_mod.save_comparison(comparison, session.path)
         click.echo(f"saved {path}", err=True)
@@ -141,9 +153,10 @@ def measure_options(block_sizes_help: str, max_samples: Optional[int], max_sampl
         click.option("--dataset", "-d", default=None,
                      help="Built-in prompt set (" + ", ".join(bench_mod.BUILTIN_SETS) + "), a JSONL file "
                      '({"turns": [...]} per line), or a public name (' + ", ".join(bench_mod.PUBLIC_SETS) +
-                     "; needs `datasets` and the network). Default: the demo set for the demo profile, else chat."),
+                     "; needs `datasets` and the network). Default: the profile's [bench] prompts, else chat."),
         click.option("--block-sizes", "-B", default=None, help=block_sizes_help),
         *between,
+        repeats_option,
         click.option("--max-samples", "-n", type=int, default=max_samples, show_default=max_samples is not None,
                      help=max_samples_help),
         click.option("--max-new-tokens", type=int, default=None,
@@ -158,11 +171,13 @@ def measure_options(block_sizes_help: str, max_samples: Optional[int], max_sampl
     return decorate
 
 
-def _setup(flags: dict, dataset: Optional[str], block_sizes: Optional[str], max_samples: Optional[int]):
+def _setup(flags: dict, dataset: Optional[str], block_sizes: Optional[str], max_samples: Optional[int], repeats: int):
     """(profile settings, engine config, samples, dataset name, block sizes) from the shared options;
     `flags` are engine_options' values."""
     from dflash_tui.core.settings import load_settings
+    from dflash_tui.measure.runs import check_repeats
 
+    check_repeats(repeats)
     url = flags.pop("url")
     settings, config = load_settings(flags.pop("profile"), flags.pop("engine") or ("remote" if url else None),
                                      flags.pop("target"), flags.pop("draft"), url=url, **flags)
@@ -178,19 +193,21 @@ def _setup(flags: dict, dataset: Optional[str], block_sizes: Optional[str], max_
 @click.option("--no-framework", is_flag=True, help="Skip the framework's own generate baseline.")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the results to FILE as JSON (schema below).")
-def bench(dataset, block_sizes, max_samples, max_new_tokens, thinking, temperature, no_framework, json_file, **flags):
+def bench(dataset, block_sizes, repeats, max_samples, max_new_tokens, thinking, temperature, no_framework, json_file,
+          **flags):
     """Benchmark a profile on a prompt set: block 1 (the baseline), each block size, and the framework's own
-    generate (transformers on the CUDA engine, mlx-lm on MLX), after a warm-up.
+    generate (transformers on the CUDA engine, mlx-lm on MLX), each after a warm-up and --repeats times.
 
-    Prints, per block size, throughput against the baseline, speedup, mean acceptance length (tau) and
-    the acceptance histogram, as the public DFlash benchmark does. Progress goes to stderr.
+    Prints, per block size, the best throughput of the runs and their spread, speedup against the
+    baseline, mean acceptance length (tau) and the acceptance histogram, as the public DFlash benchmark
+    does. Progress goes to stderr.
     """
-    settings, config, samples, dataset_name, sizes = _setup(flags, dataset, block_sizes, max_samples)
+    settings, config, samples, dataset_name, sizes = _setup(flags, dataset, block_sizes, max_samples, repeats)
     no_framework = no_framework or config.engine == "remote"  # the weights stay on the server
     result = _with_progress(bench_mod.run_bench, _load(config), samples, sizes,
                             max_new_tokens=bench_mod.max_new_for(max_new_tokens, settings), temperature=temperature,
                             thinking=thinking, framework=not no_framework, system_prompt=settings.system_prompt,
-                            dataset=dataset_name, profile=settings.name)
+                            dataset=dataset_name, profile=settings.name, repeats=repeats)
     click.echo(bench_mod.format_result(result, color_enabled()))
     if json_file:
         with open(json_file, "w") as f:
@@ -206,32 +223,44 @@ def bench(dataset, block_sizes, max_samples, max_new_tokens, thinking, temperatu
                                    "profile sets one: W/4, W/2, W and none)."))
 @click.option("--thinking/--no-thinking", default=None, help="enable_thinking (default: the profile's).")
 @click.option("--dry-run", is_flag=True, help="Print the table and the best setting; write nothing.")
-def tune(dataset, block_sizes, draft_windows, max_samples, max_new_tokens, thinking, dry_run, **flags):
+def tune(dataset, block_sizes, draft_windows, repeats, max_samples, max_new_tokens, thinking, dry_run, **flags):
     """Sweep block sizes (and draft windows when the profile sets one) on a prompt set at temperature 0,
-    print the table and write the fastest setting into your copy of the profile (created from the
-    built-in one in `dflash profile path` if needed; comments are kept), saying what changed."""
+    --repeats runs each after a warm-up, and print the table. The fastest setting is written into your
+    copy of the profile (created from the built-in one in `dflash profile path` if needed; comments are
+    kept, and a changed line's comment says what tune measured) only after at least 3 runs, and only when
+    its best beats the current setting's best by more than the spread between runs; tune says why
+    either way."""
     from dflash_tui.measure import tune as tune_mod
 
-    settings, config, samples, dataset_name, sizes = _setup(flags, dataset, block_sizes, max_samples)
-    if not dry_run:
-        tune_mod.user_copy_path(settings)  # where the result goes is checked before the sweep, not after
+    settings, config, samples, dataset_name, sizes = _setup(flags, dataset, block_sizes, max_samples, repeats)
+    if not dry_run:  # what could stop the writing is checked before the sweep, not after
+        few = tune_mod.too_few_repeats(repeats)
+        if few:
+            raise UserError(f"--repeats {repeats}: {few}; pass --repeats {tune_mod.MIN_REPEATS} or more, "
+                            "or --dry-run to only look.")
+        tune_mod.user_copy_path(settings)
     windows = tune_mod.windows_for(draft_windows, settings, config)
     loaded = _load(config)
     result = _with_progress(tune_mod.sweep, loaded, samples, sizes, windows,
                             max_new_tokens=bench_mod.max_new_for(max_new_tokens, settings),
                             thinking=settings.thinking if thinking is None else thinking,
-                            system_prompt=settings.system_prompt)
+                            system_prompt=settings.system_prompt, repeats=repeats)
     click.echo(f"tune {settings.name} on {dataset_name} ({len(samples)} samples) · {loaded.name} engine on "
                f"{loaded.device} · {loaded.dtype}")
     click.echo(tune_mod.format_sweep(result))
-    best = result["best"]
-    click.echo(f"best: block size {best['block_size']}" + (
-        f", draft window {best['draft_window'] or 'none'}" if windows != [None] and best["block_size"] > 1 else "") +
-        f" ({best['decode_tokens_per_s']:.1f} tok/s, {best['speedup']:.2f}x vs block 1)")
+    best = result.best
+    click.echo(f"best: {tune_mod.label(best, result)} ({best.decode_tokens_per_s:.1f} tok/s, "
+               f"{times(best.speedup)} vs block 1)")
+    decision = tune_mod.decide(result)
+    click.echo(decision.reason)
     if dry_run:
         click.echo("dry run: no profile written", err=True)
         return
-    path, changes = tune_mod.write_best(settings, best, tune_window=windows != [None], engine=loaded.name)
+    if not decision.write:
+        return
+    comment = tune_mod.comment_for(result, dataset_name, loaded.trained_block_size)
+    path, changes = tune_mod.write_best(settings, best, tune_window=result.windows != [None], engine=loaded.name,
+                                        comment=comment)
     if changes:
         for change in changes:
             click.echo(f"  {change}")

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 import platformdirs
 import tomlkit
 
+from dflash_tui.measure.prompts import NAMES as PROMPT_SETS
 from engines import choose_engine
 from engines.config import DTYPES, ENGINES, MAX_BLOCK_SIZE, EngineConfig, Sampling
 from engines.errors import UserError
@@ -58,6 +59,8 @@ class Profile(Sampling):
     model: Optional[str] = None  # [engines.remote]: the served model (None: the server's first)
     api_key: Optional[str] = field(default=None, repr=False)  # [engines.remote] (DFLASH_API_KEY is better)
     engines: dict[str, dict] = field(default_factory=dict)  # [engines.cuda] / [engines.mlx] overrides
+    bench_prompts: Optional[str] = None  # [bench] prompts: the built-in set bench and tune use (None: chat)
+    examples: tuple[str, ...] = ()  # example prompts the chat's first screen offers
 
     @property
     def origin(self) -> str:
@@ -131,6 +134,10 @@ def _int_in(lo: int, hi: Optional[int] = None) -> Callable[[Any], bool]:
     return lambda v: _is_int(v) and v >= lo and (hi is None or v <= hi)
 
 
+def _texts(v: Any) -> bool:
+    return isinstance(v, list) and all(_text(i) for i in v)
+
+
 def _layer_ids(v: Any) -> bool:
     return isinstance(v, list) and bool(v) and all(_is_int(i) and i >= 0 for i in v) and len(set(v)) == len(v)
 
@@ -146,6 +153,7 @@ SCHEMA: dict[str, dict[str, _Spec]] = {
         "name": _Spec("name", "a non-empty string", 'name = "my-profile"', _text),
         "description": _Spec("description", "a string", 'description = "Qwen3-8B with its DFlash draft"',
                              lambda v: isinstance(v, str)),
+        "examples": _Spec("examples", "a list of non-empty strings", 'examples = ["What is 48 + 75?"]', _texts),
     },
     "model": {"target": _TARGET, "draft": _DRAFT},
     "engine": {
@@ -170,6 +178,10 @@ SCHEMA: dict[str, dict[str, _Spec]] = {
         "max_new_tokens": _Spec("max_new_tokens", "a positive integer", "max_new_tokens = 2048", _int_in(1)),
         "thinking": _Spec("thinking", "true or false", "thinking = true", lambda v: isinstance(v, bool)),
         "system_prompt": _Spec("system_prompt", "a string", 'system_prompt = ""', lambda v: isinstance(v, str)),
+    },
+    "bench": {
+        "prompts": _Spec("bench_prompts", f"the name of a built-in prompt set ({', '.join(PROMPT_SETS)})",
+                         'prompts = "chat"', lambda v: v in PROMPT_SETS),
     },
 }
 OVERRIDES: dict[str, _Spec] = {"target": _TARGET, "draft": _DRAFT, "dtype": _DTYPE, "block_size": _BLOCK,
@@ -364,6 +376,7 @@ def _parse(text: str, path: Path) -> Profile:
     fields.setdefault("name", path.stem)
     fields.setdefault("description", "")
     fields.setdefault("draft", None)
+    fields["examples"] = tuple(fields.get("examples", ()))
     return Profile(path=path, engines=overrides, **fields)
 
 
@@ -455,6 +468,7 @@ def new_profile_text(name: str) -> str:
     doc.add(tomlkit.comment("out takes the built-in default. Check it with `dflash profile validate FILE`."))
     doc.add("name", name)
     doc.add("description", "Qwen3-8B with its DFlash draft")
+    doc.add(tomlkit.comment('examples = ["What is 48 + 75?"]  # optional: prompts the chat\'s first screen offers'))
 
     def section(title: str, note: str, items: list, optional: list[str]) -> None:
         table = tomlkit.table()
@@ -479,6 +493,8 @@ def new_profile_text(name: str) -> str:
     section("generation", "Left out: the target's generation_config decides.",
             [("max_new_tokens", 2048, None), ("thinking", False, None)],
             ["temperature = 0.7  # 0 = greedy", "top_p = 0.8", "top_k = 20", "min_p = 0.0", 'system_prompt = ""'])
+    section("bench", "What `dflash bench` and `dflash tune` measure on when no --dataset is given.", [],
+            [f'prompts = "chat"  # a built-in prompt set: {", ".join(PROMPT_SETS)}'])
     doc.add(tomlkit.nl())
     doc.add(tomlkit.comment("Per-engine overrides of target, draft, dtype, block_size or draft_window:"))
     doc.add(tomlkit.comment("[engines.mlx]"))

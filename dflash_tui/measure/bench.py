@@ -7,15 +7,17 @@ ship in `dflash_tui/prompts/`: chat, math, code and demo (the demo pair's domain
 counting, sorting). The public names gsm8k, math500, humaneval, mbpp and mt-bench load through the
 optional `datasets` package when the network allows; otherwise they are one clear error.
 
-Each block size runs every turn after one warm-up generation; block 1 (plain decoding on the same
-engine) is the baseline of the speedup, and the framework's own generate (transformers' `generate` on
-the CUDA engine, mlx-lm's `generate_step` on MLX) over block 1's prompt ids is a second baseline.
-Throughput is decode tokens per second: (tokens - 1) / time after the first token, summed over turns.
+Each block size runs one warm-up generation (not counted), then every turn `repeats` times (passes over
+the whole set); a row is the fastest pass, and keeps every pass's rate so the spread shows (runs.py).
+Block 1 (plain decoding on the same engine) is the baseline of the speedup, and the framework's own
+generate (transformers' `generate` on the CUDA engine, mlx-lm's `generate_step` on MLX) over block 1's
+prompt ids, repeated the same way, is a second baseline. Throughput is decode tokens per second:
+(tokens - 1) / time after the first token, summed over turns.
 
-`--json FILE` writes (schema "dflash-bench/1"):
+`--json FILE` writes (schema "dflash-bench/2"):
 
     {
-      "schema": "dflash-bench/1",
+      "schema": "dflash-bench/2",                 # /1 files (one pass, no repeats) still load
       "created": "2026-11-29T20:10:00+00:00",
       "profile": "demo", "dataset": "demo", "samples": 16, "turns": 16,
       "engine": "cuda", "device": "cpu", "dtype": "float32", "target": "...", "draft": "...",
@@ -23,19 +25,22 @@ Throughput is decode tokens per second: (tokens - 1) / time after the first toke
       "framework": {                              # null with --no-framework or where unavailable
         "name": "transformers generate",          # or "mlx-lm generate_step"
         "generated_tokens": 2034, "decode_tokens_per_s": 410.2, "ttft_s": 0.004,
+        "repeats": 3, "repeat_rates": [410.2, 399.0, 405.7],
         "identical_to_block_1": true              # null when sampled
       },
       "rows": [{                                  # one per block size, ascending; block 1 first
         "block_size": 16,
         "generated_tokens": 2034, "steps": 380,   # verify steps (the prefill token is not a step)
-        "decode_tokens_per_s": 1234.5,
-        "speedup": 3.09,                          # vs block 1 on the same engine (block 1: 1.0)
+        "decode_tokens_per_s": 1234.5,            # the fastest pass
+        "repeats": 3,                             # passes after the warm-up
+        "repeat_rates": [1234.5, 1190.2, 1201.7], # each pass's decode tok/s; spread = max - min
+        "speedup": 3.09,                          # best vs block 1's best, same engine (block 1: 1.0)
         "speedup_vs_framework": 3.01,             # vs the framework baseline; null without it
         "tau": 5.35,                              # mean acceptance length
         "histogram": [12, 30, ...],               # steps with acceptance length 1..block_size
         "ttft_s": 0.004,                          # mean time to first token
         "peak_memory_bytes": 123456789, "peak_memory_kind": "device" | "process-lifetime-rss",
-        "identical_to_block_1": true              # every turn's ids equal block 1's; null when sampled
+        "identical_to_block_1": true              # every pass's ids equal block 1's; null when sampled
       }],
       "best_block_size": 16                       # the fastest row
     }
@@ -49,8 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from dflash_tui.measure.replay import DEFAULT_BLOCK_SIZES, parse_block_sizes
-from dflash_tui.measure.report import histogram_line, histogram_text, mark, millis, table, times
+from dflash_tui.measure import prompts
+from dflash_tui.measure.replay import DEFAULT_BLOCK_SIZES, DEFAULT_REPEATS, parse_block_sizes
+from dflash_tui.measure.report import histogram_line, histogram_text, mark, millis, repeats_note, spread_cell, table, times
 from dflash_tui.measure.runs import (
     Counter,
     ProgressFn,
@@ -58,6 +64,8 @@ from dflash_tui.measure.runs import (
     Run,
     Totals,
     add_speedups,
+    best_pass,
+    check_repeats,
     decode_rate,
     load_json,
     mean_ttft,
@@ -67,8 +75,9 @@ from dflash_tui.measure.runs import (
 from engines.config import GenerationRequest
 from engines.errors import UserError
 
-SCHEMA = "dflash-bench/1"
-BUILTIN_SETS = ("chat", "math", "code", "demo")
+SCHEMA = "dflash-bench/2"
+SCHEMAS = ("dflash-bench/1", SCHEMA)  # what loads: /1 rows lack repeats (one pass each)
+BUILTIN_SETS = prompts.NAMES
 # name -> (hub dataset, config, split, field that holds the prompt)
 PUBLIC_SETS = {
     "gsm8k": ("openai/gsm8k", "main", "test", "question"),
@@ -78,8 +87,8 @@ PUBLIC_SETS = {
     "mt-bench": ("HuggingFaceH4/mt_bench_prompts", None, "train", "prompt"),
 }
 DEFAULT_MAX_NEW = 512
-_SCHEMA_TEXT = __doc__.split('(schema "dflash-bench/1"):', 1)[1]
-JSON_SCHEMA_HELP = "\b\n--json FILE writes (schema \"dflash-bench/1\"):\n" + "\n".join(
+_SCHEMA_TEXT = __doc__.split(f'(schema "{SCHEMA}"):', 1)[1]
+JSON_SCHEMA_HELP = f"\b\n--json FILE writes (schema \"{SCHEMA}\"):\n" + "\n".join(
     line[4:] for line in _SCHEMA_TEXT.splitlines() if line.startswith("    "))
 
 
@@ -159,7 +168,8 @@ def load_dataset(name: str, max_samples: Optional[int] = None) -> tuple[list[dic
 
 
 def default_dataset(profile) -> str:
-    return "demo" if profile.name == "demo" else "chat"
+    """The profile's `[bench] prompts`, else the general chat set (the profile's name decides nothing)."""
+    return profile.bench_prompts or "chat"
 
 
 def max_new_for(flag: Optional[int], profile) -> int:
@@ -199,8 +209,10 @@ class FrameworkRow(Record):
 
     name: str = ""
     generated_tokens: int = 0
-    decode_tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0  # the fastest pass
     ttft_s: float = 0.0
+    repeats: int = 1
+    repeat_rates: list[float] = field(default_factory=list)
     identical_to_block_1: Optional[bool] = None
 
 
@@ -231,7 +243,7 @@ class BenchResult(Record):
 
 def load_result(path) -> BenchResult:
     """A `--json` file, from this version or an older one."""
-    return BenchResult.from_dict(load_json(path, SCHEMA, "benchmark"))
+    return BenchResult.from_dict(load_json(path, SCHEMAS, "benchmark"))
 
 
 def messages_for(system_prompt: str, history: list[tuple[str, str]], user: str) -> list[dict]:
@@ -261,8 +273,9 @@ def run_block(engine, samples: list[dict], block_size: int, max_new_tokens: int,
     return out
 
 
-def summarize(block_size: int, runs: list[Run]) -> BenchRow:
-    return BenchRow.of(block_size, runs)
+def _labelled(tick: Callable[[str], None], n: int, repeats: int) -> Callable[[str], None]:
+    """`tick` with 'run n/N' added to each label."""
+    return lambda label: tick(f"{label} · run {n}/{repeats}")
 
 
 # -- the framework's own generate ------------------------------------------------------------------
@@ -285,44 +298,49 @@ def run_framework(engine, prompts: list[list[int]], max_new_tokens: int, tempera
 def run_bench(engine, samples: list[dict], block_sizes: list[int], max_new_tokens: int = 256,
               temperature: float = 0.0, thinking: bool = False, framework: bool = True,
               progress: Optional[ProgressFn] = None, system_prompt: str = "", dataset: str = "?",
-              profile: str = "?", warmup: bool = True) -> BenchResult:
-    """Block 1, every other block size, and the framework's generate (module docstring)."""
+              profile: str = "?", warmup: bool = True, repeats: int = DEFAULT_REPEATS) -> BenchResult:
+    """Block 1, every other block size, and the framework's generate, each `repeats` times (module docstring)."""
     from dflash_tui.core.sessions import now_iso
 
+    check_repeats(repeats)
     block_sizes = parse_block_sizes(block_sizes)
     if engine.draft_info is None:
         block_sizes = [1]
     name = engine.baseline_name if framework else None
     n_turns = sum(len(s["turns"]) for s in samples)
-    passes = len(block_sizes) + (1 if name else 0)
-    counter = Counter(n_turns * passes + (passes if warmup else 0), progress)
+    configurations = len(block_sizes) + (1 if name else 0)
+    counter = Counter(configurations * (n_turns * repeats + (1 if warmup else 0)), progress)
     tick = counter.tick
 
     first_prompt = [{"turns": samples[0]["turns"][:1]}]
-    runs: dict[int, list[Run]] = {}
+    passes: dict[int, list[list[Run]]] = {}
     for block in block_sizes:
         if warmup:
             tick(f"warm-up, block {block}")
             run_block(engine, first_prompt, block, min(16, max_new_tokens), temperature, thinking, system_prompt)
-        runs[block] = run_block(engine, samples, block, max_new_tokens, temperature, thinking, system_prompt, tick)
-    rows = [summarize(b, runs[b]) for b in block_sizes]
-    reference = runs[block_sizes[0]]
+        passes[block] = [run_block(engine, samples, block, max_new_tokens, temperature, thinking, system_prompt,
+                                   _labelled(tick, n, repeats)) for n in range(1, repeats + 1)]
+    rows = [BenchRow.of(b, passes[b]) for b in block_sizes]
+    reference = passes[block_sizes[0]][0]
     add_speedups(rows)
     greedy = temperature <= 0
-    if greedy:
+    if greedy:  # every pass is checked, not only the fastest one
         for row in rows:
-            row.identical_to_block_1 = same_ids(runs[row.block_size], reference)
+            row.identical_to_block_1 = all(same_ids(one, reference) for one in passes[row.block_size])
     framework_row = None
     if name:
-        prompts = [r.prompt_ids for r in reference]
+        prompt_ids = [r.prompt_ids for r in reference]
         if warmup:
             tick(f"warm-up, {name}")
-            engine.baseline_generate(prompts[0], min(16, max_new_tokens), temperature)
-        baseline = run_framework(engine, prompts, max_new_tokens, temperature, tick)
+            engine.baseline_generate(prompt_ids[0], min(16, max_new_tokens), temperature)
+        baseline = [run_framework(engine, prompt_ids, max_new_tokens, temperature, _labelled(tick, n, repeats))
+                    for n in range(1, repeats + 1)]
+        fastest = best_pass(baseline)
         framework_row = FrameworkRow(
-            name=name, generated_tokens=sum(r.generated_tokens for r in baseline),
-            decode_tokens_per_s=decode_rate(baseline), ttft_s=mean_ttft(baseline),
-            identical_to_block_1=same_ids(baseline, reference) if greedy else None)
+            name=name, generated_tokens=sum(r.generated_tokens for r in fastest),
+            decode_tokens_per_s=decode_rate(fastest), ttft_s=mean_ttft(fastest), repeats=repeats,
+            repeat_rates=[decode_rate(one) for one in baseline],
+            identical_to_block_1=all(same_ids(one, reference) for one in baseline) if greedy else None)
         for row in rows:
             if framework_row.decode_tokens_per_s:
                 row.speedup_vs_framework = row.decode_tokens_per_s / framework_row.decode_tokens_per_s
@@ -345,17 +363,19 @@ def format_result(result: BenchResult, colour: bool = False) -> str:
              f"on {r['device']} · {r['dtype']} · temperature {r['temperature']:g} · thinking "
              f"{'on' if r['thinking'] else 'off'} · at most {r['max_new_tokens']} new tokens", ""]
     fw = r["framework"]
-    titles = ["block", "tokens", "tok/s", "speedup", "vs " + (fw["name"].split()[0] if fw else "framework"), "tau",
-              "acceptance 1..B", "TTFT", "same as block 1"]
+    titles = ["block", "tokens", "tok/s", "spread", "runs", "speedup", "vs " + (fw["name"].split()[0] if fw else "framework"),
+              "tau", "acceptance 1..B", "TTFT", "same as block 1"]
     cells = []
     for row in r["rows"]:
         cells.append([str(row["block_size"]), str(row["generated_tokens"]), f"{row['decode_tokens_per_s']:.1f}",
-                      times(row["speedup"]), times(row["speedup_vs_framework"]), f"{row['tau']:.2f}",
-                      histogram_text(row["histogram"]), millis(row["ttft_s"]), mark(row["identical_to_block_1"])])
+                      spread_cell(row), str(row["repeats"]), times(row["speedup"]), times(row["speedup_vs_framework"]),
+                      f"{row['tau']:.2f}", histogram_text(row["histogram"]), millis(row["ttft_s"]),
+                      mark(row["identical_to_block_1"])])
     if fw:
-        cells.append([fw["name"], str(fw["generated_tokens"]), f"{fw['decode_tokens_per_s']:.1f}", "", "1.00x", "", "",
-                      millis(fw["ttft_s"]), mark(fw["identical_to_block_1"])])
-    lines += table(titles, cells, left=(0, 6, 8))
+        cells.append([fw["name"], str(fw["generated_tokens"]), f"{fw['decode_tokens_per_s']:.1f}", spread_cell(fw),
+                      str(fw["repeats"]), "", "1.00x", "", "", millis(fw["ttft_s"]), mark(fw["identical_to_block_1"])])
+    lines += table(titles, cells, left=(0, 8, 10))
+    lines.append(repeats_note(r["rows"]))
     base = next((row for row in r["rows"] if row["block_size"] == 1), None)
     for row in r["rows"]:
         if row["block_size"] == 1:

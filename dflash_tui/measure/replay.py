@@ -1,7 +1,9 @@
 """Replay a recorded session across block sizes (no UI framework here; the CLI and the TUI show it).
 
 Every recorded turn that completed is re-run with its recorded prompt ids (so every block size sees the
-identical prompt, history included) once per block size, on one engine loaded once. Block 1 (plain
+identical prompt, history included) at every block size, on one engine loaded once: a short warm-up
+generation first (not counted), then `repeats` passes over all turns; a row shows the fastest pass and
+keeps every pass's rate (runs.py). Block 1 (plain
 decoding) is always part of the run: it is the baseline of the speedup column. At temperature 0 the
 outputs must equal the recording (same target) and each other; any difference is reported with the turn,
 the first differing position and the target's top-2 logit margin there (a margin within numerical noise
@@ -12,7 +14,7 @@ across block sizes only.
 The comparison is saved next to the session as `<session>.replay-<YYYYmmdd-HHMMSS>.json`:
 
     {
-      "schema": "dflash-replay/1",
+      "schema": "dflash-replay/2",             # /1 files (one pass, no repeats) still load
       "session": "20261129-194200-3fa9",       "session_path": ".../20261129-194200-3fa9.jsonl",
       "created": "2026-11-29T20:10:00+00:00",
       "engine": "cuda", "device": "cpu", "dtype": "float32",
@@ -27,11 +29,12 @@ The comparison is saved next to the session as `<session>.replay-<YYYYmmdd-HHMMS
         "generated_tokens": 40, "steps": 14,     # verify steps (the prefill token is not a step)
         "tau": 2.79,                             # mean acceptance length over all turns
         "histogram": [3, 2, 4, 5],               # steps with acceptance length 1..block_size
-        "decode_tokens_per_s": 312.0,            # all turns: (tokens - 1 per turn) / decode seconds
+        "decode_tokens_per_s": 312.0,            # the fastest pass, all turns: (tokens - 1 per turn) / decode s
+        "repeats": 3, "repeat_rates": [312.0, 298.5, 305.1],  # each pass's rate; spread = max - min
         "speedup": 2.1,                          # decode_tokens_per_s / block 1's (block 1 row: 1.0)
         "ttft_s": 0.012,                         # mean time to first token
         "peak_memory_bytes": 123456, "peak_memory_kind": "device" | "process-lifetime-rss",
-        "identical_to_recording": true | false | null,     # null: sampled, or a different target
+        "identical_to_recording": true | false | null,     # every pass; null: sampled, or a different target
         "identical_across_block_sizes": true | false | null,  # vs the block 1 row; null when sampled
         "turns": [{"index": 0, "token_ids": [...], "pieces": [["Hel", "draft"], ["lo", "target"]],
                    "acceptance_lengths": [...], "generated_tokens": 40, "decode_tokens_per_s": 300.0,
@@ -54,16 +57,29 @@ from pathlib import Path
 from typing import Optional
 
 from dflash_tui.core import sessions
-from dflash_tui.measure.report import CHECK, CROSS, format_bytes, histogram_text, millis, table, times
+from dflash_tui.measure.report import CHECK, CROSS, format_bytes, histogram_text, millis, repeats_note, spread_cell, table, times
 from dflash_tui.measure.report import chart as report_chart
-from dflash_tui.measure.runs import Counter, ProgressFn, Record, Run, Totals, add_speedups, load_json, run
+from dflash_tui.measure.runs import (
+    Counter,
+    ProgressFn,
+    Record,
+    Run,
+    Totals,
+    add_speedups,
+    best_pass,
+    check_repeats,
+    load_json,
+    run,
+)
 from engines.config import MAX_BLOCK_SIZE, SAMPLING_FIELDS, EngineConfig, GenerationRequest
 from engines.errors import UserError
 
-SCHEMA = "dflash-replay/1"
+SCHEMA = "dflash-replay/2"
+SCHEMAS = ("dflash-replay/1", SCHEMA)  # what loads: /1 rows lack repeats (one pass each)
 DEFAULT_BLOCK_SIZES = (1, 2, 4, 8, 16)
+DEFAULT_REPEATS = 3
 _SCHEMA_TEXT = __doc__.split("`<session>.replay-<YYYYmmdd-HHMMSS>.json`:", 1)[1]
-JSON_SCHEMA_HELP = "\b\nThe saved comparison and --json (schema \"dflash-replay/1\"):\n" + "\n".join(
+JSON_SCHEMA_HELP = f"\b\nThe saved comparison and --json (schema \"{SCHEMA}\"):\n" + "\n".join(
     line[4:] for line in _SCHEMA_TEXT.splitlines() if line.startswith("    "))
 
 
@@ -245,9 +261,11 @@ class ReplayResult(Record):
     warnings: list[str] = field(default_factory=list)
 
 
-def aggregate(block_size: int, turns: list[RecordedTurn], runs: list[Run]) -> ReplayRow:
-    kept = [{"index": t.index, **{k: v for k, v in vars(r).items() if k in TURN_KEYS}} for t, r in zip(turns, runs)]
-    return ReplayRow.of(block_size, runs, turns=kept)
+def aggregate(block_size: int, turns: list[RecordedTurn], passes: list[list[Run]]) -> ReplayRow:
+    """The row of one block size: the fastest pass's numbers and turns, every pass's rate."""
+    kept = [{"index": t.index, **{k: v for k, v in vars(r).items() if k in TURN_KEYS}}
+            for t, r in zip(turns, best_pass(passes))]
+    return ReplayRow.of(block_size, passes, turns=kept)
 
 
 def effective_temperature(engine, turns: list[RecordedTurn], temperature: Optional[float]) -> float:
@@ -260,8 +278,10 @@ def effective_temperature(engine, turns: list[RecordedTurn], temperature: Option
 
 def run_replay(engine, session: sessions.Session, block_sizes: list[int], temperature: Optional[float] = None,
                progress: Optional[ProgressFn] = None, cancel: Optional[threading.Event] = None,
-               warmup: bool = True) -> ReplayResult:
-    """Re-run every completed turn at every block size on `engine`; the comparison (module docstring)."""
+               warmup: bool = True, repeats: int = DEFAULT_REPEATS) -> ReplayResult:
+    """Re-run every completed turn `repeats` times at every block size on `engine`; the comparison (module
+    docstring)."""
+    check_repeats(repeats)
     turns = recorded_turns(session)
     block_sizes = parse_block_sizes(block_sizes)
     has_draft = engine.draft_info is not None
@@ -278,8 +298,8 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
         if cancel.is_set():
             raise ReplayCancelled()
 
-    counter = Counter(len(block_sizes) * len(turns) + (len(block_sizes) if warmup else 0), progress, check)
-    results: dict[int, list[Run]] = {}
+    counter = Counter(len(block_sizes) * (len(turns) * repeats + (1 if warmup else 0)), progress, check)
+    results: dict[int, list[list[Run]]] = {}  # block size -> passes -> one run per turn
     for block in block_sizes:
         if warmup:  # first calls pay one-time costs (allocations, kernels); keep them out of the timings
             counter.tick(f"warm-up, block {block}")
@@ -287,9 +307,11 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
             warm.max_new_tokens = min(8, warm.max_new_tokens)
             run_turn(engine, warm)
         results[block] = []
-        for turn in turns:
-            counter.tick(f"block {block} · turn {turn.index + 1}")
-            results[block].append(run_turn(engine, turn.request(block, temperature, cancel)))
+        for n in range(1, repeats + 1):
+            results[block].append([])
+            for turn in turns:
+                counter.tick(f"block {block} · run {n}/{repeats} · turn {turn.index + 1}")
+                results[block][-1].append(run_turn(engine, turn.request(block, temperature, cancel)))
     counter.end("comparing")
 
     rows = [aggregate(b, turns, results[b]) for b in block_sizes]
@@ -304,18 +326,21 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
             margins[key] = (found.value, found.top2)
         return margins[key]
 
-    if greedy:
-        reference = results[block_sizes[0]]
+    if greedy:  # every pass is checked, not only the fastest one
+        reference = results[block_sizes[0]][0]
+        seen: set[tuple] = set()
         for row, block in zip(rows, block_sizes):
             same_rec, same_ref = True, True
-            for turn, run, ref in zip(turns, results[block], reference):
+            for turn, run, ref in ((t, r, f) for one in results[block] for t, r, f in zip(turns, one, reference)):
                 checks = [("block %d" % block_sizes[0], ref.token_ids)] if block != block_sizes[0] else []
                 if matched:
                     checks.insert(0, ("recording", turn.recorded_ids))
                 for against, expected in checks:
                     pos = first_difference(expected, run.token_ids)
-                    if pos is None:
-                        continue
+                    key = (block, turn.index, against, tuple(run.token_ids))
+                    if pos is None or key in seen:
+                        continue  # no difference, or one another pass already listed
+                    seen.add(key)
                     if against == "recording":
                         same_rec = False
                     else:
@@ -383,21 +408,26 @@ def identity_mark(row: dict, comparison: dict) -> str:
     return " · ".join(parts)
 
 
+IDENTICAL_COLUMN = 1  # the answer to "is it lossless?" comes first, where an 80-column screen shows it
+
+
 def table_rows(comparison: ReplayResult) -> tuple[list[str], list[list[str]]]:
-    """Column titles and the cells of the comparison table (shared by the CLI and the TUI)."""
-    titles = ["block", "tau", "acceptance 1..B", "tok/s", "speedup", "TTFT", "peak mem", "identical"]
+    """Column titles and the cells of the comparison table (shared by the CLI and the TUI), the most read
+    ones first: a narrow screen cuts from the right."""
+    titles = ["block", "identical", "tok/s", "spread", "runs", "speedup", "tau", "acceptance 1..B", "TTFT", "peak mem"]
     cells = []
     for row in comparison["rows"]:
         peak = format_bytes(row["peak_memory_bytes"]) + ("" if row["peak_memory_kind"] == "device" else "*")
-        cells.append([str(row["block_size"]), f"{row['tau']:.2f}", histogram_text(row["histogram"]),
-                      f"{row['decode_tokens_per_s']:.1f}", times(row["speedup"]), millis(row["ttft_s"]), peak,
-                      identity_mark(row, comparison)])
+        cells.append([str(row["block_size"]), identity_mark(row, comparison), f"{row['decode_tokens_per_s']:.1f}",
+                      spread_cell(row), str(row["repeats"]), times(row["speedup"]), f"{row['tau']:.2f}",
+                      histogram_text(row["histogram"]), millis(row["ttft_s"]), peak])
     return titles, cells
 
 
 def format_table(comparison: ReplayResult, colour: bool = False) -> str:
     titles, cells = table_rows(comparison)
-    lines = table(titles, cells, left=(2, 7), marks=7, colour=colour)
+    lines = table(titles, cells, left=(IDENTICAL_COLUMN, 7), marks=IDENTICAL_COLUMN, colour=colour)
+    lines.append(repeats_note(comparison["rows"]))
     if any(r["peak_memory_kind"] != "device" for r in comparison["rows"]):
         lines.append("* process peak RSS over the whole run (no device memory counter on this engine/device)")
     return "\n".join(lines)
@@ -413,7 +443,9 @@ def verdict(comparison: dict) -> str:
     if not diffs:
         against = "the recording and each other" if comparison["same_target"] else \
             "each other (different target: not compared to the recording)"
-        return f"{CHECK} All {n} turn{'s' if n != 1 else ''} identical at block sizes {blocks}: equal to {against}."
+        runs = sorted({r["repeats"] for r in comparison["rows"]})
+        every = f" in every run ({'/'.join(map(str, runs))} per block size)" if runs != [1] else ""
+        return f"{CHECK} All {n} turn{'s' if n != 1 else ''} identical at block sizes {blocks}{every}: equal to {against}."
     return f"{CROSS} {len(diffs)} difference{'s' if len(diffs) != 1 else ''} found (listed below)."
 
 
@@ -444,4 +476,4 @@ def report(comparison: dict, colour: bool = False, width: int = 80) -> str:
 
 def load_comparison(path: Path) -> ReplayResult:
     """A saved comparison, from this version or an older one."""
-    return ReplayResult.from_dict(load_json(path, SCHEMA, "replay comparison"))
+    return ReplayResult.from_dict(load_json(path, SCHEMAS, "replay comparison"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from dflash_tui.measure.runs import spread
+
 CHECK, CROSS = "✓", "✗"
 
 
@@ -37,6 +39,19 @@ def histogram_line(histogram: list[int]) -> str:
 def times(value: Optional[float]) -> str:
     """A speedup cell: '2.10x', '-' when unknown."""
     return f"{value:.2f}x" if value is not None else "-"
+
+
+def spread_cell(row) -> str:
+    """How far a row's passes were apart, as a share of its best: '4%'; '-' with a single pass."""
+    gap, best = spread(row), row["decode_tokens_per_s"]
+    return f"{100 * gap / best:.0f}%" if gap is not None and best else "-"
+
+
+def repeats_note(rows) -> str:
+    """What the tok/s and spread columns mean, with the number of runs (one line of at most 70 columns)."""
+    counts = sorted({row["repeats"] for row in rows})
+    n = "/".join(str(c) for c in counts) or "1"
+    return f"tok/s: best of {n} run{'s' if counts != [1] else ''} after a warm-up; spread: (max - min) / max"
 
 
 def millis(seconds: float) -> str:

@@ -2,7 +2,9 @@
 
 - `Run`: what one generation measured (ids, text by origin, acceptance lengths, timings, memory).
 - `Totals`: what the runs of one block size add up to; a bench or replay row is `Totals` plus its own
-  checks.
+  checks. Every block size runs its prompts `repeats` times after a warm-up (one machine's speed moves
+  between runs; a single run once read 4.09x and then 18.59x): the row keeps the fastest pass (best of
+  N) and every pass's rate, so the spread between them shows how far one number can be trusted.
 - `Counter`: progress over a known number of runs.
 - `Record`: the base of the saved results (`BenchResult`, `ReplayResult`): a dataclass with a `schema`
   version, `to_dict()` and `from_dict()`, which ignores keys it does not know and fills the ones it
@@ -63,13 +65,13 @@ class Record(Mapping):
         return cls(**values)
 
 
-def load_json(path, schema: str, what: str) -> dict:
-    """The JSON object a saved result holds, checked to be of `schema` (one sentence when it is not)."""
+def load_json(path, schemas: tuple[str, ...], what: str) -> dict:
+    """The JSON object a saved result holds, checked to be of one of `schemas` (one sentence when it is not)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise UserError(f"{what[0].upper()}{what[1:]} {path} cannot be read ({exc}).") from None
-    if not isinstance(data, dict) or data.get("schema") != schema:
+    if not isinstance(data, dict) or data.get("schema") not in schemas:
         found = data.get("schema") if isinstance(data, dict) else None
         raise UserError(f"{path} is not a dflash {what} (schema {found!r}).")
     return data
@@ -138,6 +140,24 @@ def mean_ttft(runs: list) -> float:
     return sum(r.ttft_s for r in runs) / len(runs) if runs else 0.0
 
 
+def check_repeats(repeats: int) -> int:
+    if repeats < 1:
+        raise UserError(f"The number of runs per block size must be at least 1, not {repeats}; 3 or more shows how "
+                        "much the speed varies between runs.")
+    return repeats
+
+
+def best_pass(passes: list[list]) -> list:
+    """The fastest of several passes over the same prompts (highest decode rate; the first of equals)."""
+    return max(passes, key=decode_rate)
+
+
+def spread(row) -> Optional[float]:
+    """Fastest minus slowest pass of a row, in decode tokens per second; None with fewer than two passes."""
+    rates = row["repeat_rates"]
+    return max(rates) - min(rates) if len(rates) >= 2 else None
+
+
 def same_ids(runs: list, reference: list) -> bool:
     """Every run produced the ids of the reference run in the same place."""
     return all(a.token_ids == b.token_ids for a, b in zip(runs, reference))
@@ -157,15 +177,20 @@ class Totals(Record):
     ttft_s: float = 0.0  # mean time to first token
     peak_memory_bytes: int = 0
     peak_memory_kind: str = "device"  # or "process-lifetime-rss"
+    repeats: int = 1  # passes over the prompts after the warm-up; the fields above are the fastest one's
+    repeat_rates: list[float] = field(default_factory=list)  # every pass's decode tokens per second
 
     @classmethod
-    def of(cls, block_size: int, runs: list[Run], **more):
+    def of(cls, block_size: int, passes: list[list[Run]], **more):
+        """The row of the fastest of `passes` (each one pass over the same prompts)."""
+        runs = best_pass(passes)
         lengths = [n for r in runs for n in r.acceptance_lengths]
         return cls(block_size=block_size, generated_tokens=sum(r.generated_tokens for r in runs),
                    steps=len(lengths), tau=sum(lengths) / len(lengths) if lengths else 0.0,
                    histogram=acceptance_histogram(lengths, block_size), decode_tokens_per_s=decode_rate(runs),
                    ttft_s=mean_ttft(runs), peak_memory_bytes=max((r.peak_memory_bytes for r in runs), default=0),
-                   peak_memory_kind=runs[0].peak_memory_kind if runs else "device", **more)
+                   peak_memory_kind=runs[0].peak_memory_kind if runs else "device", repeats=len(passes),
+                   repeat_rates=[decode_rate(p) for p in passes], **more)
 
 
 def add_speedups(rows: list[Totals], block_1: bool = False) -> None:

@@ -1,26 +1,38 @@
 """`dflash tune`: sweep block sizes (and draft windows) on a prompt set, keep the fastest in the profile.
 
-The sweep runs at temperature 0 on one engine: block 1 once (a draft window does not change it), then
-every other block size at every draft window. The best row is the highest decode throughput (ties go
-to the smaller block). It is written with tomlkit into the user's copy of the profile, so comments and
-layout survive: a user profile is edited in place; a built-in one (or a profile file elsewhere) is first
-copied to `user_profile_dir()/<name>.toml`, its relative checkpoint paths made absolute so they still
-resolve from there. A value set in the `[engines.<engine>]` override of the engine tuned on is changed
-there, since it is the one that engine reads.
+The sweep runs at temperature 0 on one engine, after a warm-up: block 1 (a draft window does not change
+it), the profile's current setting, then every other block size at every draft window, each `repeats`
+passes over the prompts. A row is its fastest pass (runs.py); the best row is the highest decode
+throughput (ties go to the smaller block).
+
+A machine's speed moves between runs, so one number decides nothing (a single run once switched DFlash
+off: "block_size: 16 -> 1"). The best row is written only after at least MIN_REPEATS passes, and only
+when its best beats the current setting's best by more than the spread (fastest minus slowest pass) of
+either of the two; `decide` says why in one sentence either way.
+
+It is written with tomlkit into the user's copy of the profile, so comments and layout survive: a user
+profile is edited in place; a built-in one (or a profile file elsewhere) is first copied to
+`user_profile_dir()/<name>.toml`, its relative checkpoint paths made absolute so they still resolve from
+there. A value set in the `[engines.<engine>]` override of the engine tuned on is changed there, since it
+is the one that engine reads. A changed line's old comment spoke of the old value ("# the block size the
+draft was trained at"), so it is replaced by what tune measured.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import tomlkit
 
-from dflash_tui.measure.bench import run_block, summarize
-from dflash_tui.measure.report import histogram_text, table
-from dflash_tui.measure.runs import Counter, ProgressFn
+from dflash_tui.measure.bench import run_block
+from dflash_tui.measure.replay import DEFAULT_REPEATS
+from dflash_tui.measure.report import histogram_text, repeats_note, spread_cell, table
+from dflash_tui.measure.runs import Counter, ProgressFn, Totals, check_repeats, spread
 from engines.errors import UserError
 
+MIN_REPEATS = 3  # fewer passes cannot tell a real difference from the machine's noise
 NONE_WORDS = ("none", "off", "no", "0")
 
 
@@ -48,53 +60,134 @@ def windows_for(text: Optional[str], profile, config) -> list[Optional[int]]:
     return [*values, None]
 
 
+@dataclass(eq=False)
+class TuneRow(Totals):
+    """One block size at one draft window."""
+
+    draft_window: Optional[int] = None
+
+
+@dataclass
+class Sweep:
+    """Every row, the fastest, and the profile's current setting measured the same way."""
+
+    rows: list[TuneRow]
+    best: TuneRow
+    current: TuneRow
+    windows: list[Optional[int]]
+    repeats: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether the best row goes into the profile, and why (one sentence)."""
+
+    write: bool
+    reason: str
+
+
 def sweep(engine, samples: list[dict], block_sizes: list[int], windows: list[Optional[int]], max_new_tokens: int = 256,
-          thinking: bool = False, system_prompt: str = "", progress: Optional[ProgressFn] = None) -> dict:
-    """Rows of (block size, draft window, throughput, speedup, tau) and the best one."""
+          thinking: bool = False, system_prompt: str = "", progress: Optional[ProgressFn] = None,
+          repeats: int = DEFAULT_REPEATS) -> Sweep:
+    """Every block size (with block 1 and the engine's current one) at every draft window (with the current
+    one), `repeats` passes each after one warm-up."""
+    check_repeats(repeats)
+    current_block, current_window = engine.block_size, engine.config.draft_window
     if engine.draft_info is None:
-        block_sizes = [1]
-    block_sizes = sorted(set(block_sizes) | {1})
+        block_sizes, current_block = [1], 1
+    block_sizes = sorted(set(block_sizes) | {1, current_block})
+    if current_block > 1 and current_window not in windows:
+        windows = [*windows, current_window]
     others = [b for b in block_sizes if b > 1]
     n_turns = sum(len(s["turns"]) for s in samples)
-    counter = Counter(1 + n_turns * (1 + len(others) * len(windows)), progress)
-    tick = counter.tick
+    counter = Counter(1 + repeats * n_turns * (1 + len(others) * len(windows)), progress)
 
-    def run(block: int, window: Optional[int]) -> dict:
-        runs = run_block(engine, samples, block, max_new_tokens, 0.0, thinking, system_prompt, tick)
-        return {**summarize(block, runs).to_dict(), "draft_window": window}
+    def measure(block: int, window: Optional[int]) -> TuneRow:
+        passes = [run_block(engine, samples, block, max_new_tokens, 0.0, thinking, system_prompt,
+                            lambda label, n=n: counter.tick(f"{label} · run {n}/{repeats}"))
+                  for n in range(1, repeats + 1)]
+        return TuneRow.of(block, passes, draft_window=window)
 
-    original = engine.config.draft_window
     rows = []
     try:
-        tick("warm-up")
+        counter.tick("warm-up")
         run_block(engine, [{"turns": samples[0]["turns"][:1]}], max(block_sizes), min(16, max_new_tokens), 0.0,
                   thinking, system_prompt)
-        rows.append(run(1, None))
+        rows.append(measure(1, None))
         for window in windows:
             engine.config.draft_window = window  # read by the engine at each generation
             for block in others:
-                rows.append(run(block, window))
+                rows.append(measure(block, window))
     finally:
-        engine.config.draft_window = original
+        engine.config.draft_window = current_window
     counter.end("done")
-    base_rate = rows[0]["decode_tokens_per_s"]
+    base_rate = rows[0].decode_tokens_per_s
     for row in rows:
-        row["speedup"] = row["decode_tokens_per_s"] / base_rate if base_rate else None
-    best = max(rows, key=lambda r: (r["decode_tokens_per_s"], -r["block_size"]))
-    return {"rows": rows, "best": best, "windows": windows}
+        row.speedup = row.decode_tokens_per_s / base_rate if base_rate else None
+    best = max(rows, key=lambda r: (r.decode_tokens_per_s, -r.block_size))
+    current = next(r for r in rows if r.block_size == current_block and (current_block == 1 or r.draft_window == current_window))
+    return Sweep(rows=rows, best=best, current=current, windows=windows, repeats=repeats)
 
 
-def format_sweep(result: dict) -> str:
-    show_window = result["windows"] != [None]
-    titles = ["block"] + (["window"] if show_window else []) + ["tok/s", "speedup", "tau", "acceptance 1..B", ""]
+def too_few_repeats(repeats: int) -> Optional[str]:
+    """Why `repeats` passes are not enough to write a setting; None when they are."""
+    if repeats >= MIN_REPEATS:
+        return None
+    return (f"{repeats} repeat{'s' if repeats != 1 else ''} cannot tell a faster block size from the machine's noise, "
+            f"so tune writes only after at least {MIN_REPEATS}")
+
+
+def label(row: TuneRow, result: Sweep) -> str:
+    """'block 8' or 'block 8, draft window 1024' (when windows were swept)."""
+    if result.windows == [None] or row.block_size == 1:
+        return f"block {row.block_size}"
+    return f"block {row.block_size}, draft window {row.draft_window or 'none'}"
+
+
+def decide(result: Sweep) -> Decision:
+    """Write the best row only after MIN_REPEATS passes, and only when its best beats the current setting's
+    best by more than the larger spread of the two (module docstring)."""
+    best, current = result.best, result.current
+    few = too_few_repeats(result.repeats)
+    if few:
+        return Decision(False, f"Not written: {few}.")
+    if best is current:
+        return Decision(False, f"The current setting, {label(current, result)}, is the fastest; nothing to write.")
+    margin = best.decode_tokens_per_s - current.decode_tokens_per_s
+    noise = max(spread(best) or 0.0, spread(current) or 0.0)
+    gap = (f"{label(best, result)} is faster than the current {label(current, result)} by {margin:.1f} tok/s, "
+           f"{'more than' if margin > noise else 'within'} the spread of {noise:.1f} tok/s across {result.repeats} runs")
+    if margin > noise:
+        return Decision(True, f"{gap[0].upper()}{gap[1:]}.")
+    return Decision(False, f"Kept the current setting: {gap}.")
+
+
+def comment_for(result: Sweep, dataset: str, trained: Optional[int]) -> str:
+    """The comment a written line gets: what tune measured, against what, and what the draft was trained at."""
+    best, current = result.best, result.current
+    text = (f"dflash tune on {dataset}: {best.decode_tokens_per_s:.1f} tok/s, best of {result.repeats}, vs "
+            f"{current.decode_tokens_per_s:.1f} at the old {label(current, result)}")
+    if best.block_size == 1:
+        return text + "; block 1 is plain decoding (DFlash off)"
+    if trained and best.block_size != trained:
+        return text + f"; the draft was trained at {trained}"
+    return text
+
+
+def format_sweep(result: Sweep) -> str:
+    show_window = result.windows != [None]
+    titles = ["block"] + (["window"] if show_window else []) + ["tok/s", "spread", "runs", "speedup", "tau",
+                                                                "acceptance 1..B", ""]
     cells = []
-    for row in result["rows"]:
-        mark = "← best" if row is result["best"] else ""
-        window = [str(row["draft_window"] or "none") if row["block_size"] > 1 else "-"] if show_window else []
-        cells.append([str(row["block_size"])] + window + [
-            f"{row['decode_tokens_per_s']:.1f}", f"{row['speedup']:.2f}x" if row["speedup"] else "-",
-            f"{row['tau']:.2f}", histogram_text(row["histogram"]), mark])
-    return "\n".join(table(titles, cells, left=(len(titles) - 2, len(titles) - 1)))
+    for row in result.rows:
+        marks = [m for m, on in (("← best", row is result.best), ("(current)", row is result.current)) if on]
+        window = [str(row.draft_window or "none") if row.block_size > 1 else "-"] if show_window else []
+        cells.append([str(row.block_size)] + window + [
+            f"{row.decode_tokens_per_s:.1f}", spread_cell(row), str(row.repeats),
+            f"{row.speedup:.2f}x" if row.speedup else "-", f"{row.tau:.2f}", histogram_text(row.histogram),
+            " ".join(marks)])
+    lines = table(titles, cells, left=(len(titles) - 2, len(titles) - 1))
+    return "\n".join([*lines, repeats_note(result.rows)])
 
 
 # -- writing the profile ---------------------------------------------------------------------------
@@ -130,8 +223,9 @@ def _absolute_paths(doc, source: Path) -> list[str]:
     return changed
 
 
-def _set(doc, table_path: tuple[str, ...], key: str, value) -> tuple[Optional[object], bool]:
-    """Set (or, for None, remove) doc[table...][key]; (old value, changed)."""
+def _set(doc, table_path: tuple[str, ...], key: str, value, comment: Optional[str] = None) -> tuple[Optional[object], bool]:
+    """Set (or, for None, remove) doc[table...][key], its line's comment replaced by `comment` (or dropped);
+    (old value, changed)."""
     table = doc
     for part in table_path:
         if part not in table:
@@ -147,12 +241,16 @@ def _set(doc, table_path: tuple[str, ...], key: str, value) -> tuple[Optional[ob
         del table[key]
     else:
         table[key] = value
+        trivia = table.item(key).trivia  # tomlkit keeps the old line's comment, which spoke of the old value
+        trivia.comment_ws, trivia.comment = ("  ", f"# {comment}") if comment else ("", "")
     return old_plain, True
 
 
-def write_best(profile, best: dict, tune_window: bool = False, engine: Optional[str] = None) -> tuple[Path, list[str]]:
-    """Write the best block size (and draft window) into the user's copy; (path, one sentence per change,
-    empty when the copy already had these values)."""
+def write_best(profile, best, tune_window: bool = False, engine: Optional[str] = None,
+               comment: Optional[str] = None) -> tuple[Path, list[str]]:
+    """Write the best block size (and draft window) of `best` (a TuneRow or a dict with those keys) into the
+    user's copy, each changed line's comment replaced by `comment`; (path, one sentence per change, empty
+    when the copy already had these values)."""
     target = user_copy_path(profile)
     notes: list[str] = []
     if target.is_file():
@@ -171,10 +269,10 @@ def write_best(profile, best: dict, tune_window: bool = False, engine: Optional[
         values.append(("draft_window", best.get("draft_window")))
     for key, value in values:
         where = ("engines", engine) if key in overrides else ("dflash",)
-        old, changed = _set(doc, where, key, value)
+        old, changed = _set(doc, where, key, value, comment)
         if changed:
-            label = f"[{'.'.join(where)}] {key}"
-            changes.append(f"{label}: {'(unset)' if old is None else old} -> {'(unset)' if value is None else value}")
+            name = f"[{'.'.join(where)}] {key}"
+            changes.append(f"{name}: {'(unset)' if old is None else old} -> {'(unset)' if value is None else value}")
     if changes == notes:  # the values are already there: write nothing (and create no copy)
         return (target if target.is_file() else Path(profile.path)), []
     target.parent.mkdir(parents=True, exist_ok=True)

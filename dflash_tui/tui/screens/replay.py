@@ -1,6 +1,11 @@
 """Replay: re-run a session's turns across block sizes, see the table and chart, then compare one turn's
 text side by side per block size, coloured by origin (accepted draft tokens vs the target's own).
 
+Each block size runs a warm-up and then `runs` passes (default 3); the table shows the best pass, the
+spread between passes and their number, since one pass alone can be off by a factor (4.09x, then 18.59x
+for the same session). Laid out for 80x24: the controls share one row, the identity column comes second,
+and the wider columns to the right scroll with the table.
+
 The work runs in a thread worker (`dflash_tui.measure.replay.run_replay`), reporting progress back with
 `call_from_thread`; escape stops it between generations. The engine of the chat is reused when it runs
 the session's target (and is idle); otherwise the session's own engine is loaded in the worker. The
@@ -25,6 +30,8 @@ from textual.widgets import Button, DataTable, Input, ProgressBar, Static
 from dflash_tui.core import sessions
 from dflash_tui.core.terminal import printable
 from dflash_tui.measure import replay
+from dflash_tui.measure.report import repeats_note
+from dflash_tui.measure.runs import check_repeats
 from dflash_tui.tui.widgets.stats import DRAFT_STYLE, TARGET_STYLE
 
 ORIGIN_STYLES = {"draft": DRAFT_STYLE, "target": TARGET_STYLE}
@@ -37,7 +44,7 @@ class ReplayScreen(ModalScreen):
     ]
     DEFAULT_CSS = """
     #replay-screen-box {
-        width: 96%;
+        width: 98%;
         height: 94%;
         border: round $primary;
         background: $surface;
@@ -45,13 +52,16 @@ class ReplayScreen(ModalScreen):
     }
     #replay-controls { height: 3; }
     #replay-controls Static { width: auto; padding: 1 1 0 0; }
-    #replay-session { width: 30; }
-    #replay-blocks { width: 24; }
-    #replay-run { min-width: 8; }
+    #replay-controls Input { padding: 0 1; }
+    #replay-session { width: 1fr; min-width: 12; }
+    #replay-blocks { width: 15; }
+    #replay-repeats { width: 6; }
+    #replay-run { min-width: 7; }
     #replay-progress-row { height: 1; }
-    #replay-progress { width: 40; }
+    #replay-progress { width: 20; }
     #replay-status { width: 1fr; padding: 0 0 0 1; }
     #replay-results { height: 1fr; }
+    #replay-note { color: $text-muted; }
     #replay-table { height: auto; max-height: 12; }
     #replay-chart { height: auto; text-wrap: nowrap; }
     #replay-verdict { margin: 1 0 0 0; }
@@ -76,21 +86,23 @@ class ReplayScreen(ModalScreen):
             with Horizontal(id="replay-controls"):
                 yield Static("session")
                 yield Input(self.session_id or self._newest() or "", placeholder="session id", id="replay-session")
-                yield Static("block sizes")
+                yield Static("blocks")
                 yield Input(",".join(str(b) for b in replay.DEFAULT_BLOCK_SIZES), id="replay-blocks",
                             placeholder="1,2,4,8,16")
+                yield Static("runs")
+                yield Input(str(replay.DEFAULT_REPEATS), id="replay-repeats", type="integer")
                 yield Button("run", id="replay-run", variant="primary")
             with Horizontal(id="replay-progress-row"):
                 yield ProgressBar(id="replay-progress", show_eta=False)
                 yield Static("enter runs the replay", id="replay-status")
             with VerticalScroll(id="replay-results"):
+                yield Static("", id="replay-note")
                 yield DataTable(id="replay-table", cursor_type="none", zebra_stripes=True)
                 yield Static("", id="replay-chart")
                 yield Static("", id="replay-verdict")
                 yield DataTable(id="replay-turns", cursor_type="row")
                 yield Horizontal(id="replay-compare")
-            yield Static("enter run · ↑↓ pick a turn in the list to compare its text · escape close",
-                         id="replay-hint")
+            yield Static("enter run · ←→ scroll the table · ↑↓ pick a turn to compare · esc close", id="replay-hint")
 
     def _newest(self) -> Optional[str]:
         found = sessions.list_sessions()
@@ -107,7 +119,7 @@ class ReplayScreen(ModalScreen):
             saved = replay.saved_comparisons(sessions.resolve(ident))
             if saved:
                 self.show(replay.load_comparison(saved[-1]))
-                self._status(f"Last replay ({saved[-1].name}); enter runs it again.")
+                self._status(f"Last replay {_stamp(saved[-1])} · enter runs it again")
         except Exception:  # noqa: BLE001 - an old or unreadable comparison is simply not shown
             pass
 
@@ -122,6 +134,7 @@ class ReplayScreen(ModalScreen):
             return
         ident = self.query_one("#replay-session", Input).value.strip()
         blocks = self.query_one("#replay-blocks", Input).value
+        repeats = self.query_one("#replay-repeats", Input).value.strip()
         if not ident:
             self._status("Type a session id (ctrl+o lists them).")
             return
@@ -129,14 +142,17 @@ class ReplayScreen(ModalScreen):
         self.running = True
         self.query_one("#replay-progress", ProgressBar).update(total=None, progress=0)
         self._status("starting ...")
-        self._run(ident, blocks)
+        self._run(ident, blocks, repeats)
 
     @work(thread=True, exclusive=True, group="replay")
-    def _run(self, ident: str, blocks: str) -> None:
+    def _run(self, ident: str, blocks: str, repeats: str) -> None:
         from engines import UserError, load_engine
 
         try:
             sizes = replay.parse_block_sizes(blocks)
+            if not repeats.isdigit():
+                raise UserError(f"Runs '{repeats}' is not a whole number; give how many runs per block size, e.g. 3.")
+            runs = check_repeats(int(repeats))
             session = sessions.load_session(ident)
             replay.recorded_turns(session)
             engine = self._chat_engine(session)
@@ -147,7 +163,7 @@ class ReplayScreen(ModalScreen):
                 self.app.call_from_thread(self._status, f"loading {config.target} on the {config.engine} engine ...")
                 engine = self._own_engine = load_engine(config)
             comparison = replay.run_replay(engine, session, sizes, progress=self._progress_from_thread,
-                                           cancel=self.cancel)
+                                           cancel=self.cancel, repeats=runs)
             path = replay.save_comparison(comparison, session.path)
         except replay.ReplayCancelled:
             self.app.call_from_thread(self._finished, None, "Replay stopped.")
@@ -158,7 +174,7 @@ class ReplayScreen(ModalScreen):
         except Exception as exc:  # noqa: BLE001 - shown in the screen, never a crash of the app
             self.app.call_from_thread(self._finished, None, f"error: unexpected {type(exc).__name__}: {exc}")
             return
-        self.app.call_from_thread(self._finished, comparison, f"Saved {path.name}.")
+        self.app.call_from_thread(self._finished, comparison, f"Saved replay {_stamp(path)}.")
 
     def _chat_engine(self, session):
         """The chat's engine when it runs the session's target and is idle (no second copy in memory)."""
@@ -194,11 +210,14 @@ class ReplayScreen(ModalScreen):
         table.clear(columns=True)
         titles, cells = replay.table_rows(comparison)
         table.add_columns(*titles)
+        column = replay.IDENTICAL_COLUMN
         for row in cells:
-            mark = row[-1]
+            mark = row[column]
             style = "bold red" if replay.CROSS in mark else ("green" if replay.CHECK in mark else "")
-            table.add_row(*row[:-1], Text(mark, style=style))
-        width = max(60, min(self.size.width - 8, 110)) if self.size.width else 100
+            table.add_row(*row[:column], Text(mark, style=style), *row[column + 1:])
+        self.query_one("#replay-note", Static).update(repeats_note(comparison["rows"]))
+        # the box is 98% of the screen; its border, padding and the scrollbar take 8 columns
+        width = max(40, min(int(self.size.width * 0.98) - 8, 110)) if self.size.width else 100
         # a rich Group renders through rich itself, which keeps the chart's leading spaces (its alignment)
         chart = Text.from_ansi(replay.chart(comparison, True, width, 12), no_wrap=True, overflow="crop")
         self.query_one("#replay-chart", Static).update(Group(chart))
@@ -256,3 +275,9 @@ class ReplayScreen(ModalScreen):
     def action_close(self) -> None:
         self.cancel.set()
         self.dismiss(None)
+
+
+def _stamp(path) -> str:
+    """'20260101-120500' of '<session>.replay-20260101-120500.json': what tells saved replays apart, short
+    enough for the status line at 80 columns."""
+    return path.name.rsplit(".replay-", 1)[-1].removesuffix(".json")
