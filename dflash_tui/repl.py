@@ -13,7 +13,7 @@ import sys
 from typing import Optional, TextIO
 
 from dflash_tui.core import sessions
-from dflash_tui.core.conversation import ChatFlags, Conversation, open_conversation, resume, thinking_layout
+from dflash_tui.core.conversation import ActiveTurn, ChatFlags, Conversation, open_conversation, resume, thinking_layout
 from dflash_tui.core.settings import profile_for
 from dflash_tui.core.terminal import color_enabled, printable
 from engines import load_engine
@@ -26,7 +26,8 @@ HELP = """commands:
   /thinking [on|off]  thinking for the next turns (also ctrl+t)
   /block N            block size (1 = plain decoding)
   /ghosts             show rejected draft tokens
-  /stats              the last turn's figures
+  /stats              the last turn's figures (speedup: measured against a timed block-1 step, – until then)
+  /continue           go on with the last answer where it was stopped (a stopped answer is not sent as history)
   /system TEXT        set the system prompt (/system alone clears it)
   /new                start a new session
   /quit               leave (also ctrl+d)"""
@@ -84,6 +85,13 @@ class Repl:
         elif name == "system":
             self.conv.settings.system_prompt = arg
             self.info("system prompt set" if arg else "system prompt cleared")
+        elif name == "continue":
+            try:
+                active = self.conv.continue_turn()
+            except UserError as exc:
+                self.info(str(exc))
+                return
+            self.run_turn(active)
         elif name == "new":
             self.conv.new_session()
             self.info("new session")
@@ -97,8 +105,7 @@ class Repl:
         if not turn or not turn.summary:
             return f"no turns yet · {self.status()}"
         m = turn.summary
-        speed, kind = self.conv.speedup(m.decode_tokens_per_s, m.mean_acceptance_length, m.draft_s, m.verify_s,
-                                        len(m.acceptance_lengths), m.block_size)
+        speed, kind = self.conv.speedup(m.decode_tokens_per_s, m.block_size, m.prompt_tokens + m.generated_tokens)
         total = m.draft_s + m.verify_s
         split = f"draft {m.draft_s / total * 100:.0f}% · verify {m.verify_s / total * 100:.0f}%" if total else ""
         hist = " ".join(f"{n + 1}:{c}" for n, c in enumerate(m.histogram) if c)
@@ -119,10 +126,14 @@ class Repl:
         except UserError as exc:
             self.info(str(exc))
             return
+        self.run_turn(active)
+
+    def run_turn(self, active: ActiveTurn) -> None:
+        """Stream a turn (a new one, or a stopped one continued), then time block 1 while the prompt waits."""
         previous = None
         if threading_main():
             previous = signal.signal(signal.SIGINT, lambda *_: active.cancel())
-        raw = ""
+        raw = active.earlier  # a continuation's text so far is on screen already: it only sets the thinking layout
         thinking = active.request.thinking
         try:
             for event in self.conv.stream(active):
@@ -148,6 +159,9 @@ class Repl:
             mark = (f" · {m.stopped_by}" if m.stopped_by else "") + (f" · {turn.save_error}" if turn.save_error else "")
             self.info(f"[{m.generated_tokens} tokens · {m.decode_tokens_per_s:.1f} tok/s · "
                       f"tau {m.mean_acceptance_length:.2f} · block {active.block_size}{mark}]")
+        if turn is not None and turn.can_continue:
+            self.info(f"{'cancelled' if turn.cancelled else 'failed'}: not sent as history; /continue picks it up")
+        self.conv.measure_block1()
 
     def handle(self, line: str) -> None:
         if line.startswith("/"):

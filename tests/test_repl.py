@@ -39,7 +39,7 @@ def test_piped_stdin_reads_prompts_line_by_line(profile, data_dir):
     out = result.stdout.decode()
     assert "\033[" not in out  # not a terminal: no colour codes
     assert "thinking OFF" in err and "block size 2" in err and "ghosts on" in err
-    assert "tau" in err and "vs block 1" in err and "unknown command /bogus" in err
+    assert "tau" in err and "x vs block 1 (measured)" in err and "unknown command /bogus" in err  # timed after each turn
     assert err.count("tokens ·") == 3 + 1  # three answers, and /stats
     found = sorted(sessions.list_sessions(), key=lambda s: s.created)
     assert len(found) == 2  # /new started a second session
@@ -134,3 +134,40 @@ def test_a_refused_long_prompt_gives_up_no_history(profile, data_dir):
     assert [t["user"] for t in turns] == ["first", "second"]
     assert all(t.get("dropped_turns", 0) == 0 for t in turns)
     assert len(turns[1]["messages"]) == 3  # "first", its answer, then "second": nothing was dropped
+
+
+def test_continue_goes_on_with_a_cancelled_answer(profile, data_dir):
+    """ctrl+c stops an answer (here: the terminal cancels on its third write); the stopped answer is not
+    history, /continue finishes it, and /help lists the command."""
+    from dflash_tui.core.conversation import ChatSettings, Conversation
+    from dflash_tui.core.settings import profile_for as load_profile
+    from dflash_tui.repl import Repl
+    from engines import load_engine
+
+    class CancelsOnThirdWrite(io.StringIO):
+        """The terminal of a user who presses ctrl+c once the first answer's third piece shows."""
+
+        writes = 0
+
+        def write(self, text):
+            self.writes += 1
+            if self.writes == 3:
+                conv.last_request.cancel.set()
+            return super().write(text)
+
+    p = load_profile(str(profile))
+    conv = Conversation(load_engine(p.engine_config("cuda")), ChatSettings.from_profile(p), profile=p)
+    conv.settings.temperature = 0.0
+    err = io.StringIO()
+    repl = Repl(conv, out=CancelsOnThirdWrite(), err=err, colour=False)
+    repl.handle("/continue")
+    assert "no stopped answer" in err.getvalue()
+    repl.handle("count to fifty")
+    assert conv.turns[-1].status == "cancelled"
+    assert "cancelled: not sent as history; /continue picks it up" in err.getvalue()
+    repl.handle("/continue")
+    assert [t.status for t in conv.turns] == ["cancelled", "completed"]
+    assert conv.turns[1].answer.startswith(conv.turns[0].answer)
+    repl.handle("/help")
+    assert "/continue" in err.getvalue()
+    conv.close()

@@ -65,7 +65,7 @@ def test_read_back_and_history(data_dir):
     assert session.warnings == []
     assert [t["status"] for t in session.turns] == ["completed", "cancelled"]
     assert session.history()[1] == {"user": "q1", "answer": "a1", "status": "cancelled", "thinking": False,
-                                    "summary": session.turns[1]["summary"]}
+                                    "summary": session.turns[1]["summary"], "prompt_ids": [1, 2], "emitted_ids": [3]}
     assert session.last_settings() == {"block_size": 4, "thinking": False}
     assert session.title == "q0" and session.profile_name == "tiny"
 
@@ -89,8 +89,8 @@ def test_torn_last_line_is_skipped_with_a_warning_and_appending_continues(data_d
 
 def test_a_session_deleted_while_in_use_starts_again_with_its_header(data_dir):
     writer = sessions.SessionWriter.resume(sessions.load_session(write(turns=1).id))
-    with pytest.raises(UserError, match="is open in a dflash"):  # dflash itself refuses
-        sessions.delete_session(sessions.resolve_own(writer.id))
+    with pytest.raises(UserError, match="is the chat open here; start a new session or resume another"):
+        sessions.delete_session(sessions.resolve_own(writer.id))  # dflash itself refuses
     writer.path.unlink()  # someone removed it by hand
     writer.append_turn({"status": "completed", "user": "after", "answer": "x", "settings": {}})
     session = sessions.load_session(writer.id)
@@ -114,6 +114,8 @@ def test_list_newest_first_and_delete(data_dir):
     assert [s.id for s in found] == ["20260102-120000-bbbb", "20260101-120000-aaaa"]
     sessions.delete_session(sessions.resolve_own("20260101-120000-aaaa"))
     assert [s.id for s in sessions.list_sessions()] == ["20260102-120000-bbbb"]
+    assert sessions.deletion_text(sessions.resolve_own("20260102-120000-bbbb")) == \
+        'session 20260102-120000-bbbb (3 turns, "q0")'
 
 
 def test_sessions_cli(data_dir, tmp_path):

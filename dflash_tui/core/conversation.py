@@ -3,11 +3,16 @@
 It owns what a chat is: the history, the system prompt, the thinking flag, the block size, trimming
 the oldest turns when the history outgrows the target's context (with a notice), building the
 `GenerationRequest` for each turn, and recording every turn, completed or cancelled, in the session.
-The front ends only show what it streams.
+Only completed turns are resent as history: a cancelled or failed answer stops mid-thought (often inside
+an unclosed `<think>`), and the model would read it as a reply it gave. Such a turn stays in the file and
+on screen, and `continue_turn()` picks it up where it stopped when the user asks. It also holds the
+measured block-1 speed (`measure_block1`) the speedup figure compares against. The front ends only show
+what it streams.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Optional
@@ -20,10 +25,12 @@ from engines.config import GenerationRequest, Sampling
 from engines.engine import EngineLike
 from engines.errors import UserError
 from engines.events import StepEvent, Summary
+from engines.probe import Block1Probe
 
 BLOCK_CHOICES = (1, 2, 4, 8, 16)
 FULL_CONTEXT_KEEP = 0.75  # a full context drops its oldest turns down to this share at once (issue 14)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+PROBE_SPAN = 1.25  # a block-1 probe stands for contexts within 25% of the one it was timed at
 DRAFT_THINKING_WARNING = ("This profile's draft was not trained with thinking traces: with thinking on, "
                           "expect fewer accepted draft tokens.")
 
@@ -85,10 +92,21 @@ class Turn:
     thinking: Optional[bool] = None
     summary: Optional[Summary] = None  # a resumed turn's lacks token_ids and text (the file keeps them apart)
     save_error: Optional[str] = None  # why the session file could not take this turn (it is retried)
+    prompt_ids: list[int] = field(default_factory=list)  # the ids sent (a continuation's end with the earlier part)
+    emitted_ids: list[int] = field(default_factory=list)  # the ids this request generated
 
     @property
     def cancelled(self) -> bool:
         return self.status == "cancelled"
+
+    @property
+    def resent(self) -> bool:
+        """Whether later turns send this one as history: only a finished answer is one the model gave."""
+        return self.status == "completed"
+
+    @property
+    def can_continue(self) -> bool:
+        return self.status in ("cancelled", "error") and bool(self.prompt_ids) and bool(self.emitted_ids)
 
 
 def split_thinking(text: str, thinking: bool = True) -> tuple[Optional[str], str, bool]:
@@ -194,6 +212,8 @@ class ActiveTurn:
     finish_reason: Optional[str] = None
     recorded: bool = False
     turn: Optional[Turn] = None
+    continues: Optional[int] = None  # the index of the stopped turn this one picks up (continue_turn)
+    earlier: str = ""  # that turn's answer so far: the recorded answer is earlier + text
 
     def cancel(self) -> None:
         self.request.cancel.set()
@@ -204,6 +224,8 @@ class Conversation:
 
     def __init__(self, engine: EngineLike, settings: ChatSettings, profile: Optional[Profile] = None,
                  record: bool = True):
+        self._engine_use = threading.Lock()  # a block-1 probe and a turn never run on the engine at once
+        self._running = False  # a turn's stream is on the engine (a probe now would race it)
         self.engine = engine
         self.settings = settings
         self.profile = profile
@@ -219,6 +241,16 @@ class Conversation:
         self._warned_draft_thinking = False
         self.on_notice: Optional[Callable[[str], None]] = None
         self.reuse_cache = True  # the engine keeps its caches between turns (False: every turn prefilled whole)
+
+    @property
+    def engine(self) -> EngineLike:
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: EngineLike) -> None:
+        """A probe timed one loaded pair: a new engine (another engine kind, a reload) starts unmeasured."""
+        self._engine = engine
+        self.probes: list[Block1Probe] = []
 
     # -- settings --------------------------------------------------------------------------------
     @property
@@ -264,8 +296,9 @@ class Conversation:
         if self.settings.system_prompt.strip():
             messages.append({"role": "system", "content": self.settings.system_prompt})
         for turn in history:
-            messages.append({"role": "user", "content": turn.user})
-            messages.append({"role": "assistant", "content": turn.answer})
+            if turn.resent:
+                messages.append({"role": "user", "content": turn.user})
+                messages.append({"role": "assistant", "content": turn.answer})
         messages.append({"role": "user", "content": user})
         return messages
 
@@ -305,10 +338,42 @@ class Conversation:
             self.dropped = start
             self.notice(f"Context full: {newly} oldest turn{'s' if newly > 1 else ''} no longer sent "
                         f"({self.dropped} dropped in all; prompt {len(ids)} of {limit} tokens).")
+        return self._active(user, request, list(ids), messages)
+
+    def continue_turn(self) -> ActiveTurn:
+        """Pick up the last turn where it was cancelled (or failed), when the user asks to.
+
+        The new prompt is that turn's exact ids so far: the prompt it was sent plus the tokens it emitted,
+        so the model goes on mid-answer (inside its `<think>` if it stopped there) with the tokens its
+        limit has left; at temperature 0 the whole equals the answer it would have given uninterrupted.
+        The kept caches hold those ids, so nothing is prefilled twice. The prompt is the one the turn was
+        sent, system prompt and history included, even if they changed since. When it ends it is a new
+        turn, recorded with `continues` (the stopped turn's index) and the whole answer; the stopped turn
+        stays in the file and on screen, marked, and is still never resent as history.
+        """
+        last = len(self.turns) - 1
+        stopped = self.turns[last] if self.turns else None
+        if stopped is None or not stopped.can_continue:
+            raise UserError("There is no stopped answer to continue: only the last turn, once cancelled or failed, "
+                            "can be continued.")
+        left = self.settings.max_new_tokens - len(stopped.emitted_ids)
+        if left < 1:
+            raise UserError(f"The stopped answer already has {len(stopped.emitted_ids)} tokens, the token limit "
+                            f"({self.settings.max_new_tokens}); raise the limit to continue it.")
+        ids = stopped.prompt_ids + stopped.emitted_ids
+        s = self.settings
+        thinking = stopped.thinking if stopped.thinking is not None else s.thinking
+        request = GenerationRequest(prompt_ids=ids, thinking=thinking, max_new_tokens=left, seed=s.seed,
+                                    block_size=s.block_size, **s.sampling())
+        active = self._active(stopped.user, request, ids, [])
+        active.continues, active.earlier = last, stopped.answer
+        return active
+
+    def _active(self, user: str, request: GenerationRequest, ids: list[int], messages: list[dict]) -> ActiveTurn:
         request.reuse_cache = self.reuse_cache
         self.last_request = request
         block = self.settings.block_size or self.engine.block_size
-        return ActiveTurn(user=user, request=request, prompt_ids=list(ids), messages=messages, dropped=self.dropped,
+        return ActiveTurn(user=user, request=request, prompt_ids=ids, messages=messages, dropped=self.dropped,
                           block_size=block, stats=LiveStats(block_size=block, prompt_tokens=len(ids)))
 
     def notice(self, text: str) -> None:
@@ -321,6 +386,8 @@ class Conversation:
         """Run the turn on the engine; the turn is recorded when the stream ends, however it ends
         (finished, cancelled, or abandoned by the consumer: recorded as cancelled)."""
         error: Optional[BaseException] = None
+        with self._engine_use:  # waits out a block-1 probe in flight (a few single-token forwards)
+            self._running = True
         try:
             for event in self.engine.generate(active.request):
                 active.emitted += event.emitted
@@ -338,6 +405,7 @@ class Conversation:
             error = exc
             raise
         finally:
+            self._running = False
             if error is None or active.emitted:
                 self._finish(active, error)
 
@@ -346,7 +414,7 @@ class Conversation:
             return
         active.recorded = True
         summary = self.engine.last_summary
-        text = summary.text if summary is not None else active.text
+        text = active.earlier + (summary.text if summary is not None else active.text)
         if error is not None:
             status = "error"
         elif active.finish_reason in (None, "cancelled") or (summary is not None and summary.finish_reason == "cancelled"):
@@ -354,15 +422,17 @@ class Conversation:
         else:
             status = "completed"
         summary_dict = stored(summary)
-        turn = Turn(user=active.user, answer=text, status=status, thinking=active.request.thinking, summary=summary)
+        turn = Turn(user=active.user, answer=text, status=status, thinking=active.request.thinking, summary=summary,
+                    prompt_ids=active.prompt_ids, emitted_ids=active.emitted)
         active.turn = turn
         if status == "error" and not active.emitted:
             return
         self.turns.append(turn)
         if self.record:
             writer = self._writer()
+            continues = {} if active.continues is None else {"continues": active.continues}
             saved = writer.append_turn({
-                "index": len(self.turns) - 1, "status": status, "time": sessions.now_iso(),
+                "index": len(self.turns) - 1, **continues, "status": status, "time": sessions.now_iso(),
                 "user": active.user, "answer": text, "messages": active.messages, "dropped_turns": active.dropped,
                 "settings": {**self.settings.to_dict(), "block_size": active.block_size,
                              "thinking": active.request.thinking, "engine": self.engine_name,
@@ -419,7 +489,8 @@ class Conversation:
     def restore(self, session: sessions.Session) -> None:
         """Continue a recorded session: its history, its last settings, appending to its file."""
         self.turns = [Turn(user=t["user"], answer=t["answer"], status=t["status"], thinking=t.get("thinking"),
-                           summary=Summary.from_dict(t["summary"]) if t.get("summary") else None)
+                           summary=Summary.from_dict(t["summary"]) if t.get("summary") else None,
+                           prompt_ids=t["prompt_ids"], emitted_ids=t["emitted_ids"])
                       for t in session.history()]
         self.dropped = max([t.get("dropped_turns", 0) for t in session.turns] or [0])
         settings = session.last_settings()
@@ -436,25 +507,40 @@ class Conversation:
         lengths = [n for t in self.turns if t.summary for n in t.summary.acceptance_lengths]
         return sum(lengths) / len(lengths) if lengths else 0.0
 
-    def block1_rate(self) -> Optional[float]:
-        rates = [t.summary.decode_tokens_per_s for t in self.turns
-                 if t.summary and t.summary.block_size == 1 and t.summary.engine == self.engine.name
-                 and t.summary.generated_tokens > 1 and t.summary.decode_tokens_per_s]
-        return sum(rates) / len(rates) if rates else None
+    def measure_block1(self) -> bool:
+        """Time a block-1 step at the engine's kept context, unless a probe already stands for about that
+        length; True when a new figure was measured. The UI calls it when idle after a turn (the TUI from
+        a worker thread): the engine times a few single-token forwards on its kept caches and leaves them
+        as they were, so the next turn still reuses them. A turn begun meanwhile waits for those forwards."""
+        last = self.turns[-1].summary if self.turns else None
+        if last is None or not self.has_draft or self.probe_near(last.prompt_tokens + last.generated_tokens):
+            return False
+        with self._engine_use:
+            if self._running:
+                return False
+            probe = self.engine.measure_block1()
+        if probe is None:  # nothing kept to measure on (a resumed session, a remote server)
+            return False
+        self.probes.append(probe)
+        return True
 
-    def speedup(self, tokens_per_s: float, tau: float, draft_s: float, verify_s: float, steps: int,
-                block_size: int) -> tuple[Optional[float], str]:
-        """Speedup over block 1: measured against this session's block-1 turns when there are any,
-        else estimated as tau x (verify time per step) / (draft + verify time per step), i.e. taking a
-        block-1 step to cost one verify pass (an upper bound on block 1's speed on a GPU)."""
+    def probe_near(self, context_tokens: int) -> Optional[Block1Probe]:
+        """The probe timed nearest `context_tokens`, if one lies within PROBE_SPAN of it."""
+        near = [p for p in self.probes
+                if max(p.context_tokens, context_tokens) <= PROBE_SPAN * max(1, min(p.context_tokens, context_tokens))]
+        return min(near, key=lambda p: abs(p.context_tokens - context_tokens), default=None)
+
+    def speedup(self, tokens_per_s: float, block_size: int, context_tokens: int) -> tuple[Optional[float], str]:
+        """A decode rate over block 1's at about the same context: measured, never estimated.
+
+        Block 1's rate is one over a probe's time per single-token step (`measure_block1`); (None, "")
+        until a probe stands for this context length, and the UI shows "–"."""
         if block_size <= 1:
             return 1.0, "block 1"
-        base = self.block1_rate()
-        if base and tokens_per_s:
-            return tokens_per_s / base, "measured"
-        if steps and verify_s > 0 and tau:
-            return tau * verify_s / (draft_s + verify_s), "est."
-        return None, "est."
+        probe = self.probe_near(context_tokens)
+        if probe is None or not tokens_per_s:
+            return None, ""
+        return tokens_per_s * probe.seconds_per_token, "measured"
 
 
 def open_conversation(engine: EngineLike, profile: Profile, flags: ChatFlags,

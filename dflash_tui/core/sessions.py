@@ -1,9 +1,10 @@
 """Sessions: one append-only JSONL file per chat, so a turn once answered is never lost.
 
 Line 1 is the header (format version, created, profile snapshot, engine, device, dtype, target and
-draft with their revisions, chat template hash); every later line is one turn, completed or cancelled
-(marked): the messages sent, the settings, the prompt ids, the emitted ids, the per-step drafted and
-accepted counts and the Summary. Each line is written whole, flushed and fsynced; files are mode 0600.
+draft with their revisions, chat template hash); every later line is one turn, completed, cancelled or
+failed (its status): the messages sent, the settings, the prompt ids, the emitted ids, the per-step
+drafted and accepted counts and the Summary; a turn that continues a stopped one names its index
+(`continues`) and holds the whole answer. Each line is written whole, flushed and fsynced; files are mode 0600.
 A torn last line (the process died while writing it) is skipped with a warning. Nothing is rewritten
 in place: resuming a session appends to the same file.
 
@@ -117,6 +118,11 @@ class SessionLock:
         lock.fd = fd
         cls._held[path] = lock
         return lock
+
+    @classmethod
+    def held_here(cls, session_path: Path) -> bool:
+        """Whether this process writes the session: it is the chat open in this dflash."""
+        return session_path.with_suffix(LOCK_SUFFIX) in cls._held
 
     @classmethod
     def held_elsewhere(cls, session_path: Path) -> Optional[str]:
@@ -263,9 +269,10 @@ class Session:
         return ""
 
     def history(self) -> list[dict]:
-        """(user, answer, status) per turn, as the chat shows and resends them."""
+        """Every turn as the chat shows it, with its ids (a stopped turn is continued from them)."""
         return [{"user": t.get("user", ""), "answer": t.get("answer", ""), "status": t.get("status", "completed"),
-                 "thinking": t.get("settings", {}).get("thinking"), "summary": t.get("summary")}
+                 "thinking": t.get("settings", {}).get("thinking"), "summary": t.get("summary"),
+                 "prompt_ids": t.get("prompt_ids", []), "emitted_ids": t.get("emitted_ids", [])}
                 for t in self.turns]
 
     def last_settings(self) -> dict:
@@ -299,6 +306,7 @@ TURN_FIELDS = {
     "settings": lambda v: isinstance(v, dict), "summary": _optional(lambda v: isinstance(v, dict)),
     "prompt_ids": _ids, "emitted_ids": _ids, "steps": lambda v: isinstance(v, list),
     "messages": lambda v: isinstance(v, list), "dropped_turns": lambda v: isinstance(v, int) and v >= 0,
+    "continues": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
 }
 
 
@@ -419,10 +427,21 @@ def resolve_own(session_id: str) -> Session:
 
 
 def refuse_if_open(session: Session) -> None:
-    """One sentence if a dflash (this one included) has the session open: it is not ours to remove."""
+    """One sentence if a dflash (this one included) has the session open: it is not ours to remove.
+    Deleting the chat open here would leave its turns on screen and the next one in a file of its own."""
+    if SessionLock.held_here(session.path):
+        raise UserError(f"Session {session.id} is the chat open here; start a new session or resume another "
+                        "before deleting it.")
     owner = SessionLock.held_elsewhere(session.path)
     if owner is not None:
         raise UserError(f"Session {session.id} is open in a dflash (pid {owner}); close it there before deleting it.")
+
+
+def deletion_text(session: Session) -> str:
+    """What deleting `session` removes, as a confirmation names it."""
+    extra = len(companion_files(session.path))
+    what = f"session {session.id} ({len(session.turns)} turns, \"{session.title[:40]}\")"
+    return what + (f" and {extra} replay file{'s' if extra != 1 else ''}" if extra else "")
 
 
 def delete_session(session: Session) -> list[Path]:
@@ -475,7 +494,8 @@ def to_markdown(session: Session) -> str:
         lines.append("")
         lines.append(turn.get("user", ""))
         lines.append("")
-        mark = " (cancelled)" if turn.get("status") == "cancelled" else ""
+        mark = {"cancelled": " (cancelled)", "error": " (failed)"}.get(turn.get("status"), "")
+        mark += f" (continues turn {turn['continues'] + 1})" if "continues" in turn else ""
         lines.append(f"**dflash**{mark}")
         lines.append("")
         lines.append(turn.get("answer", ""))

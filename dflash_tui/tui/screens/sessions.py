@@ -1,4 +1,4 @@
-"""The sessions browser: resume, delete, export."""
+"""The sessions browser: resume, delete (after a confirmation; never the chat open here), export."""
 
 from __future__ import annotations
 
@@ -11,6 +11,30 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from dflash_tui.core import sessions
+from engines.errors import UserError
+
+
+class ConfirmDeleteScreen(ModalScreen[bool]):
+    """Asks before a session goes: a deleted conversation cannot be brought back."""
+
+    DEFAULT_CSS = """
+    ConfirmDeleteScreen { align: center middle; }
+    #confirm-delete-box { width: 70%; max-width: 90; height: auto; border: round $error; background: $surface;
+                          padding: 1 2; }
+    """
+    BINDINGS = [Binding("y", "answer(True)", "delete"), Binding("n,escape", "answer(False)", "keep")]
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm-delete-box"):
+            yield Static(f"Delete {self.what}?", id="confirm-delete-text", markup=False)
+            yield Static("y deletes · n or escape keeps it", classes="modal-hint")
+
+    def action_answer(self, delete: bool) -> None:
+        self.dismiss(delete)
 
 
 class SessionsScreen(ModalScreen[str | None]):
@@ -26,7 +50,7 @@ class SessionsScreen(ModalScreen[str | None]):
         with Vertical(id="sessions-box"):
             yield Static("sessions", classes="modal-title")
             yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
-            yield Static("", id="sessions-status")
+            yield Static("", id="sessions-status", markup=False)  # titles and errors are text, not markup
             yield Static("enter resume · d delete · e export Markdown · j export JSON · escape close",
                          classes="modal-hint")
 
@@ -61,11 +85,32 @@ class SessionsScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
     def action_delete(self) -> None:
+        """Refuse the chat open here (and one another dflash writes) before asking, then ask."""
         chosen = self._selected()
-        if chosen:
-            sessions.delete_session(sessions.resolve_own(chosen))
+        if not chosen:
+            return
+        status = self.query_one("#sessions-status", Static)
+        try:
+            session = sessions.resolve_own(chosen)
+            sessions.refuse_if_open(session)
+        except UserError as exc:
+            status.update(str(exc))
+            return
+        what = sessions.deletion_text(session)
+
+        def answered(delete: bool | None) -> None:
+            if not delete:
+                status.update("Nothing deleted.")
+                return
+            try:
+                sessions.delete_session(session)  # with its replay files
+            except UserError as exc:  # opened elsewhere while the question was up
+                status.update(str(exc))
+                return
             self.reload()
-            self.query_one("#sessions-status", Static).update(f"Deleted {chosen}.")
+            status.update(f"Deleted {what}.")
+
+        self.app.push_screen(ConfirmDeleteScreen(what), answered)
 
     def _export(self, fmt: str) -> None:
         chosen = self._selected()

@@ -1,0 +1,228 @@
+"""What a chat sends as history: a cancelled or failed turn stays in the session and on screen but is
+never resent (its unclosed `<think>` once turned "What is 48 + 75?" into "449 + 33 = 824."), unless the
+user continues it; deleting a session from the sessions screen asks first, refuses the chat open there
+and takes its replay files; the speedup is measured against a timed block-1 step, "–" until then.
+Real engines on a random tiny pair; the real TUI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dflash_tui.core import sessions
+from dflash_tui.core.conversation import ChatSettings, Conversation
+from engines import EngineConfig, load_engine
+from engines.errors import UserError
+
+QUESTION = "What is 48 + 75?"
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def engine(pairs):
+    target, draft = pairs("qwen3")
+    return load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu", dtype="float32"))
+
+
+def chat(engine, record=False, reuse=True) -> Conversation:
+    conv = Conversation(engine, ChatSettings(max_new_tokens=NEW, temperature=0.0, block_size=4), record=record)
+    conv.reuse_cache = reuse
+    return conv
+
+
+def ask(conv: Conversation, text: str, stop_after=None):
+    """One turn; `stop_after` events in, it is cancelled from the event stream (no clock involved)."""
+    active = conv.begin(text)
+    run(conv, active, stop_after)
+    return active
+
+
+def run(conv, active, stop_after=None):
+    for n, _ in enumerate(conv.stream(active), 1):
+        if n == stop_after:
+            active.cancel()
+    return active
+
+
+def fresh(engine, *history: str, reuse=False):
+    """The same question asked in a new session (after `history`, each answered in full)."""
+    engine.new_context()
+    conv = chat(engine, reuse=reuse)
+    for text in history:
+        ask(conv, text)
+    return ask(conv, QUESTION)
+
+
+class FailsMidAnswer:
+    """The real engine whose stream breaks `after` events in (a device lost mid-answer)."""
+
+    def __init__(self, engine, after: int):
+        self.engine, self.after = engine, after
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, request):
+        stream = self.engine.generate(request)
+        try:
+            for n, event in enumerate(stream, 1):
+                yield event
+                if n == self.after:
+                    raise RuntimeError("device lost")
+        finally:
+            stream.close()
+
+
+def test_a_cancelled_turn_is_kept_but_never_sent(engine, data_dir):
+    engine.new_context()
+    conv = chat(engine, record=True)
+    first = ask(conv, "Say hello.")
+    stopped = ask(conv, "Count to fifty.", stop_after=2)
+    assert stopped.turn.status == "cancelled" and stopped.emitted
+    after = ask(conv, QUESTION)
+    assert [t.status for t in conv.turns] == ["completed", "cancelled", "completed"]  # kept, marked
+    assert [m["content"] for m in after.messages if m["role"] == "user"] == ["Say hello.", QUESTION]
+    # the kept caches still serve the shared prefix (the first turn), and the answer is a fresh session's
+    assert after.turn.summary.reused_prompt_tokens > len(first.prompt_ids) // 2
+    same = fresh(engine, "Say hello.")
+    assert after.prompt_ids == same.prompt_ids and after.emitted == same.emitted
+    records = [json.loads(line) for line in conv.writer.path.read_text().splitlines()[1:]]
+    assert [r["status"] for r in records] == ["completed", "cancelled", "completed"]
+    assert records[1]["answer"] == stopped.turn.answer
+
+
+def test_cancel_then_ask_answers_as_a_fresh_session(engine):
+    engine.new_context()
+    conv = chat(engine)
+    assert ask(conv, QUESTION, stop_after=2).turn.status == "cancelled"
+    again = ask(conv, QUESTION)
+    same = fresh(engine)
+    assert again.prompt_ids == same.prompt_ids and again.emitted == same.emitted
+
+
+def test_a_failed_turn_is_kept_but_never_sent(engine):
+    engine.new_context()
+    conv = Conversation(FailsMidAnswer(engine, after=2), chat(engine).settings, record=False)
+    active = conv.begin("Count to fifty.")
+    with pytest.raises(RuntimeError, match="device lost"):
+        run(conv, active)
+    assert conv.turns[-1].status == "error" and conv.turns[-1].can_continue
+    conv.engine = engine
+    again = ask(conv, QUESTION)
+    same = fresh(engine)
+    assert again.prompt_ids == same.prompt_ids and again.emitted == same.emitted
+
+
+def test_continue_picks_up_where_the_answer_stopped(engine, data_dir):
+    whole = fresh(engine)
+    engine.new_context()
+    conv = chat(engine, record=True)
+    with pytest.raises(UserError, match="no stopped answer"):
+        conv.continue_turn()
+    stopped = ask(conv, QUESTION, stop_after=2)
+    assert stopped.turn.status == "cancelled"
+    rest = run(conv, conv.continue_turn())
+    assert rest.prompt_ids == stopped.prompt_ids + stopped.emitted
+    assert rest.turn.summary.reused_prompt_tokens == len(rest.prompt_ids) - 1  # nothing prefilled twice
+    # at temperature 0 the stopped part and its continuation are the answer never stopped
+    assert stopped.emitted + rest.emitted == whole.emitted
+    assert rest.turn.answer == whole.turn.answer and rest.turn.status == "completed"
+    assert [t.status for t in conv.turns] == ["cancelled", "completed"]
+    later = conv.begin("And 12 * 3?")
+    assert [m["content"] for m in later.messages] == [QUESTION, whole.turn.answer, "And 12 * 3?"]  # once
+    records = [json.loads(line) for line in conv.writer.path.read_text().splitlines()[1:]]
+    assert records[1]["continues"] == 0 and records[1]["answer"] == whole.turn.answer
+    assert "(continues turn 1)" in sessions.to_markdown(sessions.load_session(conv.session_id))
+    with pytest.raises(UserError, match="no stopped answer"):
+        conv.continue_turn()  # the last turn is complete
+
+
+def test_a_resumed_session_skips_its_stopped_turn_and_can_continue_it(engine, data_dir):
+    engine.new_context()
+    conv = chat(engine, record=True)
+    ask(conv, "Say hello.")
+    stopped = ask(conv, "Count to fifty.", stop_after=2)
+    conv.close()
+    engine.new_context()
+    resumed = chat(engine, record=True)
+    resumed.restore(sessions.load_session(conv.session_id))
+    assert [t.status for t in resumed.turns] == ["completed", "cancelled"]
+    after = resumed.begin(QUESTION)
+    assert [m["content"] for m in after.messages if m["role"] == "user"] == ["Say hello.", QUESTION]
+    assert resumed.continue_turn().prompt_ids == stopped.prompt_ids + stopped.emitted
+    resumed.close()
+
+
+def test_speedup_is_measured_or_unknown(engine):
+    engine.new_context()
+    conv = chat(engine)
+    first = ask(conv, QUESTION).turn.summary
+    context = first.prompt_tokens + first.generated_tokens
+    assert conv.speedup(first.decode_tokens_per_s, 4, context) == (None, "")  # no estimate from tau
+    assert conv.speedup(first.decode_tokens_per_s, 1, context) == (1.0, "block 1")
+    assert conv.measure_block1() is True
+    speed, kind = conv.speedup(first.decode_tokens_per_s, 4, context)
+    assert kind == "measured" and speed > 0
+    assert conv.measure_block1() is False  # a probe stands for this context already
+    second = ask(conv, "And 12 * 3?")
+    assert second.turn.summary.reused_prompt_tokens > 0  # the probe left the kept caches as they were
+    engine.new_context()
+    unprobed = chat(engine)
+    ask(unprobed, QUESTION)
+    assert ask(unprobed, "And 12 * 3?").emitted == second.emitted
+    conv.engine = engine  # another loaded pair (a reload): its speed is not measured yet
+    assert conv.speedup(first.decode_tokens_per_s, 4, context) == (None, "")
+
+
+# -- deleting from the sessions screen -----------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_sessions_screen_asks_refuses_the_open_chat_and_removes_replays(engine, pairs, tmp_path, data_dir):
+    pytest.importorskip("textual")
+    from textual.widgets import DataTable
+
+    from dflash_tui.tui.screens.sessions import ConfirmDeleteScreen, SessionsScreen
+    from tests.test_tui import SIZE, make_app, ready, send, wait_for
+    from tests.tiny import write_profile
+
+    old = sessions.SessionWriter({"created": "2026-01-01T10:00:00+00:00", "profile": {"name": "tiny"}},
+                                 session_id="20260101-100000-0000")
+    old.append_turn({"status": "completed", "user": "an old chat", "answer": "…", "settings": {}})
+    old.close()
+    replay = old.path.parent / f"{old.id}.replay-20260102-100000.json"
+    replay.write_text("{}")
+    app = make_app(write_profile(tmp_path / "tiny.toml", *pairs("qwen3"), max_new_tokens=8), engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "hello")
+        open_id = app.conversation.session_id
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen))
+        screen = app.screen
+        table = screen.query_one(DataTable)
+
+        def status() -> str:
+            return str(screen.query_one("#sessions-status").render())
+
+        table.move_cursor(row=table.get_row_index(open_id))
+        await pilot.press("d")
+        await wait_for(pilot, lambda: "is the chat open here" in status())
+        assert app.screen is screen and app.conversation.writer.path.exists()
+
+        table.move_cursor(row=table.get_row_index(old.id))
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
+        assert "1 replay file" in str(app.screen.query_one("#confirm-delete-text").render())
+        await pilot.press("n")
+        await wait_for(pilot, lambda: app.screen is screen and status() == "Nothing deleted.")
+        assert old.path.exists() and replay.exists()
+
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
+        await pilot.press("y")
+        await wait_for(pilot, lambda: status().startswith("Deleted session"))
+        assert not old.path.exists() and not replay.exists()
+        assert [row.value for row in table.rows] == [open_id]
+        assert app.conversation.writer.path.exists()
