@@ -513,7 +513,9 @@ class Conversation:
         a worker thread): the engine times a few single-token forwards on its kept caches and leaves them
         as they were, so the next turn still reuses them. A turn begun meanwhile waits for those forwards."""
         last = self.turns[-1].summary if self.turns else None
-        if last is None or not self.has_draft or self.probe_near(last.prompt_tokens + last.generated_tokens):
+        if last is None or self.engine is None or not self.has_draft:  # no engine: one is being switched to
+            return False
+        if self.probe_near(last.prompt_tokens + last.generated_tokens):
             return False
         with self._engine_use:
             if self._running:
