@@ -344,8 +344,9 @@ class Conversation:
         """Pick up the last turn where it was cancelled (or failed), when the user asks to.
 
         The new prompt is that turn's exact ids so far: the prompt it was sent plus the tokens it emitted,
-        so the model goes on mid-answer (inside its `<think>` if it stopped there) with the tokens its
-        limit has left; at temperature 0 the whole equals the answer it would have given uninterrupted.
+        so the model goes on mid-answer (inside its `<think>` if it stopped there) for what the token limit
+        leaves after the stopped request's tokens; at temperature 0 the whole equals the answer it would
+        have given uninterrupted.
         The kept caches hold those ids, so nothing is prefilled twice. The prompt is the one the turn was
         sent, system prompt and history included, even if they changed since. When it ends it is a new
         turn, recorded with `continues` (the stopped turn's index) and the whole answer; the stopped turn
