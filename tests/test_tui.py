@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-from rich.style import Style
 
 from tests import waiting
 
@@ -51,6 +50,15 @@ def profile(tmp_path, pair):
     return write_profile(tmp_path / "tiny.toml", *pair)
 
 
+@pytest.fixture(autouse=True)
+def config_dir(tmp_path, monkeypatch):
+    """User profiles and preferences go to a fresh config directory: the app saves every theme change,
+    and a test's must not reach the real one (nor the real one's theme reach a snapshot)."""
+    folder = tmp_path / "config"
+    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(folder))
+    return folder
+
+
 def make_app(profile, engine=None, **kwargs):
     from dflash_tui.tui.app import DflashApp
 
@@ -88,7 +96,6 @@ def session_lines(app):
 async def test_prompt_streams_coloured_text_and_updates_stats(profile, data_dir):
     """The real load path (worker), then a turn: text coloured by origin, stats moving, session saved."""
     from dflash_tui.tui.widgets import AnswerView, StatsPanel
-    from dflash_tui.tui.widgets.stats import DRAFT_STYLE, TARGET_STYLE
 
     app = make_app(profile)
     async with app.run_test(size=SIZE) as pilot:
@@ -100,7 +107,7 @@ async def test_prompt_streams_coloured_text_and_updates_stats(profile, data_dir)
         origins = {kind for _, kind in answer.segments}
         assert "target" in origins and origins <= {"draft", "target", "ghost"}
         styles = {str(span.style) for span in answer.answer_rich.spans}
-        assert styles and styles <= {str(Style.parse(DRAFT_STYLE)), str(Style.parse(TARGET_STYLE))}
+        assert styles and styles <= {str(answer.styles_by_origin["draft"]), str(answer.styles_by_origin["target"])}
         stats = app._last_stats
         assert stats.tokens == active.turn.summary.generated_tokens == 48
         assert stats.tokens_per_s > 0 and stats.tau >= 1.0 and sum(stats.histogram) > 0
@@ -186,10 +193,10 @@ async def test_block_size_change_takes_effect_on_the_next_turn(profile, engine, 
 
 
 @pytest.mark.asyncio
-async def test_ghosts_toggle_and_markdown_view(profile, engine, data_dir):
-    from dflash_tui.tui.screens import HelpScreen, MarkdownScreen, ReplayScreen
+async def test_ghosts_toggle_help_and_replay(profile, engine, data_dir):
+    """ctrl+g shows the rejected proposals; f1 and ctrl+r open their screens (f2 is test_tui_chat's)."""
+    from dflash_tui.tui.screens import HelpScreen, ReplayScreen
     from dflash_tui.tui.widgets import AnswerView
-    from dflash_tui.tui.widgets.stats import GHOST_STYLE
 
     app = make_app(profile, engine)
     async with app.run_test(size=SIZE) as pilot:
@@ -199,13 +206,11 @@ async def test_ghosts_toggle_and_markdown_view(profile, engine, data_dir):
         if not any(kind == "ghost" for _, kind in answer.segments):
             pytest.skip("this random pair accepted every drafted token")
         def ghost_spans():
-            return [s for s in answer.answer_rich.spans if str(s.style) == str(Style.parse(GHOST_STYLE))]
+            return [s for s in answer.answer_rich.spans if str(s.style) == str(answer.styles_by_origin["ghost"])]
         assert not ghost_spans() and app.ghosts is False
         await pilot.press("ctrl+g")
         assert app.ghosts and ghost_spans()
-        await pilot.press("f2")
-        assert isinstance(app.screen, MarkdownScreen) and app.screen.text == answer.answer_text
-        await pilot.press("escape", "f1")
+        await pilot.press("f1")
         assert isinstance(app.screen, HelpScreen)
         await pilot.press("escape", "ctrl+r")
         assert isinstance(app.screen, ReplayScreen)
@@ -414,6 +419,72 @@ def test_snapshot_help(snap_compare, profile, engine, data_dir):
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run)
+
+
+def _one_answer_session(engine):
+    """A session with one answered turn and fixed figures: the chat after an answer, without timings
+    that differ per run. The ids are the tiny tokenizer's; the steps give the answer its colours."""
+    from dflash_tui.core import sessions
+    from engines import GenerationRequest
+
+    question, answer = "What is 48 + 75?", "48 + 75 = 123: 8 + 5 is 13, carry the 1; 4 + 7 + 1 is 12."
+    prompt_ids = engine.prepare(GenerationRequest(messages=[{"role": "user", "content": question}], thinking=False))
+    emitted = engine.tokenizer.encode(answer, add_special_tokens=False)
+    accepted = [5, 0, 9, 3, 15, 2, 7]  # drafted ids kept per step (block 16); the target adds one each
+    steps, at = [], 1
+    for n in accepted:
+        steps.append({"drafted": emitted[at:at + n] + [7] * (15 - n), "accepted": n})
+        at += n + 1
+    emitted = emitted[:at]
+    lengths = [n + 1 for n in accepted]
+    summary = {"prompt_tokens": len(prompt_ids), "generated_tokens": len(emitted), "token_ids": emitted,
+               "text": engine.decode(emitted), "ttft_s": 0.05, "decode_s": 1.0, "decode_tokens_per_s": 41.7,
+               "acceptance_lengths": lengths, "mean_acceptance_length": sum(lengths) / len(lengths),
+               "histogram": [lengths.count(k) for k in range(1, 17)], "draft_s": 0.2, "verify_s": 0.8,
+               "peak_memory_bytes": 734003200, "peak_memory_kind": "process-lifetime-rss", "block_size": 16,
+               "engine": "cuda", "device": "cpu", "dtype": "float32", "finish_reason": "stop"}
+    writer = sessions.SessionWriter({"created": "2026-01-02T10:00:00+00:00", "profile": {"name": "tiny"},
+                                     "engine": "cuda"}, session_id="20260102-100000-0000")
+    writer.append_turn({"status": "completed", "user": question, "answer": engine.decode(emitted),
+                        "settings": {"block_size": 16, "thinking": False, "temperature": 0.0}, "thinking": False,
+                        "prompt_ids": prompt_ids, "emitted_ids": emitted, "steps": steps, "summary": summary})
+    writer.close()
+    return sessions.load_session("20260102-100000-0000")
+
+
+def test_snapshot_80x24_after_an_answer(snap_compare, profile, engine, data_dir):
+    app = make_app(profile, engine, resume=_one_answer_session(engine))
+
+    async def before(pilot):
+        await ready(pilot)
+        await wait_for(pilot, lambda: len(pilot.app.conversation.turns) == 1)
+        pilot.app.screen.query_one("#prompt").cursor_blink = False
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=before)
+
+
+def test_snapshot_80x24_multiline_message(snap_compare, profile, engine, data_dir):
+    app, before = _snapshot_app(profile, engine)
+
+    async def run(pilot):
+        await before(pilot)
+        await pilot.press(*"Three lines:", "ctrl+j", *"the second,", "ctrl+j", *"and the third stays in view.")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run)
+
+
+@pytest.mark.parametrize("keys", [(), ("end",)], ids=["top", "scrolled-to-the-end"])
+def test_snapshot_help_80x24(snap_compare, profile, engine, data_dir, keys):
+    app, before = _snapshot_app(profile, engine)
+
+    async def run(pilot):
+        await before(pilot)
+        await pilot.press("f1", *keys)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run)
 
 
 def test_snapshot_sessions_browser(snap_compare, profile, engine, data_dir):

@@ -48,9 +48,9 @@ def profile(tmp_path, pair):
     return write_profile(tmp_path / "tiny.toml", *pair)
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def config_dir(tmp_path, monkeypatch):
-    """Profiles and preferences go to a fresh config directory (DFLASH_CONFIG_DIR)."""
+    """Profiles and preferences go to a fresh config directory (DFLASH_CONFIG_DIR), never the real one."""
     folder = tmp_path / "config"
     monkeypatch.setenv("DFLASH_CONFIG_DIR", str(folder))
     return folder
@@ -64,8 +64,7 @@ def warnings_shown(app) -> list[str]:
 
 
 @pytest.mark.asyncio
-async def test_ctrl_q_during_an_answer_saves_the_turn_as_cancelled_then_quits(tmp_path, pair, process_engine,
-                                                                              data_dir, config_dir):
+async def test_ctrl_q_during_an_answer_saves_the_turn_as_cancelled_then_quits(tmp_path, pair, process_engine, data_dir):
     profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=450)
     app = make_app(profile, process_engine, block_size=1)
     async with app.run_test(size=SMALL) as pilot:
@@ -85,7 +84,7 @@ async def test_ctrl_q_during_an_answer_saves_the_turn_as_cancelled_then_quits(tm
 
 
 @pytest.mark.asyncio
-async def test_the_stats_line_fits_80_columns_with_the_main_figures(profile, engine, data_dir, config_dir):
+async def test_the_stats_line_fits_80_columns_with_the_main_figures(profile, engine, data_dir):
     app = make_app(profile, engine)
     async with app.run_test(size=SMALL) as pilot:
         await ready(pilot)
@@ -101,7 +100,7 @@ async def test_the_stats_line_fits_80_columns_with_the_main_figures(profile, eng
 
 
 @pytest.mark.asyncio
-async def test_help_scrolls_to_its_last_row_by_key_and_by_wheel(profile, engine, data_dir, config_dir):
+async def test_help_scrolls_to_its_last_row_by_key_and_by_wheel(profile, engine, data_dir):
     from dflash_tui.tui.screens import HelpScreen
 
     app = make_app(profile, engine)
@@ -135,7 +134,7 @@ async def test_help_scrolls_to_its_last_row_by_key_and_by_wheel(profile, engine,
 
 
 @pytest.mark.asyncio
-async def test_the_message_box_grows_with_its_lines_and_enter_still_sends(profile, engine, data_dir, config_dir):
+async def test_the_message_box_grows_with_its_lines_and_enter_still_sends(profile, engine, data_dir):
     app = make_app(profile, engine)
     async with app.run_test(size=SMALL) as pilot:
         await ready(pilot)
@@ -161,7 +160,7 @@ async def test_the_message_box_grows_with_its_lines_and_enter_still_sends(profil
 
 
 @pytest.mark.asyncio
-async def test_temperature_from_the_palette_applies_from_the_next_turn(profile, engine, data_dir, config_dir):
+async def test_temperature_from_the_palette_applies_from_the_next_turn(profile, engine, data_dir):
     app = make_app(profile, engine)
     async with app.run_test(size=SMALL) as pilot:
         await ready(pilot)

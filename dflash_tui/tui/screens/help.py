@@ -11,7 +11,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from dflash_tui.tui.widgets.stats import DRAFT_STYLE, GHOST_STYLE, TARGET_STYLE
+from dflash_tui.tui.widgets.answer import origin_styles, theme_background
 
 KEY_HELP = [
     ("enter", "send the message"),
@@ -51,15 +51,16 @@ def _table(rows: list[tuple[str, str]]) -> Table:
     return table
 
 
-def legend() -> Text:
+def legend(styles: dict) -> Text:
+    """What the answer's colours mean, in the colours the answer uses on this theme."""
     text = Text()
     text.append("Colours: ")
-    text.append("accepted draft tokens", style=DRAFT_STYLE)
+    text.append("accepted draft tokens", style=styles["draft"])
     text.append(" came free from the draft; ")
-    text.append("target tokens", style=TARGET_STYLE)
+    text.append("target tokens", style=styles["target"])
     text.append(" are the target's own (one per verify step, or where it disagreed); ")
-    text.append("ghosts", style=GHOST_STYLE)
-    text.append(" are draft proposals the target rejected.")
+    text.append("ghosts", style=styles["ghost"])
+    text.append(" are draft proposals the target rejected (ctrl+g shows them).")
     return text
 
 
@@ -73,7 +74,7 @@ class HelpScreen(ModalScreen):
                 yield Static(_table(KEY_HELP))
                 yield Static("The figures", classes="help-heading")
                 yield Static(_table(FIGURES))
-                yield Static(legend(), id="help-legend")
+                yield Static(legend(origin_styles(theme_background(self.app.current_theme))), id="help-legend")
             yield Static("↑ ↓ pgup pgdn scroll · escape closes", classes="modal-hint")
 
     def on_mount(self) -> None:

@@ -12,9 +12,11 @@ from typing import Optional
 from rich.text import Text
 from textual.widgets import Static
 
+from dflash_tui.tui.widgets.answer import origin_styles, theme_background
+
+# fixed colours for views that follow no theme (replay); the panel takes the answer's, per theme
 DRAFT_STYLE = "bold #56d364"
 TARGET_STYLE = "#79c0ff"
-GHOST_STYLE = "dim strike #f85149"
 BAR = " ▏▎▍▌▋▊▉█"
 
 
@@ -81,7 +83,18 @@ def memory_text(d: StatsData) -> str:
 class StatsPanel(Static):
     """The side panel (wide terminals)."""
 
+    shown: Optional[StatsData] = None  # the figures on show, drawn again when the theme changes
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "theme", self._theme_changed)  # init: the styles for the theme in use
+
+    def _theme_changed(self) -> None:
+        self.origin = origin_styles(theme_background(self.app.current_theme))  # the answer's colours
+        if self.shown is not None:
+            self.show(self.shown)
+
     def show(self, d: StatsData) -> None:
+        self.shown = d
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(f"{d.tokens_per_s:7.1f} tok/s", style="bold")
         t.append(f"  {d.tokens} tok\n")
@@ -95,7 +108,7 @@ class StatsPanel(Static):
         for i in rows:
             share = hist[i] / total
             t.append(f"{i + 1:>3} ")
-            t.append(bar(share, 12), style=DRAFT_STYLE if i else TARGET_STYLE)
+            t.append(bar(share, 12), style=self.origin["draft" if i else "target"])
             t.append(f" {share * 100:4.0f}%\n")
         draft, verify = split(d)
         t.append(f"\ndraft {draft * 100:.0f}% · verify {verify * 100:.0f}%\n")
@@ -105,11 +118,11 @@ class StatsPanel(Static):
         t.append(f"block {d.block_size} · thinking ")
         t.append("ON" if d.thinking else "OFF", style="bold")
         t.append("\n\n")
-        t.append("■", style=DRAFT_STYLE)
+        t.append("■", style=self.origin["draft"])
         t.append(" accepted draft  ")
-        t.append("■", style=TARGET_STYLE)
+        t.append("■", style=self.origin["target"])
         t.append(" target\n")
-        t.append("░ rejected", style=GHOST_STYLE)
+        t.append("░ rejected", style=self.origin["ghost"])
         t.append(f" (ctrl+g {'on' if d.ghosts else 'off'})")
         self.update(t, layout=False)  # fixed size: no layout pass per frame
 
