@@ -144,9 +144,7 @@ def sessions_delete(session_id: str, yes: bool) -> None:
     """Delete a session file and its replay comparisons (asks first; only files in the sessions folder)."""
     session = store.resolve_own(session_id)
     store.refuse_if_open(session)  # before asking, not after
-    extra = len(store.companion_files(session.path))
-    what = f"session {session.id} ({len(session.turns)} turns, \"{session.title[:40]}\")"
-    what += f" and {extra} replay file{'s' if extra != 1 else ''}" if extra else ""
+    what = store.deletion_text(session)
     if not yes:
         try:
             confirmed = click.confirm(f"Delete {what}?", default=False, err=True)
