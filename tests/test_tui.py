@@ -575,20 +575,6 @@ def test_thinking_warns_once_when_the_draft_lacks_thinking_traces(tmp_path, pair
     assert conv.toggle_thinking() is None and conv.toggle_thinking() is None  # once
 
 
-def test_speedup_is_measured_once_a_block_1_turn_exists(engine):
-    from dflash_tui.core.conversation import ChatSettings, Conversation, Turn
-    from engines import Summary
-
-    conv = Conversation(engine, ChatSettings(block_size=8), record=False)
-    value, kind = conv.speedup(300.0, 4.0, 0.1, 0.3, 10, 8)
-    assert kind == "est." and value == pytest.approx(4.0 * 0.3 / 0.4)
-    # a summary as an older session file holds it: only some fields (Summary.from_dict fills the rest)
-    old = {"block_size": 1, "engine": engine.name, "generated_tokens": 50, "decode_tokens_per_s": 100.0}
-    conv.turns.append(Turn(user="x", summary=Summary.from_dict(old)))
-    assert conv.speedup(300.0, 4.0, 0.1, 0.3, 10, 8) == (pytest.approx(3.0), "measured")
-    assert conv.speedup(100.0, 1.0, 0.0, 0.3, 10, 1) == (1.0, "block 1")
-
-
 @pytest.mark.asyncio
 async def test_demo_pair_streams_both_colours(data_dir):
     """With the trained demo pair, accepted draft tokens and target tokens both show, in their colours."""

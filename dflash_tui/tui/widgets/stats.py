@@ -31,6 +31,7 @@ class StatsData:
     draft_s: float = 0.0
     verify_s: float = 0.0
     speedup: Optional[float] = None  # measured against block 1; None until measured
+    speedup_kind: str = ""  # "measured", or "block 1" for a block-1 turn (1.0 by definition)
     peak_bytes: int = 0
     peak_kind: str = "device"
     context_tokens: int = 0
