@@ -32,3 +32,12 @@ def data_dir(tmp_path, monkeypatch):
     folder = tmp_path / "data"
     monkeypatch.setenv("DFLASH_DATA_DIR", str(folder))
     return folder
+
+
+@pytest.fixture(autouse=True)
+def config_dir(tmp_path, monkeypatch):
+    """Profiles and preferences (the remembered theme) go to a fresh config directory for every test:
+    no test reads the user's real one, and none writes into it (a theme change in a TUI test is saved)."""
+    folder = tmp_path / "config"
+    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(folder))
+    return folder

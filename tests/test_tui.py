@@ -50,15 +50,6 @@ def profile(tmp_path, pair):
     return write_profile(tmp_path / "tiny.toml", *pair)
 
 
-@pytest.fixture(autouse=True)
-def config_dir(tmp_path, monkeypatch):
-    """User profiles and preferences go to a fresh config directory: the app saves every theme change,
-    and a test's must not reach the real one (nor the real one's theme reach a snapshot)."""
-    folder = tmp_path / "config"
-    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(folder))
-    return folder
-
-
 def make_app(profile, engine=None, **kwargs):
     from dflash_tui.tui.app import DflashApp
 

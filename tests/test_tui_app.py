@@ -48,14 +48,6 @@ def profile(tmp_path, pair):
     return write_profile(tmp_path / "tiny.toml", *pair)
 
 
-@pytest.fixture(autouse=True)
-def config_dir(tmp_path, monkeypatch):
-    """Profiles and preferences go to a fresh config directory (DFLASH_CONFIG_DIR), never the real one."""
-    folder = tmp_path / "config"
-    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(folder))
-    return folder
-
-
 def warnings_shown(app) -> list[str]:
     return [n.message for n in app._notifications if n.severity == "warning"]
 
