@@ -198,11 +198,16 @@ OVERRIDE_ENGINES = ("cuda", "mlx", "remote")
 # --- locations ----------------------------------------------------------------------------------
 
 
-def user_profile_dir() -> Path:
-    """Where user profiles live: $DFLASH_CONFIG_DIR/profiles when set (tests, portable setups),
-    else the platformdirs config dir."""
+def config_dir() -> Path:
+    """dflash's config directory: $DFLASH_CONFIG_DIR when set (tests, portable setups), else the
+    platformdirs one. User profiles and the TUI's preferences live in it."""
     root = os.environ.get("DFLASH_CONFIG_DIR")
-    return Path(root if root else platformdirs.user_config_dir("dflash")) / "profiles"
+    return Path(root if root else platformdirs.user_config_dir("dflash"))
+
+
+def user_profile_dir() -> Path:
+    """Where user profiles live: profiles/ in the config directory."""
+    return config_dir() / "profiles"
 
 
 def builtin_profile_dir() -> Path:

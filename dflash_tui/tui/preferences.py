@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from dflash_tui.core.profiles import user_profile_dir
+from dflash_tui.core.profiles import config_dir
 
 FILE_NAME = "preferences.json"
 
@@ -23,7 +23,7 @@ class Preferences:
 
 
 def preferences_path() -> Path:
-    return user_profile_dir().parent / FILE_NAME
+    return config_dir() / FILE_NAME
 
 
 def load_preferences(path: Optional[Path] = None) -> tuple[Preferences, Optional[str]]:
