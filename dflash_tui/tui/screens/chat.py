@@ -4,9 +4,15 @@ The screen owns the chat: its keys, sending a message, streaming the answer, the
 ghosts and block size, new and resumed sessions. Each answer decodes in a thread worker that only
 appends events to a queue; a timer on the UI thread drains the queue every `DflashApp.FLUSH_INTERVAL`
 seconds and renders them in one go, so rendering cost does not grow with the engine's token rate.
-The worker reports the end of the turn with a `TurnFinished` message. The app holds what outlives
-the screen (the engine, the profile, the `Conversation`) and loads engines; what a chat *is*
-(history, settings, context trimming, requests, session records) lives in `core.conversation`.
+The worker reports the end of the turn with a `TurnFinished` message; once the chat is idle, another
+worker times a block-1 step (`Conversation.measure_block1`) so the speedup shown is measured. Nothing
+here blocks the UI thread: keys typed at any moment reach the message box.
+
+Before the first turn a welcome says what the loaded model is for and offers the profile's example
+prompts. Finished answers can be shown as Markdown in place, copied (OSC 52), regenerated, their prompt
+edited and resent, and a stopped answer continued. The app holds what outlives the screen (the engine,
+the profile, the `Conversation`) and loads engines; what a chat *is* (history, settings, context
+trimming, requests, session records) lives in `core.conversation`.
 """
 
 from __future__ import annotations
@@ -18,17 +24,19 @@ from typing import TYPE_CHECKING, Optional
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
+from textual.notifications import Notification, Notify
 from textual.screen import Screen
 from textual.widgets import Footer, LoadingIndicator, Static
 
 from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ActiveTurn, Conversation, resume
-from dflash_tui.tui.screens.markdown import MarkdownScreen
 from dflash_tui.tui.screens.replay import ReplayScreen
 from dflash_tui.tui.screens.sessions import SessionsScreen
 from dflash_tui.tui.widgets import AnswerView, ChatHeader, NoticeLine, PromptInput, StatsLine, StatsPanel, UserMessage
+from dflash_tui.tui.widgets.answer import Welcome, recorded_segments
 from dflash_tui.tui.widgets.stats import StatsData
 from engines.errors import UserError
 from engines.events import Summary
@@ -48,8 +56,40 @@ KEYS = [
     Binding("ctrl+r", "replay", "replay", priority=True),
     Binding("f1", "app.help", "help", priority=True),
     Binding("f2", "markdown", "markdown", show=False, priority=True),
+    Binding("f3", "copy_answer", "copy", show=False, priority=True),
+    Binding("f4", "regenerate", "regenerate", show=False, priority=True),
+    Binding("f5", "edit_last", "edit last", show=False, priority=True),
+    Binding("f6", "continue_answer", "continue", show=False, priority=True),
     Binding("ctrl+q", "app.quit", "quit", priority=True),
 ]
+
+# The palette's commands on answers: (title, help, ChatScreen action); "Answer as Markdown" (f2) is the app's.
+ANSWER_COMMANDS = [
+    ("Copy answer", "f3: copy the last answer to the clipboard", "copy_answer"),
+    ("Regenerate answer", "f4: drop the last answer and ask the same prompt again", "regenerate"),
+    ("Edit last prompt", "f5: drop the last answer and put its prompt back in the message box", "edit_last"),
+    ("Continue answer", "f6: go on with a stopped (cancelled) last answer", "continue_answer"),
+]
+
+
+class AnswerCommands(Provider):
+    """The answer commands in the command palette (ctrl+p)."""
+
+    def _commands(self):
+        chat = self.screen
+        for title, help_text, action in ANSWER_COMMANDS:
+            yield title, help_text, lambda a=action: chat.run_action(a)
+
+    async def discover(self) -> Hits:
+        for title, help_text, callback in self._commands():
+            yield DiscoveryHit(title, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for title, help_text, callback in self._commands():
+            score = matcher.match(title)
+            if score > 0:
+                yield Hit(score, matcher.highlight(title), callback, help=help_text)
 
 
 class TurnFinished(Message, bubble=False):
@@ -61,8 +101,13 @@ class TurnFinished(Message, bubble=False):
         self.error = error
 
 
+class BlockOneMeasured(Message, bubble=False):
+    """The measure worker timed a block-1 step: the speedup can now be shown as measured."""
+
+
 class ChatScreen(Screen):
     BINDINGS = KEYS
+    COMMANDS = {AnswerCommands}
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
     app: "DflashApp"
@@ -77,6 +122,9 @@ class ChatScreen(Screen):
         self.flushes = 0  # timer flushes that rendered events
         self.turns_done = 0  # answered turns (tests and the benchmark wait on it)
         self.finished: list[ActiveTurn] = []  # in the order they ended
+        self.measures = 0  # block-1 measurements finished (tests wait on it)
+        self.selected: Optional[AnswerView] = None  # the answer last clicked: f2 acts on it
+        self._toasts: dict[str, Notification] = {}  # the toast shown per kind, replaced rather than stacked
 
     def compose(self) -> ComposeResult:
         yield ChatHeader(id="header")
@@ -138,6 +186,7 @@ class ChatScreen(Screen):
         if app.pending_resume is not None:
             session, app.pending_resume = app.pending_resume, None
             self.resume_session(session)
+        self.show_welcome()
         self.refresh_chrome()
         self._prompt.focus()
 
@@ -197,7 +246,7 @@ class ChatScreen(Screen):
             turn_block = m.block_size or turn_block
             d.state = "done"
         if steps:
-            d.speedup, d.speedup_kind = conv.speedup(d.tokens_per_s, d.tau, d.draft_s, d.verify_s, steps, turn_block)
+            d.speedup, d.speedup_kind = conv.speedup(d.tokens_per_s, turn_block, d.context_tokens)
         return d
 
     def _show_stats(self, d: StatsData) -> None:
@@ -211,6 +260,30 @@ class ChatScreen(Screen):
         view = self._view
         view.mount(NoticeLine(f"· {text}"))
         view.scroll_end(animate=False)
+
+    def toast(self, kind: str, text: str, timeout: float = 2) -> None:
+        """A toast that replaces the last one of its `kind` (repeated keys must not pile them up)."""
+        old = self._toasts.get(kind)
+        if old is not None and old in self.app._notifications:  # Textual has no public way to withdraw one
+            self.app._unnotify(old)
+        self._toasts[kind] = Notification(text, "", "information", timeout)
+        self.app.post_message(Notify(self._toasts[kind]))
+
+    def show_welcome(self) -> None:
+        """Before the first turn: what the model is for and its example prompts."""
+        if self.conversation is None or self.conversation.turns or self.query(Welcome):
+            return
+        profile = self.app.profile
+        self._view.mount(Welcome(profile.name, profile.description, getattr(profile, "examples", ())))
+
+    def on_welcome_chosen(self, message: Welcome.Chosen) -> None:
+        self.fill_prompt(message.text)
+
+    def fill_prompt(self, text: str) -> None:
+        prompt = self._prompt
+        prompt.load_text(text)
+        prompt.move_cursor(prompt.document.end)
+        prompt.focus()
 
     # -- sending and streaming -------------------------------------------------------------------
     def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
@@ -232,10 +305,14 @@ class ChatScreen(Screen):
         except UserError as exc:
             self.notify(str(exc), severity="error", timeout=8)
             return
-        view = self._view
         answer = AnswerView(thinking=active.request.thinking, ghosts=self.ghosts)
-        view.mount(UserMessage(text))
-        view.mount(answer)
+        self._start(active, answer, UserMessage(text))
+
+    def _start(self, active: ActiveTurn, answer: AnswerView, *before) -> None:
+        view = self._view
+        for welcome in self.query(Welcome):
+            welcome.remove()
+        view.mount(*before, answer)
         view.scroll_end(animate=False)
         self.active, self.active_view = active, answer
         self.refresh_chrome()
@@ -290,6 +367,22 @@ class ChatScreen(Screen):
             self.notify(error, severity="error", timeout=10)
         self.refresh_chrome()
         self._view.scroll_end(animate=False)
+        if not error and hasattr(self.conversation, "measure_block1"):
+            self._measure(self.conversation)
+
+    @work(thread=True, group="measure", exclusive=True)
+    def _measure(self, conversation: Conversation) -> None:
+        """Time block 1 off the UI thread; a turn begun meanwhile waits only for its few forwards."""
+        if conversation.measure_block1():
+            try:
+                self.post_message(BlockOneMeasured())
+            except RuntimeError:  # the event loop already closed
+                pass
+
+    def on_block_one_measured(self, message: BlockOneMeasured) -> None:
+        self.measures += 1
+        if self.active is None:
+            self.refresh_chrome()
 
     # -- actions ---------------------------------------------------------------------------------
     def action_toggle_thinking(self) -> None:
@@ -311,7 +404,7 @@ class ChatScreen(Screen):
         if self.conversation is None:
             return
         block = self.conversation.cycle_block()
-        self.notify(f"Block size {block} from the next turn.", timeout=2)
+        self.toast("block", f"Block size {block} from the next turn.")
         self.refresh_chrome()
 
     def set_block(self, block: int) -> None:
@@ -342,6 +435,7 @@ class ChatScreen(Screen):
             return
         self.conversation.new_session()
         self.clear_view()
+        self.show_welcome()
         self.refresh_chrome()
         self.notify("New session.", timeout=2)
 
@@ -379,10 +473,13 @@ class ChatScreen(Screen):
             prompt.remember(turn.user)
         self.clear_view()
         view = self._view
-        for turn in self.conversation.turns:
+        decode = self.app.engine.decode
+        for turn, record in zip(self.conversation.turns, session.turns):
             view.mount(UserMessage(turn.user))
             answer = AnswerView(thinking=bool(turn.thinking), ghosts=self.ghosts)
-            answer.set_text(turn.answer)
+            segments = recorded_segments(decode, record.get("prompt_ids", []), record.get("emitted_ids", []),
+                                         record.get("steps", []))
+            answer.set_recorded(turn.answer, segments)
             view.mount(answer)
             answer.call_after_refresh(answer.finish, turn.status, footer_for(turn.summary))
         self.notice(f"Resumed session {session.id} ({len(session.turns)} turns).")
@@ -391,13 +488,71 @@ class ChatScreen(Screen):
     def action_replay(self) -> None:
         self.app.push_screen(ReplayScreen(self.conversation.session_id if self.conversation else None))
 
-    def action_markdown(self) -> None:
+    # -- acting on answers ------------------------------------------------------------------------
+    def last_answer(self) -> Optional[AnswerView]:
+        """The last finished answer on screen (None when there is none, told to the person)."""
         done = [v for v in self.query(AnswerView) if v.status != "streaming"]
-        if done:
-            self.app.push_screen(MarkdownScreen(done[-1].answer_text))
+        if not done:
+            self.notify("There is no finished answer yet.", severity="warning", timeout=3)
+        return done[-1] if done else None
 
-    def on_answer_view_selected(self, message: AnswerView.Selected) -> None:
-        self.app.push_screen(MarkdownScreen(message.answer.answer_text))
+    async def action_markdown(self) -> None:
+        """Toggle the clicked answer (else the last) between coloured tokens and rendered Markdown."""
+        view = self.selected if self.selected is not None and self.selected.is_attached else self.last_answer()
+        if view is not None:
+            await view.show_markdown(not view.markdown)
+
+    async def on_answer_view_selected(self, message: AnswerView.Selected) -> None:
+        self.selected = message.answer
+        await message.answer.show_markdown(not message.answer.markdown)
+
+    def action_copy_answer(self) -> None:
+        view = self.last_answer()
+        if view is not None:
+            self.app.copy_to_clipboard(view.answer_text)
+            self.toast("copy", f"Copied the answer ({len(view.answer_text)} characters).")
+
+    def _take_back_last(self):
+        """Drop the last turn from the chat and the screen (the session file keeps it): regenerate and
+        edit ask again in its place. Returns that turn, or None (told why)."""
+        conv = self.conversation
+        if conv is None or self.busy():
+            return None
+        if not conv.turns:
+            self.notify("There is no answer to take back yet.", severity="warning", timeout=3)
+            return None
+        turn = conv.turns.pop()
+        users, answers = self.query(UserMessage), self.query(AnswerView)
+        for widget in (users.last() if users else None, answers.last() if answers else None):
+            if widget is not None:
+                widget.remove()
+        return turn
+
+    def action_regenerate(self) -> None:
+        turn = self._take_back_last()
+        if turn is not None:
+            self.send(turn.user)
+
+    def action_edit_last(self) -> None:
+        turn = self._take_back_last()
+        if turn is not None:
+            self.fill_prompt(turn.user)
+
+    def action_continue_answer(self) -> None:
+        """Go on with a stopped last answer: a new turn that starts with what it said so far."""
+        conv = self.conversation
+        if conv is None or self.busy():
+            return
+        try:
+            active = conv.continue_turn()
+        except UserError as exc:
+            self.notify(str(exc), severity="warning", timeout=6)
+            return
+        answer = AnswerView(thinking=active.request.thinking, ghosts=self.ghosts)
+        stopped = self.query(AnswerView)
+        if stopped:
+            answer.segments, answer.raw = list(stopped.last().segments), stopped.last().raw
+        self._start(active, answer, NoticeLine("· continuing the stopped answer above"))
 
 
 def footer_for(summary: Optional[Summary], save_error: Optional[str] = None) -> Optional[str]:

@@ -1,6 +1,10 @@
 """Messages in the conversation. An answer is coloured by origin (accepted draft tokens vs the
 target's own), may show rejected proposals as ghosts, and puts its thinking text in a dimmed,
-collapsible block above the answer."""
+collapsible block above the answer. A finished answer can be switched in place to rendered Markdown.
+
+Origin colours are picked for the theme's background (a light theme needs darker ones) and nudged
+until they stand out from it by WCAG contrast `MIN_CONTRAST`; answers re-render when the theme changes.
+A resumed answer gets its colours back from the turn's recorded ids and steps (`recorded_segments`)."""
 
 from __future__ import annotations
 
@@ -11,17 +15,82 @@ from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.color import Color
 from textual.containers import Vertical
 from textual.message import Message
-from textual.widgets import Collapsible, Static
+from textual.theme import Theme
+from textual.widgets import Button, Collapsible, Markdown, Static
 
 from dflash_tui.core.conversation import THINK_CLOSE, thinking_layout
 from dflash_tui.core.terminal import printable
-from dflash_tui.tui.widgets.stats import DRAFT_STYLE, GHOST_STYLE, TARGET_STYLE
+from engines.detokenize import StreamingDetokenizer
 
 LAYOUT_EVERY_S = 0.3  # while streaming, a new row shows within this; text in existing rows every frame
-STYLES = {"draft": Style.parse(DRAFT_STYLE), "target": Style.parse(TARGET_STYLE), "ghost": Style.parse(GHOST_STYLE),
-          "plain": Style()}
+MIN_CONTRAST = 3.0  # WCAG's minimum for large or bold text; token colours must reach it on every theme
+# (colour, attributes) per origin, for dark and for light backgrounds. No "dim": it would blend the ghosts
+# into the background; the strike-through sets them apart.
+PALETTES = {
+    True: {"draft": ("#56d364", "bold"), "target": ("#79c0ff", ""), "ghost": ("#f85149", "strike")},
+    False: {"draft": ("#1a7f37", "bold"), "target": ("#0550ae", ""), "ghost": ("#cf222e", "strike")},
+}
+
+
+def contrast(a: Color, b: Color) -> float:
+    """WCAG contrast ratio of two colours (1 to 21)."""
+    def luminance(c: Color) -> float:
+        channels = [v / 255 for v in (c.r, c.g, c.b)]
+        r, g, b = [v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in channels]
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    light, dark = sorted((luminance(a), luminance(b)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def theme_background(theme: Theme) -> Color:
+    """The colour a theme paints behind text; an ANSI theme's is the terminal's, taken as black or white."""
+    background = Color.parse(theme.to_color_system().generate()["background"])
+    if background.ansi is not None:
+        return Color(0, 0, 0) if theme.dark else Color(255, 255, 255)
+    return background
+
+
+def readable(colour: Color, background: Color) -> Color:
+    """`colour`, moved away from the background's lightness until it reaches MIN_CONTRAST."""
+    dark = background.brightness < 0.5
+    for _ in range(40):
+        if contrast(colour, background) >= MIN_CONTRAST:
+            break
+        colour = colour.lighten(0.03) if dark else colour.darken(0.03)
+    return colour
+
+
+def origin_styles(background: Color) -> dict[str, Style]:
+    """The answer's styles for text on `background`: draft, target, ghost and plain."""
+    palette = PALETTES[background.brightness < 0.5]
+    styles = {kind: Style.parse(f"{attrs} {readable(Color.parse(colour), background).hex}".strip())
+              for kind, (colour, attrs) in palette.items()}
+    return {**styles, "plain": Style()}
+
+
+def recorded_segments(decode, prompt_ids: list[int], emitted_ids: list[int], steps: list) -> list[tuple[str, str]]:
+    """A recorded turn's text split by origin, ghosts included, as it streamed: the first id is the
+    target's (sampled from the prefill), then each step emitted its `accepted` drafted ids and one of
+    the target's (the last step cut at the stop id). Decoded exactly as the engine did (in context)."""
+    detok = StreamingDetokenizer(decode, prompt_ids)
+    segments: list[tuple[str, str]] = []
+    at = 1
+    pieces = detok.add_tokens(emitted_ids[:1], ["target"])
+    for step in steps:
+        drafted, accepted = step["drafted"], step["accepted"]
+        ids = emitted_ids[at:at + accepted + 1]
+        at += len(ids)
+        pieces += detok.add_tokens(ids, ["draft"] * min(accepted, len(ids)) + ["target"] * (len(ids) - accepted))
+        segments += pieces
+        pieces = []
+        if drafted[accepted:]:
+            segments.append((detok.peek(drafted[accepted:]), "ghost"))
+    segments += pieces + [(detok.flush(), "target")]
+    return [(text, kind) for text, kind in segments if text]
 
 
 class UserMessage(Static):
@@ -36,11 +105,51 @@ class NoticeLine(Static):
     """A one-line notice in the conversation (context trimmed, engine warnings, reloads)."""
 
 
+class Welcome(Vertical):
+    """The first screen of a chat: what the loaded model is for, and its example prompts as buttons
+    (click, or shift+tab from the message box and enter) that fill the message box."""
+
+    DEFAULT_CSS = """
+    Welcome { height: auto; padding: 1 0; }
+    Welcome .welcome-title { text-style: bold; }
+    Welcome .welcome-hint { color: $text-muted; margin: 1 0 0 0; }
+    Welcome Button { width: auto; min-width: 0; height: 1; border: none; margin: 0 0 0 2; }
+    """
+
+    class Chosen(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def __init__(self, name: str, description: str, examples: Iterable[str]) -> None:
+        super().__init__()
+        self.title, self.description, self.examples = name, description, tuple(examples)
+
+    def compose(self) -> ComposeResult:
+        yield Static(f"{self.title}: {self.description}" if self.description else self.title, classes="welcome-title")
+        if self.examples:
+            yield Static("Try one (click it, or shift+tab to it and press enter; it fills the message box):",
+                         classes="welcome-hint")
+            for example in self.examples:
+                yield Button(printable(example), classes="welcome-example")
+        yield Static("Green text came free from the draft, blue is the target's own; f1 lists every key.",
+                     classes="welcome-hint")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        index = list(self.query(Button)).index(event.button)
+        self.post_message(self.Chosen(self.examples[index]))
+
+
 class AnswerView(Vertical):
     class Selected(Message):
         def __init__(self, answer: "AnswerView") -> None:
             super().__init__()
             self.answer = answer
+
+    DEFAULT_CSS = """
+    AnswerView Markdown.answer-markdown { padding: 0 0 0 5; margin: 0; }
+    """
 
     def __init__(self, thinking: bool, ghosts: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -50,6 +159,8 @@ class AnswerView(Vertical):
         self.raw = ""
         self.think_tokens = 0
         self.status = "streaming"
+        self.markdown = False  # showing the answer rendered as Markdown instead of coloured tokens
+        self.styles_by_origin = origin_styles(Color(0, 0, 0))
         self._laid_out = 0.0
 
     def compose(self) -> ComposeResult:
@@ -60,6 +171,10 @@ class AnswerView(Vertical):
 
     def on_mount(self) -> None:
         self.query_one(Collapsible).display = False
+        self.watch(self.app, "theme", self._theme_changed)  # init: styles for the theme in use, then render
+
+    def _theme_changed(self) -> None:
+        self.styles_by_origin = origin_styles(theme_background(self.app.current_theme))
         self.render_text()
 
     # -- streaming -------------------------------------------------------------------------------
@@ -80,9 +195,17 @@ class AnswerView(Vertical):
         else:
             self.segments.append((text, kind))
 
-    def set_text(self, text: str) -> None:
-        """A recorded answer (no origins kept): shown plain."""
-        self.segments = [(text, "plain")]
+    def set_recorded(self, text: str, segments: list[tuple[str, str]]) -> None:
+        """A recorded answer: coloured from `segments` (see `recorded_segments`) when they spell exactly
+        `text`, else (another tokenizer, a continued turn's earlier part) the rest of `text` shown plain."""
+        spelled = "".join(piece for piece, kind in segments if kind != "ghost")
+        if not text.endswith(spelled):
+            segments, spelled = [], ""
+        head = text[:len(text) - len(spelled)]
+        self.segments = []
+        for piece, kind in [(head, "plain"), *segments]:
+            if piece:
+                self._append(piece, kind)
         self.raw = text
 
     def set_ghosts(self, on: bool) -> None:
@@ -124,7 +247,7 @@ class AnswerView(Vertical):
         laid_out = False
         pos = 0
         for text, kind in self.segments:
-            style = STYLES.get(kind) or STYLES["plain"]
+            style = self.styles_by_origin.get(kind) or self.styles_by_origin["plain"]
             if kind == "ghost":
                 if self.ghosts:
                     if start <= pos < end or (pos == end and answer_at > end and pos < answer_at):
@@ -176,6 +299,22 @@ class AnswerView(Vertical):
             t.append(footer, style="dim")
         self.query_one(".answer-footer", Static).update(t)
         self.add_class(f"-{status}")
+
+    async def show_markdown(self, on: bool) -> None:
+        """Switch a finished answer between its coloured tokens and the answer rendered as Markdown."""
+        if self.status == "streaming":
+            return
+        self.markdown = on
+        if on:
+            source = self.answer_text or "*(empty answer)*"
+            found = self.query(Markdown)
+            if found:
+                await found.first().update(source)
+            else:
+                await self.mount(Markdown(source, classes="answer-markdown"), after=self.query_one(".answer-text"))
+        for widget in self.query(Markdown):
+            widget.display = on
+        self.query_one(".answer-text", Static).display = not on
 
     def on_click(self) -> None:
         if self.status != "streaming":

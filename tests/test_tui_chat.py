@@ -1,0 +1,296 @@
+"""The chat screen's answers and first screen, driven by the pilot on a real tiny engine (on the CPU):
+Markdown in place, copy, regenerate and edit, continue, colours readable on every theme, resumed
+colours, the welcome's examples, toasts that replace each other, keys never dropped, measured speedup."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests import waiting
+
+pytest.importorskip("textual")
+pytest.importorskip("torch")
+
+from engines import EngineConfig, load_engine  # noqa: E402 - after the importorskip above
+from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
+
+SIZE = (120, 40)
+
+
+@pytest.fixture(scope="module")
+def pair(pairs):
+    return pairs("qwen3")
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+    target, draft = pair
+    return load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu", dtype="float32"))
+
+
+@pytest.fixture(scope="module")
+def process_engine(pair):
+    from engines.process import ProcessEngine
+
+    target, draft = pair
+    engine = ProcessEngine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
+                                        dtype="float32"))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def profile(tmp_path, pair):
+    return write_profile(tmp_path / "tiny.toml", *pair, max_new_tokens=24)
+
+
+def make_app(profile, engine, **kwargs):
+    from dflash_tui.tui.app import DflashApp
+
+    return DflashApp(profile=str(profile), loaded_engine=engine, animate=False, **kwargs)
+
+
+async def ready(pilot):
+    app = pilot.app
+    await waiting.until(pilot, lambda: app.conversation is not None)
+    await pilot.pause()
+
+
+async def send(pilot, text):
+    app = pilot.app
+    before = app.turns_done
+    await pilot.press(*text, "enter")
+    await waiting.until(pilot, lambda: app.turns_done > before)
+    await pilot.pause()
+    return app.finished[-1]
+
+
+def last_answer(app):
+    from dflash_tui.tui.widgets import AnswerView
+
+    return app.screen.query(AnswerView).last()
+
+
+def wcag(a, b) -> float:
+    """WCAG 2 contrast ratio of two (r, g, b) colours, written out here as the oracle."""
+    def lum(rgb):
+        c = [v / 255 for v in rgb]
+        c = [v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in c]
+        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+@pytest.mark.asyncio
+async def test_f2_and_click_toggle_markdown_in_place(profile, engine, data_dir):
+    from textual.widgets import Markdown
+
+    from dflash_tui.tui.screens.chat import ChatScreen
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "# heading")
+        answer = last_answer(app)
+        await pilot.press("f2")
+        await waiting.until(pilot, lambda: answer.markdown and answer.query(Markdown))
+        rendered = answer.query_one(Markdown)
+        assert isinstance(app.screen, ChatScreen)  # in place, no modal
+        assert rendered.source == (answer.answer_text or "*(empty answer)*") and rendered.display
+        assert not answer.query_one(".answer-text").display
+        await pilot.press("f2")
+        await waiting.until(pilot, lambda: not answer.markdown)
+        assert answer.query_one(".answer-text").display and not rendered.display
+        await pilot.click(answer.query_one(".answer-footer"))  # a click toggles the answer clicked
+        await waiting.until(pilot, lambda: answer.markdown)
+        assert app.chat.selected is answer and rendered.display
+
+
+@pytest.mark.asyncio
+async def test_f3_copies_the_last_answer(profile, engine, data_dir):
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "copy me")
+        await pilot.press("f3")
+        assert app.clipboard == last_answer(app).answer_text != ""
+
+
+@pytest.mark.asyncio
+async def test_regenerate_and_edit_the_last_prompt(profile, engine, data_dir):
+    from dflash_tui.tui.widgets import AnswerView, UserMessage
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        first = await send(pilot, "first")
+        await pilot.press("f4")  # asked again in its place: the same prompt ids, so (greedy) the same answer
+        await waiting.until(pilot, lambda: app.turns_done == 2)
+        await pilot.pause()
+        again = app.finished[-1]
+        assert again.prompt_ids == first.prompt_ids and again.turn.answer == first.turn.answer
+        assert [t.user for t in app.conversation.turns] == ["first"]
+        assert len(app.screen.query(UserMessage)) == len(app.screen.query(AnswerView)) == 1
+        await pilot.press("f5")  # the prompt comes back into the message box, the answer goes
+        prompt = app.screen.query_one("#prompt")
+        assert prompt.text == "first" and app.focused is prompt
+        assert app.conversation.turns == [] and not app.screen.query(AnswerView)
+        edited = await send(pilot, " edited")
+        assert edited.user == "first edited"
+        assert [t.user for t in app.conversation.turns] == ["first edited"]
+
+
+@pytest.mark.asyncio
+async def test_f6_continues_a_cancelled_answer(tmp_path, pair, process_engine, data_dir):
+    """As `dflash chat` runs (the engine in its own process), so escape lands while the answer streams."""
+    from dflash_tui.core.conversation import Conversation
+
+    if not hasattr(Conversation, "continue_turn"):
+        pytest.skip("Conversation.continue_turn has not landed yet")
+    profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=450)
+    app = make_app(profile, process_engine, block_size=1)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press(*"tell me a long story", "enter", "escape")
+        await waiting.until(pilot, lambda: app.turns_done == 1)
+        stopped = app.finished[-1].turn
+        assert stopped.status == "cancelled"
+        await pilot.press("f6")
+        await waiting.until(pilot, lambda: app.turns_done == 2)
+        await pilot.pause()
+        whole = app.finished[-1].turn
+        assert whole.status == "completed" and whole.user == "tell me a long story"
+        assert whole.answer.startswith(stopped.answer) and len(whole.answer) > len(stopped.answer)
+        assert last_answer(app).raw == whole.answer  # the new answer shows the whole text
+
+
+@pytest.mark.asyncio
+async def test_token_colours_reach_3_to_1_on_every_builtin_theme(profile, engine, data_dir):
+    from dflash_tui.tui.widgets.answer import theme_background
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "colours")
+        await pilot.press("ctrl+g")  # ghosts shown too
+        answer = last_answer(app)
+        kinds = {kind for _, kind in answer.segments}
+        seen = {}
+        for name, theme in app.available_themes.items():
+            app.theme = name
+            await pilot.pause()
+            background = theme.to_color_system().generate()["background"]
+            bg = theme_background(theme)
+            if not background.startswith("ansi"):  # an ANSI theme's is the terminal's own (taken as black/white)
+                assert bg.hex.lower() == background.lower()
+            for kind in kinds:
+                colour = answer.styles_by_origin[kind].color.triplet
+                ratio = wcag(colour, (bg.r, bg.g, bg.b))
+                assert ratio >= 3, f"{kind} on {name}: {ratio:.2f}"
+            spans = {str(s.style) for s in answer.answer_rich.spans}
+            assert spans <= {str(answer.styles_by_origin[k]) for k in kinds}  # the text re-rendered in them
+            seen[name] = str(answer.answer_rich.spans[0].style)
+        assert seen["textual-dark"] != seen["textual-light"]
+
+
+@pytest.mark.asyncio
+async def test_resumed_answers_keep_their_colours(profile, engine, data_dir):
+    from dflash_tui.core import sessions
+
+    app = make_app(profile, engine, block_size=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "colour me")
+        streamed = list(last_answer(app).segments)
+    kinds = {kind for _, kind in streamed}
+    assert "target" in kinds and len(kinds) >= 2  # more than one colour to get back
+    again = make_app(profile, engine, resume=sessions.load_session(app.conversation.session_id))
+    async with again.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await waiting.until(pilot, lambda: last_answer(again) is not None and last_answer(again).status != "streaming")
+        assert last_answer(again).segments == streamed
+
+
+@pytest.mark.asyncio
+async def test_first_screen_offers_the_profiles_examples(tmp_path, pair, engine, data_dir):
+    from textual.widgets import Button
+
+    from dflash_tui.core.profiles import Profile
+    from dflash_tui.tui.widgets.answer import Welcome
+
+    if "examples" not in Profile.__dataclass_fields__:
+        pytest.skip("Profile.examples has not landed yet")
+    profile = tmp_path / "examples.toml"
+    profile.write_text(write_profile(tmp_path / "base.toml", *pair, max_new_tokens=8).read_text().replace(
+        'description = "random tiny pair"', 'description = "random tiny pair"\nexamples = ["What is 2 + 2?", "Sort 3 1 2"]'))
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        welcome = app.screen.query_one(Welcome)
+        assert "random tiny pair" in str(welcome.query_one(".welcome-title").render())
+        buttons = welcome.query(Button)
+        assert [str(b.label) for b in buttons] == ["What is 2 + 2?", "Sort 3 1 2"]
+        await pilot.click(buttons.first())  # the mouse fills the message box
+        prompt = app.screen.query_one("#prompt")
+        await waiting.until(pilot, lambda: prompt.text == "What is 2 + 2?")
+        prompt.clear()
+        await pilot.press("shift+tab")  # the keyboard reaches the last example from the message box
+        assert app.focused is buttons.last()
+        await pilot.press("enter")
+        assert prompt.text == "Sort 3 1 2" and app.focused is prompt
+        await pilot.press("enter")
+        await waiting.until(pilot, lambda: app.turns_done == 1)
+        assert app.finished[-1].user == "Sort 3 1 2" and not app.screen.query(Welcome)
+        await pilot.press("ctrl+n")  # a new session starts at the welcome again
+        await waiting.until(pilot, lambda: app.screen.query(Welcome))
+
+
+@pytest.mark.asyncio
+async def test_repeated_ctrl_k_replaces_its_toast_and_drops_no_keys(profile, engine, data_dir):
+    from textual.widgets._toast import Toast
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        for _ in range(4):
+            await pilot.press("ctrl+k")
+            await pilot.pause()
+        # one toast, saying the block size now chosen (a toast outlived by a slow machine is simply gone)
+        toasts = [str(t.render()) for t in app.screen.query(Toast) if "Block size" in str(t.render())]
+        assert len(toasts) <= 1
+        assert all(f"Block size {app.conversation.settings.block_size} " in t for t in toasts)
+        await pilot.press(*"typed at once", "enter")  # right behind the last ctrl+k
+        await waiting.until(pilot, lambda: app.turns_done == 1)
+        assert app.finished[-1].user == "typed at once"
+
+
+@pytest.mark.asyncio
+async def test_speedup_is_measured_off_the_ui_thread(profile, engine, data_dir):
+    from dflash_tui.core.conversation import Conversation
+
+    if not hasattr(Conversation, "measure_block1"):
+        pytest.skip("Conversation.measure_block1 has not landed yet")
+    app = make_app(profile, engine, block_size=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        conv = app.conversation
+        measure, entered, gate = conv.measure_block1, threading.Event(), threading.Event()
+
+        def held_measure():  # the measurement is held until a second prompt is in: keys must still flow
+            entered.set()
+            gate.wait(waiting.limit())
+            return measure()
+
+        conv.measure_block1 = held_measure
+        await send(pilot, "first")
+        await waiting.until(pilot, entered.is_set)
+        second = await send(pilot, "second while measuring")
+        assert second.user == "second while measuring" and second.turn.status == "completed"
+        gate.set()
+        await waiting.until(pilot, lambda: app.chat.measures >= 1)
+        await pilot.pause()
+        stats = app._last_stats
+        assert stats.speedup_kind == "measured" and stats.speedup > 0
