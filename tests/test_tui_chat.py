@@ -117,6 +117,9 @@ async def test_f3_copies_the_last_answer(profile, engine, data_dir):
         await send(pilot, "copy me")
         await pilot.press("f3")
         assert app.clipboard == last_answer(app).answer_text != ""
+        app.copy_to_clipboard("")
+        await pilot.press("ctrl+p", *"Copy answer", "enter")  # the palette has the answer commands too
+        await waiting.until(pilot, lambda: app.clipboard == last_answer(app).answer_text)
 
 
 @pytest.mark.asyncio
