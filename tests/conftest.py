@@ -41,3 +41,38 @@ def config_dir(tmp_path, monkeypatch):
     folder = tmp_path / "config"
     monkeypatch.setenv("DFLASH_CONFIG_DIR", str(folder))
     return folder
+
+
+# -- the tiny qwen3 pair the TUI tests chat with (a test file may override any of these) ----------------
+
+
+@pytest.fixture(scope="module")
+def pair(pairs):
+    return pairs("qwen3")
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+    """The PyTorch engine on the CPU, loaded once per test file."""
+    from engines import EngineConfig, load_engine
+
+    target, draft = pair
+    return load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu", dtype="float32"))
+
+
+@pytest.fixture(scope="module")
+def process_engine(pair):
+    """The same engine in its own process, as `dflash chat` runs it: keys are handled while it streams."""
+    from engines import EngineConfig
+    from engines.process import ProcessEngine
+
+    target, draft = pair
+    engine = ProcessEngine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
+                                        dtype="float32"))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def profile(tmp_path, pair):
+    return tiny.write_profile(tmp_path / "tiny.toml", *pair)

@@ -14,6 +14,7 @@ from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ChatSettings, Conversation
 from engines import EngineConfig, load_engine
 from engines.errors import UserError
+from tests import waiting
 
 QUESTION = "What is 48 + 75?"
 NEW = 24
@@ -184,8 +185,8 @@ async def test_sessions_screen_asks_refuses_the_open_chat_and_removes_replays(en
     from textual.widgets import DataTable
 
     from dflash_tui.tui.screens.sessions import ConfirmDeleteScreen, SessionsScreen
-    from tests.test_tui import SIZE, make_app, ready, send, wait_for
     from tests.tiny import write_profile
+    from tests.tui_helpers import SIZE, make_app, ready, send
 
     old = sessions.SessionWriter({"created": "2026-01-01T10:00:00+00:00", "profile": {"name": "tiny"}},
                                  session_id="20260101-100000-0000")
@@ -199,7 +200,7 @@ async def test_sessions_screen_asks_refuses_the_open_chat_and_removes_replays(en
         await send(pilot, "hello")
         open_id = app.conversation.session_id
         await pilot.press("ctrl+o")
-        await wait_for(pilot, lambda: isinstance(app.screen, SessionsScreen))
+        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen))
         screen = app.screen
         table = screen.query_one(DataTable)
 
@@ -208,21 +209,35 @@ async def test_sessions_screen_asks_refuses_the_open_chat_and_removes_replays(en
 
         table.move_cursor(row=table.get_row_index(open_id))
         await pilot.press("d")
-        await wait_for(pilot, lambda: "is the chat open here" in status())
+        await waiting.until(pilot, lambda: "is the chat open here" in status())
         assert app.screen is screen and app.conversation.writer.path.exists()
 
         table.move_cursor(row=table.get_row_index(old.id))
         await pilot.press("d")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
+        await waiting.until(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
         assert "1 replay file" in str(app.screen.query_one("#confirm-delete-text").render())
         await pilot.press("n")
-        await wait_for(pilot, lambda: app.screen is screen and status() == "Nothing deleted.")
+        await waiting.until(pilot, lambda: app.screen is screen and status() == "Nothing deleted.")
         assert old.path.exists() and replay.exists()
 
         await pilot.press("d")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
+        await waiting.until(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
         await pilot.press("y")
-        await wait_for(pilot, lambda: status().startswith("Deleted session"))
+        await waiting.until(pilot, lambda: status().startswith("Deleted session"))
         assert not old.path.exists() and not replay.exists()
         assert [row.value for row in table.rows] == [open_id]
         assert app.conversation.writer.path.exists()
+
+
+def test_only_the_last_turn_can_be_taken_back_in_a_session_file(data_dir):
+    """dflash retracts only its last turn; a file saying otherwise was edited: warned about, not obeyed."""
+    writer = sessions.SessionWriter({"profile": {"name": "tiny"}})
+    for user in ("one", "two"):
+        writer.append_turn({"status": "completed", "user": user, "answer": "…", "settings": {}})
+    writer.append_retraction(0)
+    session = sessions.load_session(writer.id)
+    assert [t["user"] for t in session.turns] == ["one", "two"]
+    assert session.warnings == [f"{writer.path.name}: line 4 takes back a turn that is not the last one; ignored."]
+    writer.append_retraction(1)
+    assert [t["user"] for t in sessions.load_session(writer.id).turns] == ["one"]
+    writer.close()

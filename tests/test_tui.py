@@ -6,7 +6,6 @@ A random pair writes gibberish, which is all the UI needs. Snapshots are taken b
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,69 +15,9 @@ from tests import waiting
 pytest.importorskip("textual")
 pytest.importorskip("torch")
 
-from engines import EngineConfig, load_engine  # noqa: E402 - after the importorskip above
 from engines.events import StepEvent  # noqa: E402 - after the importorskip above
 from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
-
-SIZE = (120, 40)
-
-
-@pytest.fixture(scope="module")
-def pair(pairs):
-    return pairs("qwen3")
-
-
-@pytest.fixture(scope="module")
-def engine(pair):
-    target, draft = pair
-    return load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu", dtype="float32"))
-
-
-@pytest.fixture(scope="module")
-def process_engine(pair):
-    from engines.process import ProcessEngine
-
-    target, draft = pair
-    engine = ProcessEngine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
-                                        dtype="float32"))
-    yield engine
-    engine.close()
-
-
-@pytest.fixture
-def profile(tmp_path, pair):
-    return write_profile(tmp_path / "tiny.toml", *pair)
-
-
-def make_app(profile, engine=None, **kwargs):
-    from dflash_tui.tui.app import DflashApp
-
-    return DflashApp(profile=str(profile), loaded_engine=engine, animate=False, **kwargs)
-
-
-async def wait_for(pilot, condition, step=0.05):
-    await waiting.until(pilot, condition, step=step)
-
-
-async def ready(pilot):
-    app = pilot.app
-    await wait_for(pilot, lambda: app.conversation is not None or app.load_error is not None)
-    await pilot.pause()
-
-
-async def send(pilot, text, turns_before=None):
-    app = pilot.app
-    before = app.turns_done if turns_before is None else turns_before
-    await pilot.press(*text, "enter")
-    await wait_for(pilot, lambda: app.turns_done > before)
-    await pilot.pause()
-    return app.finished[-1]
-
-
-def session_lines(app):
-    path = app.conversation.writer.path
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
+from tests.tui_helpers import SIZE, make_app, ready, send, session_lines, wcag  # noqa: E402 - after the importorskip above
 
 # -- pilot tests -----------------------------------------------------------------------------------
 
@@ -109,7 +48,7 @@ async def test_prompt_streams_coloured_text_and_updates_stats(profile, data_dir)
         # up recalls the last prompt
         await pilot.press("up")
         assert app.screen.query_one("#prompt").text == "What is 48 + 75?"
-    lines = [json.loads(x) for x in app.conversation.writer.path.read_text().splitlines()]
+    lines = session_lines(app)
     assert lines[0]["type"] == "header" and lines[1]["status"] == "completed"
     assert lines[1]["emitted_ids"] == active.emitted and lines[1]["prompt_ids"] == active.prompt_ids
 
@@ -148,7 +87,7 @@ async def test_escape_cancels_and_the_partial_turn_is_recorded(tmp_path, pair, p
         # escape right behind enter (keys are handled while the engine process streams); the engine
         # stops at its next step, so the answer is cut after at least its first token
         await pilot.press(*"tell me a long story", "enter", "escape")
-        await wait_for(pilot, lambda: app.turns_done == 1)
+        await waiting.until(pilot, lambda: app.turns_done == 1)
         await pilot.pause()
         active = app.finished[-1]
         assert active.turn.status == "cancelled"
@@ -156,10 +95,9 @@ async def test_escape_cancels_and_the_partial_turn_is_recorded(tmp_path, pair, p
         assert app.conversation.turns[-1].cancelled  # it stays in the history, marked
         footer = str(app.query("AnswerView").last().query_one(".answer-footer").render())
         assert "cancelled" in footer
-        # the next turn resends the partial answer as history
-        app.conversation.settings.max_new_tokens = 8
+        # the next turn does not resend it: a stopped answer is not one the model gave (docs/design.md)
         nxt = app.conversation.begin("go on")
-        assert nxt.messages[-2] == {"role": "assistant", "content": active.turn.answer}
+        assert [m["content"] for m in nxt.messages] == ["go on"]
     record = session_lines(app)[-1]
     assert record["status"] == "cancelled" and record["emitted_ids"] == active.emitted
     assert record["summary"]["finish_reason"] == "cancelled"
@@ -172,7 +110,7 @@ async def test_block_size_change_takes_effect_on_the_next_turn(profile, engine, 
         await ready(pilot)
         await pilot.press(*"one", "enter", "ctrl+k")  # ctrl+k once the first turn is under way
         assert app.conversation.settings.block_size == 8
-        await wait_for(pilot, lambda: app.turns_done == 1)
+        await waiting.until(pilot, lambda: app.turns_done == 1)
         second = await send(pilot, "two")
         first = app.finished[0]
         assert "block 8" in str(app.screen.query_one("#header-state").render())
@@ -245,7 +183,7 @@ async def test_missing_model_shows_the_error_screen(tmp_path, pair, data_dir):
     profile = write_profile(tmp_path / "broken.toml", missing, pair[1])
     app = make_app(profile)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.load_error is not None)
+        await waiting.until(pilot, lambda: app.load_error is not None)
         await pilot.pause()
         assert isinstance(app.screen, LoadErrorScreen)
         message = str(app.screen.query_one("#error-message").render())
@@ -310,7 +248,7 @@ async def test_engine_switch_reloads_and_keeps_history(profile, data_dir):
         await send(pilot, "before the switch")
         old = app.engine
         app.switch_engine("cuda")
-        await wait_for(pilot, lambda: app.engine is not None and app.engine is not old and not app.loading)
+        await waiting.until(pilot, lambda: app.engine is not None and app.engine is not old and not app.loading)
         await pilot.pause()
         assert [t.user for t in app.conversation.turns] == ["before the switch"]
         await send(pilot, "after")
@@ -375,6 +313,35 @@ async def test_answer_view_puts_thinking_in_a_collapsible(data_dir):
         assert view.thinking_text.strip() == "add digits" and view.answer_text == "123"
         assert "thinking" in view.query_one(Collapsible).title
         assert str(view.query_one(".answer-text").render()) == "123"
+
+
+@pytest.mark.asyncio
+async def test_replay_colours_stay_readable_on_a_light_theme(profile, engine, data_dir):
+    """The replay's side-by-side text takes the answer's colours for the theme, as the chat does."""
+    from rich.style import Style
+
+    from dflash_tui.core import sessions
+    from dflash_tui.tui.screens import ReplayScreen
+    from dflash_tui.tui.widgets.answer import theme_background
+
+    writer = sessions.SessionWriter({"profile": {"name": "tiny"}, "engine": "cuda"})
+    writer.append_turn({"status": "completed", "user": "What is 48 + 75?", "answer": "48 + 75 = 123.", "settings": {}})
+    writer.close()
+    saved = (Path(__file__).parent / "fixtures" / "replay-3-runs.json").read_text()
+    (writer.path.parent / f"{writer.id}.replay-20260101-120500.json").write_text(saved)
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.theme = "textual-light"
+        await pilot.press("ctrl+r")
+        await waiting.until(pilot, lambda: isinstance(app.screen, ReplayScreen) and app.screen.query(".replay-column"))
+        bg = theme_background(app.current_theme)
+        styles = [Style.parse(str(span.style)) for column in app.screen.query(".replay-column")
+                  for span in column.content.spans]
+        colours = {style.color.triplet for style in styles if style.color and style.color.triplet}
+        assert len(colours) == 2  # draft and target (ANSI colours, as the headings', follow the theme)
+        for colour in colours:
+            assert wcag(colour, (bg.r, bg.g, bg.b)) >= 3
 
 
 # -- snapshots (no generation: nothing timing-dependent on screen) ---------------------------------
@@ -448,7 +415,7 @@ def test_snapshot_80x24_after_an_answer(snap_compare, profile, engine, data_dir)
 
     async def before(pilot):
         await ready(pilot)
-        await wait_for(pilot, lambda: len(pilot.app.conversation.turns) == 1)
+        await waiting.until(pilot, lambda: len(pilot.app.conversation.turns) == 1)
         pilot.app.screen.query_one("#prompt").cursor_blink = False
         await pilot.pause()
 
@@ -544,7 +511,7 @@ def test_engine_process_cancels_within_a_step_and_reports_user_errors(process_en
 
 
 def test_engine_process_load_error_is_the_same_user_error(tmp_path, pair):
-    from engines import CheckpointError
+    from engines import CheckpointError, EngineConfig
     from engines.process import ProcessEngine
 
     with pytest.raises(CheckpointError, match="nothing-here"):

@@ -9,6 +9,8 @@ import json
 import pytest
 from rich.console import Console
 
+from tests import waiting
+
 pytest.importorskip("textual")
 pytest.importorskip("torch")
 
@@ -16,36 +18,9 @@ from textual.command import CommandList, CommandPalette  # noqa: E402 - after th
 from textual.events import MouseScrollDown  # noqa: E402 - after the importorskip above
 from textual.widgets import Static  # noqa: E402 - after the importorskip above
 
-from engines import EngineConfig, load_engine  # noqa: E402 - after the importorskip above
-from tests.test_tui import make_app, ready, send, session_lines, wait_for  # noqa: E402 - after the importorskip above
+from dflash_tui.tui.screens.chat import KEYS  # noqa: E402 - after the importorskip above
 from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
-
-SMALL = (80, 24)
-
-
-@pytest.fixture(scope="module")
-def pair(pairs):
-    return pairs("qwen3")
-
-
-@pytest.fixture(scope="module")
-def engine(pair):
-    return load_engine(EngineConfig(target=str(pair[0]), draft=str(pair[1]), engine="cuda", device="cpu", dtype="float32"))
-
-
-@pytest.fixture(scope="module")
-def process_engine(pair):
-    from engines.process import ProcessEngine
-
-    engine = ProcessEngine(EngineConfig(target=str(pair[0]), draft=str(pair[1]), engine="cuda", device="cpu",
-                                        dtype="float32"))
-    yield engine
-    engine.close()
-
-
-@pytest.fixture
-def profile(tmp_path, pair):
-    return write_profile(tmp_path / "tiny.toml", *pair)
+from tests.tui_helpers import SMALL, make_app, ready, send, session_lines  # noqa: E402 - after the importorskip above
 
 
 def warnings_shown(app) -> list[str]:
@@ -62,9 +37,9 @@ async def test_ctrl_q_during_an_answer_saves_the_turn_as_cancelled_then_quits(tm
     async with app.run_test(size=SMALL) as pilot:
         await ready(pilot)
         await pilot.press(*"tell me a long story", "enter")
-        await wait_for(pilot, lambda: app.active is not None and app.flushes > 0)  # a partial answer on screen
+        await waiting.until(pilot, lambda: app.active is not None and app.flushes > 0)  # a partial answer on screen
         await pilot.press("ctrl+q")
-        await wait_for(pilot, lambda: not app.is_running)
+        await waiting.until(pilot, lambda: not app.is_running)
     assert app.turns_done == 1 and app.finished[-1].turn.status == "cancelled"
     record = session_lines(app)[-1]
     assert record["type"] == "turn" and record["user"] == "tell me a long story"
@@ -92,6 +67,18 @@ async def test_the_stats_line_fits_80_columns_with_the_main_figures(profile, eng
 
 
 @pytest.mark.asyncio
+async def test_the_footer_keeps_help_and_quit_at_80_columns(profile, engine, data_dir):
+    from textual.widgets._footer import FooterKey
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+        keys = {k.key: k for k in app.screen.query(FooterKey)}
+        for key in ("f1", "ctrl+q"):
+            assert app.screen.region.contains_region(keys[key].region)
+
+
+@pytest.mark.asyncio
 async def test_help_scrolls_to_its_last_row_by_key_and_by_wheel(profile, engine, data_dir):
     from dflash_tui.tui.screens import HelpScreen
 
@@ -99,28 +86,31 @@ async def test_help_scrolls_to_its_last_row_by_key_and_by_wheel(profile, engine,
     async with app.run_test(size=SMALL) as pilot:
         await ready(pilot)
         await pilot.press("f1")
-        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await waiting.until(pilot, lambda: isinstance(app.screen, HelpScreen))
         await pilot.pause()
         scroll = app.screen.query_one("#help-scroll")
         legend = app.screen.query_one("#help-legend")
         assert scroll.max_scroll_y > 0  # it does not fit: it must scroll
         assert not scroll.region.contains_region(legend.region)
         await pilot.press("end")
-        await wait_for(pilot, lambda: scroll.scroll_y == scroll.max_scroll_y)
+        await waiting.until(pilot, lambda: scroll.scroll_y == scroll.max_scroll_y)
         await pilot.pause()
         assert scroll.region.contains_region(legend.region) and legend.region.height >= 2
         await pilot.press("home")
-        await wait_for(pilot, lambda: scroll.scroll_y == 0)
+        await waiting.until(pilot, lambda: scroll.scroll_y == 0)
         for _ in range(scroll.max_scroll_y):  # the wheel gets there too (at least one row a notch)
             await pilot._post_mouse_events([MouseScrollDown], "#help-scroll")
             if scroll.scroll_y == scroll.max_scroll_y:
                 break
-        await wait_for(pilot, lambda: scroll.scroll_y == scroll.max_scroll_y)
+        await waiting.until(pilot, lambda: scroll.scroll_y == scroll.max_scroll_y)
         console = Console(width=200, file=io.StringIO(), record=True)
         for static in scroll.query(Static):
             console.print(static.content)
         help_text = console.export_text()
         assert "measured: the block-1 step timed at the same context length; \"–\" until" in help_text
+        rows = [line.strip() for line in help_text.splitlines()]
+        for binding in KEYS:  # a key the footer leaves out is still in help
+            assert binding.show or any(row.startswith(binding.key) for row in rows), binding.key
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
 
@@ -160,7 +150,7 @@ async def test_temperature_from_the_palette_applies_from_the_next_turn(profile, 
         titles = [c.title for c in app.get_system_commands(app.screen)]
         assert {"Temperature: 0", "Temperature: 0.3", "Temperature: 0.6", "Temperature: 1"} <= set(titles)
         await pilot.press("ctrl+p")
-        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
+        await waiting.until(pilot, lambda: isinstance(app.screen, CommandPalette))
         await pilot.press(*"Temperature: 0.6")
         commands = app.screen.query_one(CommandList)
 
@@ -168,9 +158,9 @@ async def test_temperature_from_the_palette_applies_from_the_next_turn(profile, 
             index = commands.highlighted
             return str(commands.get_option_at_index(index).prompt) if index is not None else ""
 
-        await wait_for(pilot, lambda: "Temperature: 0.6" in highlighted())
+        await waiting.until(pilot, lambda: "Temperature: 0.6" in highlighted())
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.conversation.settings.temperature == 0.6)
+        await waiting.until(pilot, lambda: app.conversation.settings.temperature == 0.6)
         await pilot.pause()
         assert "temp 0.6" in str(app.screen.query_one("#header-state").render())
         assert any("Temperature 0.6 from the next turn" in n.message for n in app._notifications)

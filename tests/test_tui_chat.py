@@ -4,6 +4,7 @@ colours, the welcome's examples, toasts that replace each other, keys never drop
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -13,75 +14,20 @@ from tests import waiting
 pytest.importorskip("textual")
 pytest.importorskip("torch")
 
-from engines import EngineConfig, load_engine  # noqa: E402 - after the importorskip above
 from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
-
-SIZE = (120, 40)
-
-
-@pytest.fixture(scope="module")
-def pair(pairs):
-    return pairs("qwen3")
-
-
-@pytest.fixture(scope="module")
-def engine(pair):
-    target, draft = pair
-    return load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu", dtype="float32"))
-
-
-@pytest.fixture(scope="module")
-def process_engine(pair):
-    from engines.process import ProcessEngine
-
-    target, draft = pair
-    engine = ProcessEngine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
-                                        dtype="float32"))
-    yield engine
-    engine.close()
+from tests.tui_helpers import SIZE, make_app, ready, send, wcag  # noqa: E402 - after the importorskip above
 
 
 @pytest.fixture
 def profile(tmp_path, pair):
+    """Answers of 24 tokens: these tests act on finished answers, whatever their length."""
     return write_profile(tmp_path / "tiny.toml", *pair, max_new_tokens=24)
-
-
-def make_app(profile, engine, **kwargs):
-    from dflash_tui.tui.app import DflashApp
-
-    return DflashApp(profile=str(profile), loaded_engine=engine, animate=False, **kwargs)
-
-
-async def ready(pilot):
-    app = pilot.app
-    await waiting.until(pilot, lambda: app.conversation is not None)
-    await pilot.pause()
-
-
-async def send(pilot, text):
-    app = pilot.app
-    before = app.turns_done
-    await pilot.press(*text, "enter")
-    await waiting.until(pilot, lambda: app.turns_done > before)
-    await pilot.pause()
-    return app.finished[-1]
 
 
 def last_answer(app):
     from dflash_tui.tui.widgets import AnswerView
 
     return app.screen.query(AnswerView).last()
-
-
-def wcag(a, b) -> float:
-    """WCAG 2 contrast ratio of two (r, g, b) colours, written out here as the oracle."""
-    def lum(rgb):
-        c = [v / 255 for v in rgb]
-        c = [v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in c]
-        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
-
-    hi, lo = sorted((lum(a), lum(b)), reverse=True)
-    return (hi + 0.05) / (lo + 0.05)
 
 
 @pytest.mark.asyncio
@@ -144,6 +90,40 @@ async def test_regenerate_and_edit_the_last_prompt(profile, engine, data_dir):
         edited = await send(pilot, " edited")
         assert edited.user == "first edited"
         assert [t.user for t in app.conversation.turns] == ["first edited"]
+
+
+@pytest.mark.asyncio
+async def test_answers_taken_back_stay_out_of_a_resumed_session(profile, engine, data_dir):
+    """f4 and f5 retract the last turn in the session file too: resumed, it is neither shown nor resent."""
+    from click.testing import CliRunner
+
+    from dflash_tui.cli import main
+    from dflash_tui.core import sessions
+    from dflash_tui.tui.widgets import UserMessage
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        await pilot.press("f4")
+        await waiting.until(pilot, lambda: app.turns_done == 2)
+        await pilot.press("f5")
+        await send(pilot, " edited")
+    path = app.conversation.writer.path
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["type"] for r in records] == ["header", "turn", "retract", "turn", "retract", "turn"]  # appended only
+    assert [r["user"] for r in records if r["type"] == "turn"] == ["first", "first", "first edited"]
+
+    shown = CliRunner().invoke(main, ["sessions", "show", app.conversation.session_id])
+    assert shown.exit_code == 0, shown.output
+    assert "first edited" in shown.output and "## Turn 2" not in shown.output
+
+    again = make_app(profile, engine, resume=sessions.load_session(app.conversation.session_id))
+    async with again.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert [str(m.render()) for m in again.screen.query(UserMessage)] == ["you  first edited"]
+        nxt = await send(pilot, "next")
+    assert [m["content"] for m in nxt.messages if m["role"] == "user"] == ["first edited", "next"]
 
 
 @pytest.mark.asyncio

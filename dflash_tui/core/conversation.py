@@ -5,7 +5,8 @@ the oldest turns when the history outgrows the target's context (with a notice),
 `GenerationRequest` for each turn, and recording every turn, completed or cancelled, in the session.
 Only completed turns are resent as history: a cancelled or failed answer stops mid-thought (often inside
 an unclosed `<think>`), and the model would read it as a reply it gave. Such a turn stays in the file and
-on screen, and `continue_turn()` picks it up where it stopped when the user asks. It also holds the
+on screen, and `continue_turn()` picks it up where it stopped when the user asks. A turn taken back to be
+asked again (`retract_last()`) leaves the history, and the session file says so. It also holds the
 measured block-1 speed (`measure_block1`) the speedup figure compares against. The front ends only show
 what it streams.
 """
@@ -442,6 +443,18 @@ class Conversation:
                 "finish_reason": active.finish_reason or status, "summary": summary_dict,
             })
             turn.save_error = None if saved else f"not saved: {writer.error}"
+
+    def retract_last(self) -> Turn:
+        """Take the last turn back so the chat can ask again in its place (regenerate, edit and resend): it is
+        no longer sent as history, and the session file records that, so a resumed chat neither shows nor
+        sends it. Its own line stays in the file (append-only)."""
+        if not self.turns:
+            raise UserError("There is no answer to take back yet.")
+        turn = self.turns.pop()
+        if self.writer is not None and not self.writer.append_retraction(len(self.turns)):
+            self.notice(f"Taking the answer back is not saved yet ({self.writer.error}); it is retried with the "
+                        "next turn.")
+        return turn
 
     # -- the session -----------------------------------------------------------------------------
     def header(self) -> dict:

@@ -4,9 +4,11 @@ Line 1 is the header (format version, created, profile snapshot, engine, device,
 draft with their revisions, chat template hash); every later line is one turn, completed, cancelled or
 failed (its status): the messages sent, the settings, the prompt ids, the emitted ids, the per-step
 drafted and accepted counts and the Summary; a turn that continues a stopped one names its index
-(`continues`) and holds the whole answer. Each line is written whole, flushed and fsynced; files are mode 0600.
-A torn last line (the process died while writing it) is skipped with a warning. Nothing is rewritten
-in place: resuming a session appends to the same file.
+(`continues`) and holds the whole answer. A turn taken back (regenerated, or its prompt edited and resent)
+keeps its line; a later `{"type": "retract", "index": i}` line says the chat dropped it, so readers leave
+it out (a dflash that predates retractions skips a line of a type it does not know). Each line is written
+whole, flushed and fsynced; files are mode 0600. A torn last line (the process died while writing it) is
+skipped with a warning. Nothing is rewritten in place: resuming a session appends to the same file.
 
 Location: `platformdirs.user_data_dir("dflash")/sessions`, or `$DFLASH_DATA_DIR/sessions`.
 """
@@ -157,10 +159,10 @@ class SessionWriter:
     """Appends turns to one session file. The file is created (header first) with the first turn, so
     a chat that never sends anything leaves no empty session behind.
 
-    Every write is checked. A turn that cannot be written (disk full, an I/O error) stays pending and
-    `append_turn` returns False with `error` saying why; the next turn first cuts the file back to its
-    last complete line, then writes the pending turns and itself, so a partial line never merges with
-    a record and nothing earlier is touched."""
+    Every write is checked. A record (a turn, a retraction) that cannot be written (disk full, an I/O
+    error) stays pending and its append returns False with `error` saying why; the next record first cuts
+    the file back to its last complete line, then writes the pending ones and itself, in order, so a
+    partial line never merges with a record and nothing earlier is touched."""
 
     def __init__(self, header: dict, session_id: Optional[str] = None, path: Optional[Path] = None,
                  existing: bool = False):
@@ -168,7 +170,6 @@ class SessionWriter:
         self.header = {"type": "header", "format": FORMAT_VERSION, "id": self.id, "created": now_iso(), **header}
         self.header["id"] = self.id
         self.path = path or sessions_dir() / f"{self.id}{SUFFIX}"
-        self.turns_written = 0
         self._exists = existing
         self.pending: list[dict] = []
         self.error: Optional[str] = None
@@ -178,7 +179,6 @@ class SessionWriter:
     def resume(cls, session: "Session") -> "SessionWriter":
         writer = cls(session.header, session.id, session.path, existing=True)
         writer.header = session.header
-        writer.turns_written = len(session.turns)
         return writer
 
     @property
@@ -223,8 +223,15 @@ class SessionWriter:
         os.ftruncate(fd, 0)
 
     def append_turn(self, turn: dict) -> bool:
-        """Write the turn (and any turn a failed write left pending); False if it could not be saved."""
-        self.pending.append({"type": "turn", **turn})
+        """Write the turn (and any record a failed write left pending); False if it could not be saved."""
+        return self._write({"type": "turn", **turn})
+
+    def append_retraction(self, index: int) -> bool:
+        """Record that the chat took back its turn `index` (its last); False if it could not be saved."""
+        return self._write({"type": "retract", "index": index})
+
+    def _write(self, record: dict) -> bool:
+        self.pending.append(record)
         if self._exists and not self.path.exists():  # deleted while in use: start the file again, header first
             self._exists = False
         records = self.pending if self._exists else [self.header, *self.pending]
@@ -234,7 +241,6 @@ class SessionWriter:
             self.error = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or type(exc).__name__)
             return False
         self._exists = True
-        self.turns_written += len(self.pending)
         self.pending = []
         self.error = None
         return True
@@ -248,7 +254,7 @@ class Session:
     id: str
     path: Path
     header: dict
-    turns: list[dict] = field(default_factory=list)
+    turns: list[dict] = field(default_factory=list)  # the chat's turns: those retracted are left out
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -308,6 +314,7 @@ TURN_FIELDS = {
     "messages": lambda v: isinstance(v, list), "dropped_turns": lambda v: isinstance(v, int) and v >= 0,
     "continues": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
 }
+RETRACT_FIELDS = {"index": TURN_FIELDS["index"]}
 
 
 def _checked(record: dict, fields: dict, path: Path, line: int) -> dict:
@@ -348,6 +355,11 @@ def read_session(path: Path) -> Session:
             header = _checked(record, HEADER_FIELDS, path, number)
         elif record.get("type") == "turn":
             turns.append(_checked(record, TURN_FIELDS, path, number))
+        elif record.get("type") == "retract":
+            if _checked(record, RETRACT_FIELDS, path, number).get("index") == len(turns) - 1:
+                turns.pop()
+            else:  # dflash only ever takes back the last turn
+                warnings.append(f"{path.name}: line {number} takes back a turn that is not the last one; ignored.")
     if header is None:
         raise UserError(f"Session file {path} has no header line; it is not a dflash session.")
     if header.get("format", 1) > FORMAT_VERSION:

@@ -303,7 +303,7 @@ class DflashApp(App):
         yield SystemCommand("Sessions", "ctrl+o: resume, delete or export a session", chat.action_sessions)
         yield SystemCommand("Replay", "ctrl+r: re-run this session across block sizes", chat.action_replay)
         yield SystemCommand("Help", "f1: keys and colours", self.action_help)
-        yield SystemCommand("Answer as Markdown", "f2: the last answer rendered", chat.action_markdown)
+        yield SystemCommand("Answer as Markdown", "f2: show the selected or last answer rendered, or coloured again", chat.action_markdown)
         for engine in ENGINE_CHOICES:
             yield SystemCommand(f"Engine: {engine}", f"reload on the {engine} engine, keeping the conversation",
                                 lambda e=engine: self.switch_engine(e))

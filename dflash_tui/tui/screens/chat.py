@@ -37,6 +37,7 @@ from dflash_tui.tui.screens.replay import ReplayScreen
 from dflash_tui.tui.screens.sessions import SessionsScreen
 from dflash_tui.tui.widgets import AnswerView, ChatHeader, NoticeLine, PromptInput, StatsLine, StatsPanel, UserMessage
 from dflash_tui.tui.widgets.answer import Welcome, recorded_segments
+from dflash_tui.tui.widgets.header import temperature_text
 from dflash_tui.tui.widgets.stats import StatsData
 from engines.errors import UserError
 from engines.events import Summary
@@ -44,16 +45,17 @@ from engines.events import Summary
 if TYPE_CHECKING:
     from dflash_tui.tui.app import DflashApp
 
-# Priority bindings: the message box (a TextArea) would otherwise take ctrl+k and friends.
+# Priority bindings: the message box (a TextArea) would otherwise take ctrl+k and friends. The footer shows
+# only what fits 80 columns with f1 and ^q still in view; the rest are in help (f1) and the palette (ctrl+p).
 KEYS = [
     Binding("ctrl+t", "toggle_thinking", "thinking", priority=True),
-    Binding("ctrl+g", "toggle_ghosts", "ghosts", priority=True),
+    Binding("ctrl+g", "toggle_ghosts", "ghosts", show=False, priority=True),
     Binding("ctrl+k", "cycle_block", "block", priority=True),
     Binding("escape", "cancel", "stop", priority=True),
     Binding("ctrl+n", "new_session", "new", priority=True),
     Binding("ctrl+l", "new_context", "new context", show=False, priority=True),
     Binding("ctrl+o", "sessions", "sessions", priority=True),
-    Binding("ctrl+r", "replay", "replay", priority=True),
+    Binding("ctrl+r", "replay", "replay", show=False, priority=True),
     Binding("f1", "app.help", "help", priority=True),
     Binding("f2", "markdown", "markdown", show=False, priority=True),
     Binding("f3", "copy_answer", "copy", show=False, priority=True),
@@ -205,11 +207,13 @@ class ChatScreen(Screen):
         header = self.query_one("#header", ChatHeader)
         name = app.profile.name if app.profile else str(app.profile_ref or "demo")
         thinking = conv.settings.thinking if conv else self.thinking_before_load()
+        temperature = temperature_text(conv.settings.temperature) if conv else None
         if engine is None:
-            header.show(name, "?", "?", "?", "?", thinking, self.ghosts, loading=app.loading)
+            header.show(name, "?", "?", "?", "?", thinking, self.ghosts, loading=app.loading, temperature=temperature)
         else:
             header.show(name, engine.name, engine.device, engine.dtype,
-                        conv.settings.block_size if conv else engine.block_size, thinking, self.ghosts)
+                        conv.settings.block_size if conv else engine.block_size, thinking, self.ghosts,
+                        temperature=temperature)
         self._show_stats(self._stats_data())
 
     def _stats_data(self) -> StatsData:
@@ -513,15 +517,16 @@ class ChatScreen(Screen):
             self.toast("copy", f"Copied the answer ({len(view.answer_text)} characters).")
 
     def _take_back_last(self):
-        """Drop the last turn from the chat and the screen (the session file keeps it): regenerate and
+        """Retract the last turn from the chat (and so from the session) and the screen: regenerate and
         edit ask again in its place. Returns that turn, or None (told why)."""
         conv = self.conversation
         if conv is None or self.busy():
             return None
-        if not conv.turns:
-            self.notify("There is no answer to take back yet.", severity="warning", timeout=3)
+        try:
+            turn = conv.retract_last()
+        except UserError as exc:
+            self.notify(str(exc), severity="warning", timeout=3)
             return None
-        turn = conv.turns.pop()
         users, answers = self.query(UserMessage), self.query(AnswerView)
         for widget in (users.last() if users else None, answers.last() if answers else None):
             if widget is not None:

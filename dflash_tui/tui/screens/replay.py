@@ -32,9 +32,7 @@ from dflash_tui.core.terminal import printable
 from dflash_tui.measure import replay
 from dflash_tui.measure.report import repeats_note
 from dflash_tui.measure.runs import check_repeats
-from dflash_tui.tui.widgets.stats import DRAFT_STYLE, TARGET_STYLE
-
-ORIGIN_STYLES = {"draft": DRAFT_STYLE, "target": TARGET_STYLE}
+from dflash_tui.tui.widgets.answer import origin_styles, theme_background
 
 
 class ReplayScreen(ModalScreen):
@@ -111,6 +109,7 @@ class ReplayScreen(ModalScreen):
     def on_mount(self) -> None:
         self.query_one("#replay-blocks", Input).focus()
         self.query_one("#replay-turns", DataTable).display = False
+        self.query_one("#replay-progress", ProgressBar).display = False  # idle, it would pulse as if running
         ident = self.query_one("#replay-session", Input).value.strip()
         if not ident:
             self._status("No session yet: send a message first (or type a session id).")
@@ -140,7 +139,9 @@ class ReplayScreen(ModalScreen):
             return
         self.cancel = threading.Event()
         self.running = True
-        self.query_one("#replay-progress", ProgressBar).update(total=None, progress=0)
+        bar = self.query_one("#replay-progress", ProgressBar)
+        bar.display = True
+        bar.update(total=None, progress=0)
         self._status("starting ...")
         self._run(ident, blocks, repeats)
 
@@ -244,11 +245,13 @@ class ReplayScreen(ModalScreen):
             self.show_turn(int(event.row_key.value))
 
     def show_turn(self, index: Optional[int]) -> None:
-        """One column per block size: the turn's text, draft-accepted tokens in green, the target's in blue."""
+        """One column per block size: the turn's text, draft-accepted tokens in green, the target's in blue,
+        in the answer's shades for this theme (readable on a light one too)."""
         compare = self.query_one("#replay-compare", Horizontal)
         compare.remove_children()
         if index is None or self.comparison is None:
             return
+        styles = origin_styles(theme_background(self.app.current_theme))
         columns = []
         for row in self.comparison["rows"]:
             turn = next((t for n, t in enumerate(row["turns"]) if t.get("index", n) == index), None)
@@ -268,7 +271,7 @@ class ReplayScreen(ModalScreen):
                     body.append(f"✗ differs from the {d['against']} at token {d['position']} (top-2 margin {margin})\n",
                                 style="bold red")
             for text, origin in turn["pieces"]:
-                body.append(printable(text), style=ORIGIN_STYLES.get(origin, ""))
+                body.append(printable(text), style=styles.get(origin, ""))
             columns.append(Static(body, classes="replay-column"))
         compare.mount_all(columns)
 

@@ -24,7 +24,8 @@ class ChatHeader(Horizontal):
         yield Static("F1 help", id="header-help")
 
     def show(self, profile: str, engine: str, device: str, dtype: str, block_size, thinking: bool,
-             ghosts: bool, loading: bool = False) -> None:
+             ghosts: bool, loading: bool = False, temperature: Optional[str] = None) -> None:
+        """`temperature` is `temperature_text` of the chat's; None (no chat yet) leaves it out."""
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append("dflash", style="bold")
         text.append(f" · {profile} · thinking ")
@@ -33,9 +34,8 @@ class ChatHeader(Horizontal):
             text.append(" · loading…", style="italic")
         else:
             text.append(f" · block {block_size}")
-            conversation = self.app.conversation  # read here: the one setting ChatScreen.refresh_chrome does not pass
-            if conversation is not None:
-                text.append(f" · temp {temperature_text(conversation.settings.temperature)}")
+            if temperature is not None:
+                text.append(f" · temp {temperature}")
         if ghosts:
             text.append(" · ghosts")
         if not loading:

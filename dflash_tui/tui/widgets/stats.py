@@ -14,9 +14,6 @@ from textual.widgets import Static
 
 from dflash_tui.tui.widgets.answer import origin_styles, theme_background
 
-# fixed colours for views that follow no theme (replay); the panel takes the answer's, per theme
-DRAFT_STYLE = "bold #56d364"
-TARGET_STYLE = "#79c0ff"
 BAR = " ▏▎▍▌▋▊▉█"
 
 
