@@ -257,8 +257,8 @@ def test_chat_reuses_caches_and_a_full_context_drops_to_three_quarters(engines_f
 async def test_tui_shows_reused_and_prefilled_and_new_context_clears(engines_for, pairs, tmp_path, data_dir):
     pytest.importorskip("textual")
     from dflash_tui.tui.widgets import StatsPanel
-    from tests.test_tui import SIZE, make_app, ready, send
     from tests.tiny import write_profile
+    from tests.tui_helpers import SIZE, make_app, ready, send
 
     engine = engines_for("cuda", "qwen3")
     engine.new_context()
