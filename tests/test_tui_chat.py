@@ -201,11 +201,8 @@ async def test_resumed_answers_keep_their_colours(profile, engine, data_dir):
 async def test_first_screen_offers_the_profiles_examples(tmp_path, pair, engine, data_dir):
     from textual.widgets import Button
 
-    from dflash_tui.core.profiles import Profile
     from dflash_tui.tui.widgets.answer import Welcome
 
-    if "examples" not in Profile.__dataclass_fields__:
-        pytest.skip("Profile.examples has not landed yet")
     profile = tmp_path / "examples.toml"
     profile.write_text(write_profile(tmp_path / "base.toml", *pair, max_new_tokens=8).read_text().replace(
         'description = "random tiny pair"', 'description = "random tiny pair"\nexamples = ["What is 2 + 2?", "Sort 3 1 2"]'))
@@ -216,6 +213,8 @@ async def test_first_screen_offers_the_profiles_examples(tmp_path, pair, engine,
         assert "random tiny pair" in str(welcome.query_one(".welcome-title").render())
         buttons = welcome.query(Button)
         assert [str(b.label) for b in buttons] == ["What is 2 + 2?", "Sort 3 1 2"]
+        for button in buttons:  # each label is drawn, not squeezed out by the button's borders
+            assert button.content_region.height >= 1 and button.content_region.width >= len(str(button.label))
         await pilot.click(buttons.first())  # the mouse fills the message box
         prompt = app.screen.query_one("#prompt")
         await waiting.until(pilot, lambda: prompt.text == "What is 2 + 2?")

@@ -113,7 +113,7 @@ class Welcome(Vertical):
     Welcome { height: auto; padding: 1 0; }
     Welcome .welcome-title { text-style: bold; }
     Welcome .welcome-hint { color: $text-muted; margin: 1 0 0 0; }
-    Welcome Button { width: auto; min-width: 0; height: 1; border: none; margin: 0 0 0 2; }
+    Welcome Button { width: auto; min-width: 0; margin: 0 0 0 2; }
     """
 
     class Chosen(Message):
@@ -131,7 +131,7 @@ class Welcome(Vertical):
             yield Static("Try one (click it, or shift+tab to it and press enter; it fills the message box):",
                          classes="welcome-hint")
             for example in self.examples:
-                yield Button(printable(example), classes="welcome-example")
+                yield Button(printable(example), classes="welcome-example", compact=True)  # one row each
         yield Static("Green text came free from the draft, blue is the target's own; f1 lists every key.",
                      classes="welcome-hint")
 
