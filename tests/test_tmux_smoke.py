@@ -48,8 +48,10 @@ def test_dflash_chat_in_tmux(pairs, tmp_path):
     target, draft = pairs("qwen3")
     profile = tiny.write_profile(tmp_path / "tiny.toml", target, draft, max_new_tokens=32)
     data = tmp_path / "data"
+    # COLUMNS/LINES as a shell leaves them when tmux resizes a new pane: stale, and they must not win over
+    # the terminal's real 120x40 (the wide layout below, with the stats panel and its legend, proves it)
     env = {"DFLASH_DATA_DIR": str(data), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TERM": "xterm-256color",
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), "COLUMNS": "80", "LINES": "24"}
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     command = (f"cd {shlex.quote(str(ROOT))} && env {exports} {shlex.quote(sys.executable)} -m dflash_tui chat "
                f"--profile {shlex.quote(str(profile))}; echo EXITED $?; sleep 60")

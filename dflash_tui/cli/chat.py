@@ -69,6 +69,11 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
         sys.exit(run_repl(profile, engine, block_size, thinking, session, max_new_tokens))
     from dflash_tui.tui.app import DflashApp
 
+    # Textual sizes the screen with shutil.get_terminal_size, which believes COLUMNS and LINES over the
+    # terminal: a stale pair exported by a shell (tmux panes resized at start do this) would pin the
+    # app at that size and make it ignore every resize. The terminal itself is the truth here.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
     app = DflashApp(profile=profile, engine=engine, block_size=block_size, thinking=thinking, resume=session,
                     max_new_tokens=max_new_tokens)
     app.run()
