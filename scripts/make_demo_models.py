@@ -16,6 +16,16 @@ A finished stage is skipped only while the inputs recorded in its done file are 
 corpus retrains the targets, a changed target retrains the draft). Delete .demo-work/ to start over.
 `--base-from DIR` adopts DIR (a target this recipe's base phase wrote, e.g. an earlier profiles/demo/target)
 as the base phase's output instead of training it again (about 47 minutes here).
+
+The committed pair was built in increments, each a run of this script adopting the previous target
+(minutes on this 2-core machine, most of them shared with other jobs):
+  1. base phase, 6,000 steps (47)                          -> the earlier demo target
+  2. --chat-rounds 800:6e-4,800:3e-4 on the first chat corpus (32)
+  3. --chat-rounds 1000:4e-4 with today's sort and letters traces (25); the draft from the earlier demo
+     draft: --draft-steps 2400 --draft-args --init-draft profiles/demo/draft (30)
+  4. --chat-rounds 1000:3e-4 with CHAT_WEIGHTS as now (23); draft --draft-steps 1200, --init-draft the
+     draft of step 3 (10)
+CHAT_ROUNDS below strings steps 2-4 together for a run from scratch, which was not timed end to end.
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ from scripts.demo import tokenizer as demo_tokenizer  # noqa: E402
 TARGET_STEPS = 6000  # base phase
 # The chat phase: rounds of (steps, peak learning rate), each with its own warm-up and cosine decay, the
 # first from the base weights, each later one from the round before (a warm restart).
-CHAT_ROUNDS = "800:6e-4,800:3e-4"
+CHAT_ROUNDS = "800:6e-4,800:3e-4,1000:4e-4,1000:3e-4"
 CHAT_BATCH = 16  # conversations are longer (160 tokens on average against 110)
 DRAFT_PROMPTS = 1500  # conversations; the target writes each of their turns
 DRAFT_EPOCHS = 16

@@ -317,7 +317,7 @@ def heldout(n: int, seed: int, train_prompts: set[str]) -> list[dict]:
 
 
 # The chat phase: the last turn's task (the weak tasks get more) and how many turns a conversation has.
-CHAT_WEIGHTS = {"add": 14, "sub": 13, "mul": 13, "letters": 12, "compare": 11, "sort": 20, "convert": 8,
+CHAT_WEIGHTS = {"add": 14, "sub": 13, "mul": 13, "letters": 12, "compare": 16, "sort": 24, "convert": 8,
                 "items": 6, "chat": 3}
 CHAT_TURNS = {1: 30, 2: 30, 3: 25, 4: 15}  # percent of conversations with that many user turns
 CHAT_SAME_TASK = 0.3  # chance that an earlier turn is the last turn's task with other numbers
