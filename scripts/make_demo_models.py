@@ -25,7 +25,9 @@ The committed pair was built in increments, each a run of this script adopting t
      draft: --draft-steps 2400 --draft-args --init-draft profiles/demo/draft (30)
   4. --chat-rounds 1000:3e-4 with CHAT_WEIGHTS as now (23); draft --draft-steps 1200, --init-draft the
      draft of step 3 (10)
-CHAT_ROUNDS below strings steps 2-4 together for a run from scratch, which was not timed end to end.
+  5. --chat-rounds 1200:3e-4 with one-digit numbers written as two in the sort trace and CHAT_TURNS,
+     CHAT_SAME_TASK as now (18); draft --draft-steps 1000, --init-draft the draft of step 4
+CHAT_ROUNDS below strings steps 2-5 together for a run from scratch, which was not timed end to end.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from scripts.demo import tokenizer as demo_tokenizer  # noqa: E402
 TARGET_STEPS = 6000  # base phase
 # The chat phase: rounds of (steps, peak learning rate), each with its own warm-up and cosine decay, the
 # first from the base weights, each later one from the round before (a warm restart).
-CHAT_ROUNDS = "800:6e-4,800:3e-4,1000:4e-4,1000:3e-4"
+CHAT_ROUNDS = "800:6e-4,800:3e-4,1000:4e-4,1000:3e-4,1200:3e-4"
 CHAT_BATCH = 16  # conversations are longer (160 tokens on average against 110)
 DRAFT_PROMPTS = 1500  # conversations; the target writes each of their turns
 DRAFT_EPOCHS = 16

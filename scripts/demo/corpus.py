@@ -185,7 +185,7 @@ def sort_group(tens: int, group: list[int], asc: bool) -> str:
     """One tens digit's numbers in order. Two or more are ordered by their ones digits, written out and
     sorted first: a small model copies a sorted row of single digits far more reliably than it orders
     two-digit numbers that share a first digit (75, 73 -> 75, 75 was its typical slip)."""
-    shown = ", ".join(map(str, group))
+    shown = ", ".join(f"{x:02d}" for x in group)
     ordered = ", ".join(map(str, sorted(group, reverse=not asc)))
     if len(group) == 1:
         return f"{tens}: {shown} -> {ordered}."
@@ -205,7 +205,10 @@ def task_sort(rng: random.Random):
                      "Order from greatest to least: {s}."])).format(s=shown)
     out = sorted(nums, reverse=not asc)
     result = ", ".join(map(str, out))
-    lines = [f"Go through the tens digits {'0 to 9' if asc else '9 to 0'}."]
+    # Every number written with two digits first: a one-digit number has no tens digit to find, and the
+    # model used to drop one from the tens-0 group ("42, 7, 19, 88, 3" lost the 3).
+    lines = [f"With two digits: {', '.join(f'{x:02d}' for x in nums)}.",
+             f"Go through the tens digits {'0 to 9' if asc else '9 to 0'}."]
     for tens in (range(10) if asc else range(9, -1, -1)):
         group = [x for x in nums if x // 10 == tens]
         if not group:
@@ -319,8 +322,8 @@ def heldout(n: int, seed: int, train_prompts: set[str]) -> list[dict]:
 # The chat phase: the last turn's task (the weak tasks get more) and how many turns a conversation has.
 CHAT_WEIGHTS = {"add": 14, "sub": 13, "mul": 13, "letters": 12, "compare": 16, "sort": 24, "convert": 8,
                 "items": 6, "chat": 3}
-CHAT_TURNS = {1: 30, 2: 30, 3: 25, 4: 15}  # percent of conversations with that many user turns
-CHAT_SAME_TASK = 0.3  # chance that an earlier turn is the last turn's task with other numbers
+CHAT_TURNS = {1: 20, 2: 30, 3: 30, 4: 20}  # percent of conversations with that many user turns
+CHAT_SAME_TASK = 0.4  # chance that an earlier turn is the last turn's task with other numbers
 CHAT_RECORDS = 40000
 
 
