@@ -7,12 +7,14 @@ Real engines on a random tiny pair; the real TUI."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
 from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ChatSettings, Conversation
 from engines import EngineConfig, load_engine
+from engines.config import GenerationRequest
 from engines.errors import UserError
 from tests import waiting
 
@@ -174,6 +176,45 @@ def test_speedup_is_measured_or_unknown(engine):
     assert ask(unprobed, "And 12 * 3?").emitted == second.emitted
     conv.engine = engine  # another loaded pair (a reload): its speed is not measured yet
     assert conv.speedup(first.decode_tokens_per_s, 4, context) == (None, "")
+
+
+class Logged:
+    """The real engine, logging when each generation begins and ends."""
+
+    def __init__(self, engine, log: list):
+        self.engine, self.log = engine, log
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, request):
+        self.log.append(("begin", request.prompt))
+        yield from self.engine.generate(request)
+        self.log.append(("end", request.prompt))
+
+
+def test_the_engine_is_lent_to_a_replay_only_between_turns_and_a_turn_waits_for_it(engine):
+    engine.new_context()
+    log: list = []
+    conv = chat(engine)
+    conv.engine = Logged(engine, log)
+    active = conv.begin(QUESTION)
+    stream = conv.stream(active)
+    next(stream)  # the turn is on the engine
+    with conv.lend_engine() as lent:
+        assert lent is None
+    list(stream)
+    second = conv.begin("And 12 * 3?")
+    with conv.lend_engine() as lent:
+        assert lent is conv.engine
+        turn = threading.Thread(target=run, args=(conv, second))
+        turn.start()  # it must not reach the engine while the replay's generation runs
+        request = GenerationRequest(prompt="the replay's own run", max_new_tokens=NEW, block_size=4)
+        replayed = list(lent.generate(request))
+    turn.join()
+    assert replayed and second.emitted and second.turn.status == "completed"
+    assert [entry[0] for entry in log] == ["begin", "end", "begin", "end", "begin", "end"]
+    assert log[2:4] == [("begin", "the replay's own run"), ("end", "the replay's own run")]
 
 
 # -- deleting from the sessions screen -----------------------------------------------------------

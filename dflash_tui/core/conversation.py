@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Optional
 
@@ -539,6 +540,13 @@ class Conversation:
             return False
         self.probes.append(probe)
         return True
+
+    @contextmanager
+    def lend_engine(self) -> Iterator[Optional[EngineLike]]:
+        """The engine for other work on it (a replay of a session), or None while a turn runs on it. Held
+        to the end of the block: a turn or probe begun meanwhile waits, so two never share the engine."""
+        with self._engine_use:
+            yield None if self._running else self.engine
 
     def probe_near(self, context_tokens: int) -> Optional[Block1Probe]:
         """The probe timed nearest `context_tokens`, if one lies within PROBE_SPAN of it."""

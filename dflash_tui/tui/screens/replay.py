@@ -143,11 +143,16 @@ class ReplayScreen(ModalScreen):
         bar.display = True
         bar.update(total=None, progress=0)
         self._status("starting ...")
-        self._run(ident, blocks, repeats)
+        self._run(self.app, ident, blocks, repeats)
 
     @work(thread=True, exclusive=True, group="replay")
-    def _run(self, ident: str, blocks: str, repeats: str) -> None:
+    def _run(self, app, ident: str, blocks: str, repeats: str) -> None:
+        """The replay itself. `app` is taken on the event loop: once the screen is dismissed it has no parent,
+        and `self.app` in this thread would raise instead of reporting that the run stopped."""
         from engines import UserError, load_engine
+
+        def progress(done: int, total: int, label: str) -> None:
+            app.call_from_thread(self._progress, done, total, label)
 
         try:
             sizes = replay.parse_block_sizes(blocks)
@@ -156,37 +161,34 @@ class ReplayScreen(ModalScreen):
             runs = check_repeats(int(repeats))
             session = sessions.load_session(ident)
             replay.recorded_turns(session)
-            engine = self._chat_engine(session)
-            if engine is None and self._own_engine is not None and replay.same_target(session, self._own_engine):
+
+            def compare(engine) -> replay.ReplayResult:
+                return replay.run_replay(engine, session, sizes, progress=progress, cancel=self.cancel, repeats=runs)
+
+            comparison = None
+            conversation = app.conversation
+            if conversation is not None:  # the chat's engine, when it runs the session's target: no second copy
+                with conversation.lend_engine() as engine:
+                    if engine is not None and replay.same_target(session, engine):
+                        comparison = compare(engine)
+            if comparison is None:
                 engine = self._own_engine
-            if engine is None:
-                config = replay.engine_config_for(session)
-                self.app.call_from_thread(self._status, f"loading {config.target} on the {config.engine} engine ...")
-                engine = self._own_engine = load_engine(config)
-            comparison = replay.run_replay(engine, session, sizes, progress=self._progress_from_thread,
-                                           cancel=self.cancel, repeats=runs)
+                if engine is None or not replay.same_target(session, engine):
+                    config = replay.engine_config_for(session)
+                    app.call_from_thread(self._status, f"loading {config.target} on the {config.engine} engine ...")
+                    engine = self._own_engine = load_engine(config)
+                comparison = compare(engine)
             path = replay.save_comparison(comparison, session.path)
         except replay.ReplayCancelled:
-            self.app.call_from_thread(self._finished, None, "Replay stopped.")
+            app.call_from_thread(self._finished, None, "Replay stopped.")
             return
         except UserError as exc:
-            self.app.call_from_thread(self._finished, None, f"error: {exc}")
+            app.call_from_thread(self._finished, None, f"error: {exc}")
             return
         except Exception as exc:  # noqa: BLE001 - shown in the screen, never a crash of the app
-            self.app.call_from_thread(self._finished, None, f"error: unexpected {type(exc).__name__}: {exc}")
+            app.call_from_thread(self._finished, None, f"error: unexpected {type(exc).__name__}: {exc}")
             return
-        self.app.call_from_thread(self._finished, comparison, f"Saved replay {_stamp(path)}.")
-
-    def _chat_engine(self, session):
-        """The chat's engine when it runs the session's target and is idle (no second copy in memory)."""
-        app = self.app
-        engine = app.engine
-        if engine is None or app.chat.active is not None:
-            return None
-        return engine if replay.same_target(session, engine) else None
-
-    def _progress_from_thread(self, done: int, total: int, label: str) -> None:
-        self.app.call_from_thread(self._progress, done, total, label)
+        app.call_from_thread(self._finished, comparison, f"Saved replay {_stamp(path)}.")
 
     def _progress(self, done: int, total: int, label: str) -> None:
         if not self.is_attached:  # closed while the worker ran
