@@ -265,15 +265,21 @@ def test_context_trimming_drops_the_oldest_turns_with_a_notice(engine, data_dir)
     notices = []
     conv.on_notice = notices.append
     long = "The quick brown fox jumps over the lazy dog. " * 2
-    conv.turns = [Turn(user=f"question {i} {long}", answer=long) for i in range(8)]
+    # every third turn was cancelled: it stays in the history but was never sent, so it is not counted
+    conv.turns = [Turn(user=f"question {i} {long}", answer=long, status="cancelled" if i % 3 == 0 else "completed")
+                  for i in range(12)]
     active = conv.begin("and now?")
     limit = engine.target_info.max_positions
     assert len(active.prompt_ids) + 64 <= limit
     assert conv.dropped > 0 and active.dropped == conv.dropped
-    assert active.messages[0]["content"] == conv.turns[conv.dropped].user
-    assert notices and "Context full" in notices[0]
+    first = next(t for t in conv.turns[conv.dropped:] if t.resent)
+    assert active.messages[0]["content"] == first.user
+    answered = sum(t.resent for t in conv.turns[:conv.dropped])
+    assert answered < conv.dropped and len(notices) == 1
+    assert notices[0].startswith(f"Context full: {answered} oldest turn")
+    assert f"({answered} dropped in all" in notices[0]
     # a second turn does not resend what was dropped
-    assert conv.begin("again").messages[0]["content"] == conv.turns[conv.dropped].user
+    assert conv.begin("again").messages[0]["content"] == first.user
 
 
 def test_thinking_layout_and_answer_view_split():

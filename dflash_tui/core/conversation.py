@@ -336,10 +336,13 @@ class Conversation:
             raise UserError(f"The message is {len(ids)} tokens with the chat template but the context holds {limit}; "
                             "shorten it.")
         if start > self.dropped:
-            newly = start - self.dropped
+            # a cancelled or failed turn was never sent: only the answered ones count as given up
+            newly = sum(t.resent for t in self.turns[self.dropped:start])
             self.dropped = start
-            self.notice(f"Context full: {newly} oldest turn{'s' if newly > 1 else ''} no longer sent "
-                        f"({self.dropped} dropped in all; prompt {len(ids)} of {limit} tokens).")
+            if newly:
+                given_up = sum(t.resent for t in self.turns[:start])
+                self.notice(f"Context full: {newly} oldest turn{'s' if newly > 1 else ''} no longer sent "
+                            f"({given_up} dropped in all; prompt {len(ids)} of {limit} tokens).")
         return self._active(user, request, list(ids), messages)
 
     def continue_turn(self) -> ActiveTurn:
