@@ -65,7 +65,8 @@ def test_read_back_and_history(data_dir):
     assert session.warnings == []
     assert [t["status"] for t in session.turns] == ["completed", "cancelled"]
     assert session.history()[1] == {"user": "q1", "answer": "a1", "status": "cancelled", "thinking": False,
-                                    "summary": session.turns[1]["summary"], "prompt_ids": [1, 2], "emitted_ids": [3]}
+                                    "summary": session.turns[1]["summary"], "prompt_ids": [1, 2], "emitted_ids": [3],
+                                    "continues": None}
     assert session.last_settings() == {"block_size": 4, "thinking": False}
     assert session.title == "q0" and session.profile_name == "tiny"
 

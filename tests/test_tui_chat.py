@@ -127,12 +127,24 @@ async def test_answers_taken_back_stay_out_of_a_resumed_session(profile, engine,
 
 
 @pytest.mark.asyncio
-async def test_f6_continues_a_cancelled_answer(tmp_path, pair, process_engine, data_dir):
-    """As `dflash chat` runs (the engine in its own process), so escape lands while the answer streams."""
-    from dflash_tui.core.conversation import Conversation
+def conversation_shown(app) -> list[str]:
+    """The chat column top to bottom: questions, answers and the line a continued answer stands under
+    (other notices, about the engine or the resumed session, left out)."""
+    from dflash_tui.tui.screens.chat import CONTINUING
+    from dflash_tui.tui.widgets import AnswerView, NoticeLine, UserMessage
 
-    if not hasattr(Conversation, "continue_turn"):
-        pytest.skip("Conversation.continue_turn has not landed yet")
+    kinds = {UserMessage: "you", AnswerView: "answer"}
+    return [kinds.get(type(w), "continuing") for w in app.chat._view.children
+            if type(w) in kinds or (isinstance(w, NoticeLine) and str(w.render()) == CONTINUING)]
+
+
+@pytest.mark.asyncio
+async def test_f6_continues_a_cancelled_answer(tmp_path, pair, process_engine, data_dir):
+    """As `dflash chat` runs (the engine in its own process), so escape lands while the answer streams.
+    Resumed, the continuation is shown as it was; f4 on it asks the stopped turn's question again and keeps
+    that turn on screen, question included, as in the file."""
+    from dflash_tui.core import sessions
+
     profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=450)
     app = make_app(profile, process_engine, block_size=1)
     async with app.run_test(size=SIZE) as pilot:
@@ -148,6 +160,20 @@ async def test_f6_continues_a_cancelled_answer(tmp_path, pair, process_engine, d
         assert whole.status == "completed" and whole.user == "tell me a long story"
         assert whole.answer.startswith(stopped.answer) and len(whole.answer) > len(stopped.answer)
         assert last_answer(app).raw == whole.answer  # the new answer shows the whole text
+        continued = ["you", "answer", "continuing", "answer"]
+        assert conversation_shown(app) == continued
+    again = make_app(profile, process_engine, block_size=1,
+                     resume=sessions.load_session(app.conversation.session_id))
+    async with again.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert conversation_shown(again) == continued
+        await pilot.press("f4")
+        await waiting.until(pilot, lambda: again.turns_done == 1)
+        await pilot.pause()
+        turns = again.conversation.turns
+        assert [t.status for t in turns] == ["cancelled", "completed"] and turns[1].continues is None
+        assert turns[1].answer == whole.answer  # asked afresh at temperature 0: the uninterrupted answer
+        assert conversation_shown(again) == ["you", "answer", "you", "answer"]
 
 
 @pytest.mark.asyncio

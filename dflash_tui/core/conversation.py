@@ -96,6 +96,7 @@ class Turn:
     save_error: Optional[str] = None  # why the session file could not take this turn (it is retried)
     prompt_ids: list[int] = field(default_factory=list)  # the ids sent (a continuation's end with the earlier part)
     emitted_ids: list[int] = field(default_factory=list)  # the ids this request generated
+    continues: Optional[int] = None  # the index of the stopped turn this one went on with (continue_turn)
 
     @property
     def cancelled(self) -> bool:
@@ -429,7 +430,7 @@ class Conversation:
             status = "completed"
         summary_dict = stored(summary)
         turn = Turn(user=active.user, answer=text, status=status, thinking=active.request.thinking, summary=summary,
-                    prompt_ids=active.prompt_ids, emitted_ids=active.emitted)
+                    prompt_ids=active.prompt_ids, emitted_ids=active.emitted, continues=active.continues)
         active.turn = turn
         if status == "error" and not active.emitted:
             return
@@ -508,7 +509,7 @@ class Conversation:
         """Continue a recorded session: its history, its last settings, appending to its file."""
         self.turns = [Turn(user=t["user"], answer=t["answer"], status=t["status"], thinking=t.get("thinking"),
                            summary=Summary.from_dict(t["summary"]) if t.get("summary") else None,
-                           prompt_ids=t["prompt_ids"], emitted_ids=t["emitted_ids"])
+                           prompt_ids=t["prompt_ids"], emitted_ids=t["emitted_ids"], continues=t.get("continues"))
                       for t in session.history()]
         self.dropped = max([t.get("dropped_turns", 0) for t in session.turns] or [0])
         settings = session.last_settings()

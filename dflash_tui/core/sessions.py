@@ -278,7 +278,8 @@ class Session:
         """Every turn as the chat shows it, with its ids (a stopped turn is continued from them)."""
         return [{"user": t.get("user", ""), "answer": t.get("answer", ""), "status": t.get("status", "completed"),
                  "thinking": t.get("settings", {}).get("thinking"), "summary": t.get("summary"),
-                 "prompt_ids": t.get("prompt_ids", []), "emitted_ids": t.get("emitted_ids", [])}
+                 "prompt_ids": t.get("prompt_ids", []), "emitted_ids": t.get("emitted_ids", []),
+                 "continues": t.get("continues")}
                 for t in self.turns]
 
     def last_settings(self) -> dict:

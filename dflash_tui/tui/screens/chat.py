@@ -45,6 +45,8 @@ from engines.events import Summary
 if TYPE_CHECKING:
     from dflash_tui.tui.app import DflashApp
 
+CONTINUING = "· continuing the stopped answer above"  # stands where a continued turn's question would
+
 # Priority bindings: the message box (a TextArea) would otherwise take ctrl+k and friends. The footer shows
 # only what fits 80 columns with f1 and ^q still in view; the rest are in help (f1) and the palette (ctrl+p).
 KEYS = [
@@ -479,7 +481,7 @@ class ChatScreen(Screen):
         view = self._view
         decode = self.app.engine.decode
         for turn, record in zip(self.conversation.turns, session.turns):
-            view.mount(UserMessage(turn.user))
+            view.mount(UserMessage(turn.user) if turn.continues is None else NoticeLine(CONTINUING))
             answer = AnswerView(thinking=bool(turn.thinking), ghosts=self.ghosts)
             segments = recorded_segments(decode, record.get("prompt_ids", []), record.get("emitted_ids", []),
                                          record.get("steps", []))
@@ -527,9 +529,17 @@ class ChatScreen(Screen):
         except UserError as exc:
             self.notify(str(exc), severity="warning", timeout=3)
             return None
-        users, answers = self.query(UserMessage), self.query(AnswerView)
-        for widget in (users.last() if users else None, answers.last() if answers else None):
-            if widget is not None:
+        answers = list(self.query(AnswerView))
+        if answers:
+            answer = answers[-1]
+            # a continuation is shown under a notice line, not under its question (the stopped turn's)
+            if turn.continues is not None:
+                shown = list(self._view.children)
+                place = shown.index(answer) if answer in shown else 0
+                above = [shown[place - 1]] if place and isinstance(shown[place - 1], NoticeLine) else []
+            else:
+                above = list(self.query(UserMessage))[-1:]
+            for widget in (*above, answer):
                 widget.remove()
         return turn
 
@@ -557,7 +567,7 @@ class ChatScreen(Screen):
         stopped = self.query(AnswerView)
         if stopped:
             answer.segments, answer.raw = list(stopped.last().segments), stopped.last().raw
-        self._start(active, answer, NoticeLine("· continuing the stopped answer above"))
+        self._start(active, answer, NoticeLine(CONTINUING))
 
 
 def footer_for(summary: Optional[Summary], save_error: Optional[str] = None) -> Optional[str]:
