@@ -55,7 +55,6 @@ def profile_file(pairs, tmp_path, monkeypatch):
     (tmp_path / "pair" / "draft").symlink_to(draft)
     path = tmp_path / "tiny.toml"
     path.write_text(PROFILE)
-    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "data"))
     return path
 

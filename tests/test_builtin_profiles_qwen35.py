@@ -27,11 +27,10 @@ QWEN35 = {
 
 
 @pytest.fixture(autouse=True)
-def user_dir(tmp_path, monkeypatch):
-    """An empty user config dir, so no user profile shadows a built-in one."""
-    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(tmp_path / "config"))
+def user_dir(config_dir, monkeypatch):
+    """An empty user config dir (conftest's config_dir), so no user profile shadows a built-in one."""
     monkeypatch.setenv("NO_COLOR", "1")
-    return tmp_path / "config" / "profiles"
+    return config_dir / "profiles"
 
 
 @pytest.mark.parametrize("name", sorted(QWEN35))

@@ -147,8 +147,7 @@ def test_profiles_that_break_parsers(tmp_path, text):
     assert_clean(run("profile", "show", path))
 
 
-def test_profile_names_that_are_not_names(tmp_path, monkeypatch):
-    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(tmp_path / "config"))
+def test_profile_names_that_are_not_names():
     for name in ["../x", "a" * 300, "", "/etc/passwd", "x\x00y", "con:"]:
         assert_clean(run("profile", "show", name), allowed=(2,))
         assert_clean(run("profile", "new", name), allowed=(2,))
@@ -327,9 +326,8 @@ def test_replay_exits_1_and_says_where_when_outputs_differ(tiny, tmp_path, monke
     assert result.exit_code == 1 and "outputs differ: turn 0" in result.output and "at token 2" in result.output
 
 
-def test_tune_refuses_a_profile_it_cannot_write_before_the_sweep(tiny, tmp_path, monkeypatch):
+def test_tune_refuses_a_profile_it_cannot_write_before_the_sweep(tiny, tmp_path):
     """A profile whose name is not a file name (here '../x') is refused before any model loads."""
-    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(tmp_path / "config"))
     target, draft = tiny
     profile = tmp_path / "bad.toml"
     profile.write_text(f'name = "../x"\n[model]\ntarget = "{target}"\ndraft = "{draft}"\n')

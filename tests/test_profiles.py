@@ -42,11 +42,10 @@ block_size = 4
 
 
 @pytest.fixture(autouse=True)
-def user_dir(tmp_path, monkeypatch) -> Path:
-    """Every test gets its own empty user config dir."""
-    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(tmp_path / "config"))
+def user_dir(config_dir, monkeypatch) -> Path:
+    """Every test gets its own empty user config dir (conftest's config_dir) and no colour."""
     monkeypatch.setenv("NO_COLOR", "1")
-    return tmp_path / "config" / "profiles"
+    return config_dir / "profiles"
 
 
 def write(path: Path, text: str) -> Path:
