@@ -32,7 +32,7 @@ from engines import GenerationRequest, load_engine  # noqa: E402 - after the sys
 PROMPTS = [
     "What is 48 + 75?",
     "What is 912 - 347?",
-    "Sort these numbers: 42, 7, 19, 88, 3.",
+    "Sort these numbers from smallest to largest: 42, 7, 19, 88, 3.",
     "How many centimeters are in 3 meters?",
 ]
 

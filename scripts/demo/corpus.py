@@ -196,7 +196,11 @@ def sort_group(tens: int, group: list[int], asc: bool) -> str:
 
 def task_sort(rng: random.Random):
     n = rng.randint(3, 5)
-    nums = rng.sample(range(1, 100), n)
+    nums: list[int] = []
+    while len(nums) < n:  # one number in three has one digit: the ones the model used to lose or miscopy
+        x = rng.randint(1, 9) if rng.random() < 1 / 3 else rng.randint(10, 99)
+        if x not in nums:
+            nums.append(x)
     asc = rng.random() < 0.7
     shown = ", ".join(map(str, nums))
     q = (rng.choice(["Sort these numbers from smallest to largest: {s}.", "Sort in ascending order: {s}.",
@@ -206,8 +210,9 @@ def task_sort(rng: random.Random):
     out = sorted(nums, reverse=not asc)
     result = ", ".join(map(str, out))
     # Every number written with two digits first: a one-digit number has no tens digit to find, and the
-    # model used to drop one from the tens-0 group ("42, 7, 19, 88, 3" lost the 3).
-    lines = [f"With two digits: {', '.join(f'{x:02d}' for x in nums)}.",
+    # model used to drop one from the tens-0 group ("42, 7, 19, 88, 3" lost the 3). Each is rewritten
+    # right after itself: written as a second list, the 7 came out as 03, copied from the wrong place.
+    lines = [f"With two digits: {', '.join(f'{x} -> {x:02d}' for x in nums)}.",
              f"Go through the tens digits {'0 to 9' if asc else '9 to 0'}."]
     for tens in (range(10) if asc else range(9, -1, -1)):
         group = [x for x in nums if x // 10 == tens]
