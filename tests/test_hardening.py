@@ -105,6 +105,7 @@ def test_unknown_model_type_with_custom_code_is_refused_by_every_command(custom_
     chat = invoke("chat", "--plain", "--profile", profile, input="y\nhello\n")
     assert chat.exit_code == 2 and "evilnet" in chat.output and "[y/N]" not in chat.output
     assert_refused(invoke("bench", "--profile", profile, "--block-sizes", "1", "--max-samples", "1"), "evilnet")
+    assert_refused(invoke("serve", "--profile", profile, "--port", "0"), "evilnet")  # refused before it listens
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"turns": ["hi", "hello"]}) + "\n")
     assert_refused(invoke("train-draft", "--target", target, "--data", data, "--out", tmp_path / "d", "--max-steps", "1"),
