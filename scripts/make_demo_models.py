@@ -31,6 +31,8 @@ The committed pair was built in increments, each a run of this script adopting t
      number in three of one digit) (26, beside the test suite); its draft was not kept
   7. --chat-rounds 1000:2e-4 from the target of step 6 (16); draft --draft-steps 1000, --init-draft the
      draft of step 5 (13)
+  8. the draft of step 7 trained 1500 steps more on the same target-written responses:
+     `dflash train-draft ... --seed 1 --max-steps 1500 --init-draft` that draft (20, beside the test suite)
 CHAT_ROUNDS below strings steps 2-7 together for a run from scratch, which was not timed end to end:
 with the base phase and the draft it takes far longer than the 90 minutes the increments were meant
 to fit (about 7,000 chat steps at about a second each here).
