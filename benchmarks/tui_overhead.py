@@ -133,7 +133,7 @@ async def interleaved(profile_ref, engine, settings, prompts, repeats: int):
         for _ in range(repeats):
             for prompt in prompts:
                 keep(base, prompt, direct(engine, settings, [prompt])[0])
-                app.action_new_session()  # same prompt ids as the direct run: no history
+                app.chat.action_new_session()  # same prompt ids as the direct run: no history
                 before = app.turns_done
                 app.screen.query_one("#prompt").load_text(prompt)
                 pid = getattr(getattr(app.engine, "_proc", None), "pid", None)
@@ -163,7 +163,7 @@ def rate(tokens: int, seconds: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", help="profile name or TOML path (default: demo, else a tiny random pair)")
-    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="the demo profile's limit: a 5-number sort trace runs to about 230")
     parser.add_argument("--no-thinking", action="store_true")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved passes; the best of each is kept")
     parser.add_argument("--flush", type=float, help="the app's UI flush interval in seconds (default: the app's)")

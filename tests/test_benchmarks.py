@@ -1,0 +1,33 @@
+"""The benchmark scripts the README quotes still run end to end (one of them once broke when an action moved
+from the app to the chat screen). Each runs briefly on the embedded demo pair or a random tiny model and
+must print its table; no timing is asserted (speed belongs to the scripts' own output)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import waiting
+
+ROOT = Path(__file__).resolve().parent.parent
+BRIEF = {  # script -> (arguments for a short run, a line its table starts with)
+    "engine_speed": (["--engines", "cuda", "--block-sizes", "1,16", "--max-new-tokens", "24", "--repeats", "1"],
+                     "| run | tok/s |"),
+    "turn_cache": (["--turns", "2", "--repeats", "1", "--max-new-tokens", "24"], "| turn |"),
+    "rollback_cost": (["--engines", "cuda", "--block-sizes", "4", "--repeats", "1"], "| block |"),
+    "tui_overhead": (["--repeats", "1", "--max-new-tokens", "24"], "| prompt |"),
+}
+
+
+@pytest.mark.parametrize("script", sorted(BRIEF))
+def test_benchmark_runs_and_prints_its_table(script, tmp_path):
+    arguments, table = BRIEF[script]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DFLASH_DATA_DIR": str(tmp_path / "data")}
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), *arguments],
+                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=waiting.limit(600))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert table in result.stdout, result.stdout[-2000:]
