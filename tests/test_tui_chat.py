@@ -172,7 +172,8 @@ async def test_f6_continues_a_cancelled_answer(tmp_path, pair, process_engine, d
         await pilot.pause()
         turns = again.conversation.turns
         assert [t.status for t in turns] == ["cancelled", "completed"] and turns[1].continues is None
-        assert turns[1].answer == whole.answer  # asked afresh at temperature 0: the uninterrupted answer
+        # asked afresh at temperature 0: the uninterrupted answer, token for token
+        assert turns[1].emitted_ids == stopped.emitted_ids + whole.emitted_ids
         assert conversation_shown(again) == ["you", "answer", "you", "answer"]
 
 
