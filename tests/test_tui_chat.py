@@ -126,7 +126,6 @@ async def test_answers_taken_back_stay_out_of_a_resumed_session(profile, engine,
     assert [m["content"] for m in nxt.messages if m["role"] == "user"] == ["first edited", "next"]
 
 
-@pytest.mark.asyncio
 def conversation_shown(app) -> list[str]:
     """The chat column top to bottom: questions, answers and the line a continued answer stands under
     (other notices, about the engine or the resumed session, left out)."""

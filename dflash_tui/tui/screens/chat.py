@@ -529,16 +529,14 @@ class ChatScreen(Screen):
         except UserError as exc:
             self.notify(str(exc), severity="warning", timeout=3)
             return None
-        answers = list(self.query(AnswerView))
+        answers = self.query(AnswerView)
         if answers:
-            answer = answers[-1]
-            # a continuation is shown under a notice line, not under its question (the stopped turn's)
-            if turn.continues is not None:
-                shown = list(self._view.children)
-                place = shown.index(answer) if answer in shown else 0
-                above = [shown[place - 1]] if place and isinstance(shown[place - 1], NoticeLine) else []
-            else:
-                above = list(self.query(UserMessage))[-1:]
+            answer = answers.last()
+            # the line right above it goes too: its question, or for a continuation the "continuing" line
+            heading = UserMessage if turn.continues is None else NoticeLine
+            shown = list(self._view.children)
+            place = shown.index(answer)
+            above = shown[place - 1:place] if place and isinstance(shown[place - 1], heading) else []
             for widget in (*above, answer):
                 widget.remove()
         return turn
