@@ -47,7 +47,7 @@ prompts = "demo"  # bench and tune measure on this set by default
 
 
 @pytest.fixture
-def profile_file(pairs, tmp_path, monkeypatch):
+def profile_file(pairs, tmp_path, data_dir):
     """A profile whose checkpoints are relative to it (as the built-in demo's are)."""
     target, draft = pairs("qwen3")
     (tmp_path / "pair").mkdir()
@@ -55,7 +55,6 @@ def profile_file(pairs, tmp_path, monkeypatch):
     (tmp_path / "pair" / "draft").symlink_to(draft)
     path = tmp_path / "tiny.toml"
     path.write_text(PROFILE)
-    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "data"))
     return path
 
 

@@ -24,9 +24,9 @@ BRIEF = {  # script -> (arguments for a short run, a line its table starts with)
 
 
 @pytest.mark.parametrize("script", sorted(BRIEF))
-def test_benchmark_runs_and_prints_its_table(script, tmp_path):
+def test_benchmark_runs_and_prints_its_table(script, data_dir):
     arguments, table = BRIEF[script]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DFLASH_DATA_DIR": str(tmp_path / "data")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the data folder is data_dir's (DFLASH_DATA_DIR)
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), *arguments],
                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=waiting.limit(600))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]

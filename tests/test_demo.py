@@ -138,11 +138,11 @@ def test_demo_draft_is_lossless_and_accepted(engine, heldout):
     assert sum(lengths) / len(lengths) >= 5
 
 
-def _chat_classes():
-    from dflash_tui.core.conversation import ChatSettings, Conversation
+def demo_profile():
+    """The demo profile as `make chat` opens it (imported here, so the corpus tests need no engine)."""
     from dflash_tui.core.profiles import load_profile
 
-    return ChatSettings, Conversation, load_profile
+    return load_profile(str(ROOT / "profiles" / "demo.toml"))
 
 
 CONVERSATION = [  # three questions in a row in one session, as a newcomer asks them in `make chat`
@@ -182,8 +182,9 @@ def benchmark_prompts(name: str) -> list[str]:
 
 def _chat(engine, questions):
     """Ask `questions` in one Conversation with the demo profile's settings; returns it and the answers."""
-    ChatSettings, Conversation, load_profile = _chat_classes()
-    profile = load_profile(str(ROOT / "profiles" / "demo.toml"))
+    from dflash_tui.core.conversation import ChatSettings, Conversation
+
+    profile = demo_profile()
     conv = Conversation(engine, ChatSettings.from_profile(profile), profile=profile, record=False)
     assert conv.settings.thinking and conv.settings.block_size == 16
     answers = []
@@ -226,8 +227,7 @@ def test_demo_pair_answers_the_issue_17_session(engine):
 @has_draft
 def test_the_examples_and_benchmark_prompts_are_answered_right(engine):
     """Each as the first message of a chat with the demo profile's settings (thinking on, block 16)."""
-    load_profile = _chat_classes()[2]
-    prompts = [*load_profile(str(ROOT / "profiles" / "demo.toml")).examples,
+    prompts = [*demo_profile().examples,
                *benchmark_prompts("engine_speed"), *benchmark_prompts("tui_overhead")]
     assert set(prompts) <= set(FIRST_CONTACT), "give each new example or benchmark prompt its answer here"
     misses = []
