@@ -18,9 +18,13 @@ class StreamingDetokenizer:
     def __init__(self, decode: Decode, context_ids: Sequence[int] = ()):
         self._decode = decode
         # A few context ids let tokenizers that strip a leading space (sentencepiece) decode in context.
-        self._ids: list[int] = list(context_ids[-4:])
+        self._ids: list[int] = list(context_ids[-8:])
         self._prefix = 0  # start of the window decoded for context
         self._read = len(self._ids)  # ids up to here have been released as text
+        # A context that stops inside a character (a continued answer cancelled mid-character, whose text
+        # held that character back) leaves its incomplete tail unread, so the first new token completes it.
+        while self._read and self._window_text(self._read).endswith("\ufffd"):
+            self._read -= 1
         self.text = ""
 
     def _window_text(self, end: int) -> str:

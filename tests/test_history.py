@@ -141,6 +141,30 @@ def test_continue_picks_up_where_the_answer_stopped(engine, data_dir):
         conv.continue_turn()  # the last turn is complete
 
 
+def test_a_continuation_completes_the_character_its_stopped_part_held_back(engine):
+    """The stopped part's text holds back a character cut in the middle of its bytes; the continuation is
+    streamed with the stopped ids as context and must start with that whole character, so the joined
+    answer is the uninterrupted one (it once showed a replacement character, or lost the character)."""
+    from engines.detokenize import StreamingDetokenizer
+
+    tok = engine.tokenizer
+    prompt = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    answer = tok.encode("Ünïcödé ✓ 日本語 done", add_special_tokens=False)
+    whole = tok.decode(answer)
+    cuts = 0
+    for k in range(1, len(answer)):
+        stopped = StreamingDetokenizer(tok.decode, prompt)
+        for token in answer[:k]:
+            stopped.add(token)  # cancelled: no flush, as the engine does
+        rest = StreamingDetokenizer(tok.decode, prompt + answer[:k])
+        for token in answer[k:]:
+            rest.add(token)
+        rest.flush()
+        assert stopped.text + rest.text == whole, k
+        cuts += tok.decode(answer[:k]).endswith("\ufffd")
+    assert cuts  # some cut fell inside a character
+
+
 def test_a_resumed_session_skips_its_stopped_turn_and_can_continue_it(engine, data_dir):
     engine.new_context()
     conv = chat(engine, record=True)
