@@ -67,6 +67,29 @@ def test_history_is_rendered_without_earlier_think_blocks(tokenizer):
     assert tokenizer.decode(ids[plen:]).startswith("<think>")
 
 
+def test_training_batches_cover_each_epoch_once_in_length_sorted_groups_and_resume_alike():
+    """The target's batch plan: every record at most once per epoch (all but a partial group), rows of a batch drawn
+    from one length-sorted group, and the batch of a step the same whether reached in order or straight
+    after a resume, so a resumed run trains on what an uninterrupted one would."""
+    import random
+
+    from scripts.demo.train_target import Batches
+
+    rng = random.Random(0)
+    data = [([0] * rng.randrange(5, 300), 1) for _ in range(4000)]
+    plan = Batches(data, seed=3, batch=16)
+    per_epoch = plan.per_epoch
+    epoch0 = [plan[k] for k in range(per_epoch)]
+    seen = [i for b in epoch0 for i in b]
+    assert len(seen) == len(set(seen)) == len(data) - len(data) % (16 * 32)
+    spread = sum(max(len(data[i][0]) for i in b) - min(len(data[i][0]) for i in b) for b in epoch0) / per_epoch
+    assert spread < 20  # unsorted rows of 5-300 tokens would differ by about 250
+    epoch1 = [plan[per_epoch + k] for k in range(per_epoch)]
+    assert epoch1 != epoch0 and sorted(map(sorted, epoch1)) != sorted(map(sorted, epoch0))
+    resumed = Batches(data, seed=3, batch=16)
+    assert [resumed[k] for k in (per_epoch + 7, 5, per_epoch * 2 + 1)] == [epoch1[7], epoch0[5], plan[per_epoch * 2 + 1]]
+
+
 @pytest.fixture(scope="module")
 def heldout():
     train = {r["messages"][-2]["content"] for r in corpus.generate(corpus.TRAIN_RECORDS, seed=0)}
