@@ -128,7 +128,7 @@ def training_loss(model, compile_: bool):
     weights stay float32). Compiled, a step costs about half (0.29 s against 0.52 s for 16 chat
     conversations, one thread, AMX): at hidden size 256 the time goes to attention's backward and the
     elementwise work around the matmuls, which inductor fuses; eager attention compiles better than
-    SDPA's CPU flash kernel. Compiling takes two to three minutes once per phase."""
+    SDPA's CPU flash kernel. Compiling takes one to two minutes per phase (a few sizes each)."""
     import torch
 
     from engines.cuda.training import bf16_autocast_pays
