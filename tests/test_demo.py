@@ -67,6 +67,21 @@ def test_history_is_rendered_without_earlier_think_blocks(tokenizer):
     assert tokenizer.decode(ids[plen:]).startswith("<think>")
 
 
+@has_target
+@pytest.mark.parametrize("torn", [b"", b"PK\x03\x04 cut short"], ids=["empty", "truncated"])
+def test_a_token_cache_cut_short_by_a_stopped_run_is_rebuilt(tokenizer, tmp_path, torn):
+    """A run killed while saving its token cache must not stop the next run with a traceback."""
+    from scripts.demo import train_target
+
+    records = list(corpus.generate(4, 0))
+    cache = tmp_path / "tokens.pt"
+    cache.write_bytes(torn)
+    data = train_target.tokenize_all(tokenizer, records, cache, "k")
+    assert data == [train_target.encode(tokenizer, r) for r in records]
+    assert train_target.tokenize_all(tokenizer, [], cache, "k") == data  # now a whole cache, read back
+    assert not cache.with_suffix(".tmp").exists()
+
+
 def test_training_batches_cover_each_epoch_once_in_length_sorted_groups_and_resume_alike():
     """The target's batch plan: every record at most once per epoch (all but a partial group), rows of a batch drawn
     from one length-sorted group, and the batch of a step the same whether reached in order or straight

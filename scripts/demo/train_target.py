@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pickle
 import random
 import time
 from pathlib import Path
@@ -43,11 +44,16 @@ def tokenize_all(tokenizer, records: list[dict], cache: Path, key: str = ""):
     import torch
 
     if cache.exists():
-        saved = torch.load(cache)
+        try:
+            saved = torch.load(cache)
+        except (EOFError, RuntimeError, pickle.UnpicklingError):  # an older run stopped mid-write: redo it
+            saved = None
         if isinstance(saved, dict) and saved.get("key") == key:
             return saved["data"]
     data = [encode(tokenizer, r) for r in records]
-    torch.save({"key": key, "data": data}, cache)
+    tmp = cache.with_suffix(".tmp")
+    torch.save({"key": key, "data": data}, tmp)
+    tmp.replace(cache)  # a run stopped mid-save leaves the old cache or none, never a torn one
     return data
 
 
