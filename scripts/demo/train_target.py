@@ -23,7 +23,7 @@ MODEL = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_at
              num_key_value_heads=2, head_dim=64, max_position_embeddings=1024, rope_theta=10000.0,
              rms_norm_eps=1e-6, tie_word_embeddings=True, initializer_range=0.02)
 BATCH = 32
-LR = 2e-3
+LR = 6e-4  # base phase peak; at 2e-3 sorting stayed near 0% after 5,500 steps, at 6e-4 it reached 77% in 2,500
 WARMUP = 100
 
 
