@@ -51,10 +51,17 @@ def tokenize_all(tokenizer, records: list[dict], cache: Path, key: str = ""):
         if isinstance(saved, dict) and saved.get("key") == key:
             return saved["data"]
     data = [encode(tokenizer, r) for r in records]
-    tmp = cache.with_suffix(".tmp")
-    torch.save({"key": key, "data": data}, tmp)
-    tmp.replace(cache)  # a run stopped mid-save leaves the old cache or none, never a torn one
+    save_whole({"key": key, "data": data}, cache)
     return data
+
+
+def save_whole(obj, path: Path) -> None:
+    """torch.save through a temporary file: a run stopped mid-save leaves the old file or none, never a torn one."""
+    import torch
+
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)
 
 
 def file_digest(*paths: Path) -> str:
@@ -227,10 +234,8 @@ def train(tokenizer, records: list[dict], work: Path, out: Path, steps: int, see
         bar.set_postfix(loss=f"{ema:.4f}", lr=f"{lr_at(step - 1):.1e}", tok=int(mask.sum()))
         bar.update(1)
         if step % 200 == 0 or step == steps:
-            tmp = ckpt_path.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                        "elapsed": time.time() - t0, "key": key}, tmp)
-            tmp.replace(ckpt_path)
+            save_whole({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                        "elapsed": time.time() - t0, "key": key}, ckpt_path)
     bar.close()
     stats = {"steps": steps, "train_seconds": round(time.time() - t0, 1), "final_loss": round(ema or 0.0, 4),
              "parameters": n_params, "batch": batch, "lr": lr, "init": str(init) if init else None, "key": key}
