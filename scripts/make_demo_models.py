@@ -237,4 +237,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except train_target.TooLittleData as e:
+        print(f"make_demo_models: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -105,6 +105,15 @@ def test_training_batches_cover_each_epoch_once_in_length_sorted_groups_and_resu
     assert [resumed[k] for k in (per_epoch + 7, 5, per_epoch * 2 + 1)] == [epoch1[7], epoch0[5], plan[per_epoch * 2 + 1]]
 
 
+def test_too_few_records_for_one_batch_is_one_clear_error_not_a_division_by_zero():
+    from scripts.demo.train_target import Batches, TooLittleData
+
+    with pytest.raises(TooLittleData, match="10 training sequences do not fill one batch of 16"):
+        Batches([([0, 1, 2], 1)] * 10, seed=0, batch=16)
+    exactly_one = Batches([([0, 1, 2], 1)] * 16, seed=0, batch=16)
+    assert exactly_one.per_epoch == 1 and sorted(exactly_one[0]) == sorted(exactly_one[1]) == list(range(16))
+
+
 @pytest.fixture(scope="module")
 def heldout():
     train = {r["messages"][-2]["content"] for r in corpus.generate(corpus.TRAIN_RECORDS, seed=0)}

@@ -81,11 +81,18 @@ def phase_key(data_path: Path, tokenizer_dir: Path, steps: int, seed: int, lr: f
             "init": file_digest(Path(init) / "model.safetensors") if init else None}
 
 
+class TooLittleData(ValueError):
+    """The records cannot fill one batch (a --train-records or --chat-records far below the defaults)."""
+
+
 class Batches:
     """The batch for each step: length-sorted groups from a seeded shuffle per epoch, so padding stays
     small. An epoch's plan is built once (shuffling 150,000 records for every step cost 0.2 s a step)."""
 
     def __init__(self, data, seed: int, batch: int = BATCH):
+        if len(data) < batch:
+            raise TooLittleData(f"{len(data)} training sequences do not fill one batch of {batch}: "
+                                "generate more records or pass a smaller batch")
         self.data, self.seed, self.batch = data, seed, batch
         self.group = batch * max(1, min(32, len(data) // batch))  # rows sorted by length together
         self.per_epoch = len(data) // self.group * self.group // batch  # the last partial group waits
@@ -161,12 +168,13 @@ def training_loss(model, compile_: bool):
     return torch.compile(loss_of, dynamic=True)
 
 
-def train(tokenizer, records: list[dict], work: Path, out: Path, steps: int, seed: int, threads: int = 2,
+def train(tokenizer, records: list[dict], work: Path, out: Path, steps: int, seed: int, threads: int = 1,
           lr: float = LR, init: Path | None = None, name: str = "target", key: dict | None = None,
           batch: int = BATCH, compile_: bool = True) -> dict:
     """Train for `steps` steps (resuming from work/{name}-ckpt.pt) and save to `out`. Returns stats.
     `init`: a saved model directory to start from (the chat phase starts from the base target).
-    `compile_`: run the loss through torch.compile (see `training_loss`)."""
+    `compile_`: run the loss through torch.compile (see `training_loss`). `threads`: torch threads; one, since
+    a second gained nothing compiled and oversubscribed threads on a busy machine ran up to 10x slower."""
     import torch
     from tqdm import tqdm
 
