@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dflash_tui.core.settings import load_settings  # noqa: E402 - after the sys.path line above
-from engines import GenerationRequest, load_engine  # noqa: E402 - after the sys.path line above
-from engines.events import acceptance_histogram  # noqa: E402 - after the sys.path line above
-from engines.prompting import load_tokenizer  # noqa: E402 - after the sys.path line above
+from dflash_tui.engines import GenerationRequest, load_engine  # noqa: E402 - after the sys.path line above
+from dflash_tui.engines.events import acceptance_histogram  # noqa: E402 - after the sys.path line above
+from dflash_tui.engines.prompting import load_tokenizer  # noqa: E402 - after the sys.path line above
 
 PROMPTS = [  # the demo's domain, answered with a reasoning trace (thinking on by default)
     "What is 48 + 75?",

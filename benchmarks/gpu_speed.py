@@ -62,7 +62,7 @@ def target_config(shape: dict):
 
 
 def draft_cfg(shape: dict, config, block: int) -> dict:
-    from engines.checkpoints import draft_config
+    from dflash_tui.engines.checkpoints import draft_config
 
     return draft_config(config.to_dict(), shape["draft_layers"], shape["target_layer_ids"], block, shape["vocab"] - 1)
 
@@ -71,8 +71,8 @@ def build_in_process(shape: dict, device: torch.device, dtype: torch.dtype, bloc
     """(Target, DFlashDraft) with random weights, built on the device (no checkpoint files)."""
     from transformers import AutoModelForCausalLM
 
-    from engines.cuda.draft import DFlashDraft, rotary_embedding
-    from engines.cuda.target import Target
+    from dflash_tui.engines.cuda.draft import DFlashDraft, rotary_embedding
+    from dflash_tui.engines.cuda.target import Target
 
     torch.manual_seed(0)
     config = target_config(shape)
@@ -89,7 +89,7 @@ def save_pair(shape: dict, root: Path, block: int) -> tuple[Path, Path]:
     """The small shape as checkpoint folders, for the public engine API (section `long`)."""
     from transformers import AutoModelForCausalLM
 
-    from engines.cuda.draft import DFlashDraft, save_draft
+    from dflash_tui.engines.cuda.draft import DFlashDraft, save_draft
     from tests import tiny
 
     torch.manual_seed(0)
@@ -136,8 +136,8 @@ def time_generate(model, prompt: list[int], new: int, static: bool, repeats: int
 
 def time_steps(target, draft, prompt: list[int], block: int, new: int, graphs, pool, repeats: int):
     """(ms per full-size step wall-clock, draft ms, verify ms), best of `repeats` answers."""
-    from engines.cuda.loop import Sampler, speculative_decode
-    from engines.sampling import SamplingParams
+    from dflash_tui.engines.cuda.loop import Sampler, speculative_decode
+    from dflash_tui.engines.sampling import SamplingParams
 
     best = None
     for _ in range(repeats + 1):  # the first answer warms up
@@ -158,8 +158,8 @@ def time_steps(target, draft, prompt: list[int], block: int, new: int, graphs, p
 
 
 def main_section(args, shape: dict, device: torch.device, dtype: torch.dtype) -> None:
-    from engines.cuda.cache import CachePool
-    from engines.cuda.graphs import StepGraphs
+    from dflash_tui.engines.cuda.cache import CachePool
+    from dflash_tui.engines.cuda.graphs import StepGraphs
 
     target, draft = build_in_process(shape, device, dtype, args.block)
     prompt = torch.randint(0, shape["vocab"] - 1, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -206,7 +206,7 @@ def main_section(args, shape: dict, device: torch.device, dtype: torch.dtype) ->
 def step_times(engine, request_kw: dict, repeats: int) -> tuple[float, float]:
     """(wall ms, this process's CPU ms) per step after the prefill, each the best of `repeats` answers
     (single-threaded, CPU time is what contention from other processes leaves unchanged)."""
-    from engines import GenerationRequest
+    from dflash_tui.engines import GenerationRequest
 
     best = [float("inf"), float("inf")]
     for rep in range(repeats + 1):  # the first answer warms up
@@ -224,7 +224,7 @@ def step_times(engine, request_kw: dict, repeats: int) -> tuple[float, float]:
 
 def long_section(args, shape: dict) -> None:
     """ms per block-B step at each context length, through load_engine (works on older commits too)."""
-    from engines import EngineConfig, load_engine
+    from dflash_tui.engines import EngineConfig, load_engine
 
     with tempfile.TemporaryDirectory() as tmp:
         target_dir, draft_dir = save_pair(shape, Path(tmp), args.block)
@@ -247,7 +247,7 @@ def long_section(args, shape: dict) -> None:
 def demo_section(args) -> None:
     """ms per step on the demo pair (profiles/demo), block 1 and block B, the prompts engine_speed.py uses,
     each decoded to the target's eos: the whole run's best, wall clock and CPU time."""
-    from engines import EngineConfig, GenerationRequest, load_engine
+    from dflash_tui.engines import EngineConfig, GenerationRequest, load_engine
 
     root = Path(__file__).resolve().parent.parent / "profiles" / "demo"
     engine = load_engine(EngineConfig(target=str(root / "target"), draft=str(root / "draft"), engine="cuda",

@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402 - after the sys.path line above
 
-from engines.checkpoints import TargetInfo  # noqa: E402 - after the sys.path line above
-from engines.cuda.target import Target  # noqa: E402 - after the sys.path line above
+from dflash_tui.engines.checkpoints import TargetInfo  # noqa: E402 - after the sys.path line above
+from dflash_tui.engines.cuda.target import Target  # noqa: E402 - after the sys.path line above
 
 
 def median_time(prepare, measure, repeats: int) -> float:
@@ -79,7 +79,7 @@ def cuda_rows(path: Path, block_sizes, prompt_len: int, repeats: int):
 def mlx_rows(path: Path, block_sizes, prompt_len: int, repeats: int):
     import mlx.core as mx
 
-    from engines.mlx.target import Target as MlxTarget
+    from dflash_tui.engines.mlx.target import Target as MlxTarget
 
     target = MlxTarget(TargetInfo.read(str(path)), "float32", [])
     prompt = mx.array([[i % 200 + 5 for i in range(prompt_len)]])

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from engines import GenerationRequest, load_engine  # noqa: E402 - after the sys.path line above
+from dflash_tui.engines import GenerationRequest, load_engine  # noqa: E402 - after the sys.path line above
 
 PROMPTS = [
     "What is 48 + 75?",
@@ -174,7 +174,7 @@ def main() -> None:
         DflashApp.FLUSH_INTERVAL = args.flush
 
     from dflash_tui.core.settings import profile_for as load_profile
-    from engines.process import quiet_loaders
+    from dflash_tui.engines.process import quiet_loaders
 
     quiet_loaders()
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dflash_tui.core.settings import load_settings  # noqa: E402 - after the sys.path line above
-from engines import GenerationRequest, load_engine  # noqa: E402 - after the sys.path line above
+from dflash_tui.engines import GenerationRequest, load_engine  # noqa: E402 - after the sys.path line above
 
 QUESTIONS = [
     "What is 48 + 75?",

@@ -16,9 +16,9 @@ from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ActiveTurn, ChatFlags, Conversation, open_conversation, resume, thinking_layout
 from dflash_tui.core.settings import profile_for
 from dflash_tui.core.terminal import color_enabled, printable
-from engines import load_engine
-from engines.errors import UserError
-from engines.process import quiet_loaders
+from dflash_tui.engines import load_engine
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.process import quiet_loaders
 
 ANSI = {"draft": "\033[1;32m", "target": "\033[36m", "ghost": "\033[2;9;31m", "dim": "\033[2m", "reset": "\033[0m",
         "think": "\033[2;3m", "warn": "\033[33m"}

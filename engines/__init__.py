@@ -10,11 +10,11 @@ import importlib.util
 import platform
 import sys
 
-from .config import EngineConfig, GenerationRequest
-from .engine import EngineLike
-from .errors import CheckpointError, EngineUnavailable, UserError
-from .events import CONTRACT_VERSION, StepEvent, Summary
-from .probe import Block1Probe
+from dflash_tui.engines.config import EngineConfig, GenerationRequest
+from dflash_tui.engines.engine import EngineLike
+from dflash_tui.engines.errors import CheckpointError, EngineUnavailable, UserError
+from dflash_tui.engines.events import CONTRACT_VERSION, StepEvent, Summary
+from dflash_tui.engines.probe import Block1Probe
 
 __all__ = [
     "EngineConfig", "GenerationRequest", "StepEvent", "Summary", "CONTRACT_VERSION", "EngineLike", "UserError",
@@ -62,15 +62,15 @@ def load_engine(config: EngineConfig) -> EngineLike:
     """Load target, draft and tokenizer on the chosen engine (checks run before any weight loads)."""
     name = choose_engine(config.engine)
     if name == "remote":
-        from .remote import RemoteEngine
+        from dflash_tui.engines.remote import RemoteEngine
 
         return RemoteEngine(config)
     if name == "cuda":
-        from .cuda.engine import CudaEngine
+        from dflash_tui.engines.cuda.engine import CudaEngine
 
         return CudaEngine(config)
     try:
-        from .mlx.engine import MlxEngine
+        from dflash_tui.engines.mlx.engine import MlxEngine
     except ImportError:
         raise EngineUnavailable(f"The MLX engine is not available in this build; {INSTALL_HINT['mlx']}.") from None
     return MlxEngine(config)
@@ -100,7 +100,7 @@ def available_memory() -> tuple[int, str]:
     if _has("torch"):
         import torch
 
-        from .cuda.memory import free_bytes
+        from dflash_tui.engines.cuda.memory import free_bytes
 
         return free_bytes(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     import psutil

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import hub
-from .config import check_block_size_value
-from .errors import CheckpointError, UserError, describe
+from dflash_tui.engines import hub
+from dflash_tui.engines.config import check_block_size_value
+from dflash_tui.engines.errors import CheckpointError, UserError, describe
 
 # Weight formats that are pickles (or other formats a loader could deserialize into code paths we do
 # not control); a checkpoint that has only these is refused, and beside safetensors they are never read.

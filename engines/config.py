@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
-from .errors import UserError
+from dflash_tui.engines.errors import UserError
 
 ENGINES = ("auto", "cuda", "mlx", "remote")  # remote: an OpenAI-compatible server (engines/remote)
 DTYPES = ("auto", "float32", "float16", "bfloat16")

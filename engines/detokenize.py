@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .events import Piece
+from dflash_tui.engines.events import Piece
 
 Decode = Callable[[Sequence[int]], str]
 

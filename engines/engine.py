@@ -16,16 +16,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Protocol, runtime_checkable
 
-from . import hub
-from .baseline import BaselineRun, Margin
-from .checkpoints import DraftInfo, TargetInfo, check_block_size, validate_pair
-from .config import EngineConfig, GenerationRequest
-from .detokenize import StreamingDetokenizer
-from .errors import UserError
-from .events import StepEvent, Summary, acceptance_histogram
-from .probe import Block1Probe, Block1Step, time_block1
-from .prompting import check_context, load_tokenizer, prompt_ids
-from .sampling import SamplingParams, resolve_sampling
+from dflash_tui.engines import hub
+from dflash_tui.engines.baseline import BaselineRun, Margin
+from dflash_tui.engines.checkpoints import DraftInfo, TargetInfo, check_block_size, validate_pair
+from dflash_tui.engines.config import EngineConfig, GenerationRequest
+from dflash_tui.engines.detokenize import StreamingDetokenizer
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.events import StepEvent, Summary, acceptance_histogram
+from dflash_tui.engines.probe import Block1Probe, Block1Step, time_block1
+from dflash_tui.engines.prompting import check_context, load_tokenizer, prompt_ids
+from dflash_tui.engines.sampling import SamplingParams, resolve_sampling
 
 
 @dataclass

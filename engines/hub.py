@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from .errors import CheckpointError
+from dflash_tui.engines.errors import CheckpointError
 
 # What a checkpoint needs: configs, safetensors weights, tokenizer and chat-template files (never code,
 # never pickles).

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
-from .errors import UserError
+from dflash_tui.engines.errors import UserError
 
 MARKER = "training.json"  # written beside every draft train-draft publishes
 CARD = "README.md"  # the model card written beside it

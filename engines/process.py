@@ -20,11 +20,11 @@ import time
 from dataclasses import fields
 from typing import Iterator, Optional
 
-from .baseline import BaselineRun, Margin
-from .config import EngineConfig, GenerationRequest
-from .errors import CheckpointError, EngineUnavailable, UserError
-from .probe import Block1Probe
-from .prompting import load_tokenizer, prompt_ids
+from dflash_tui.engines.baseline import BaselineRun, Margin
+from dflash_tui.engines.config import EngineConfig, GenerationRequest
+from dflash_tui.engines.errors import CheckpointError, EngineUnavailable, UserError
+from dflash_tui.engines.probe import Block1Probe
+from dflash_tui.engines.prompting import load_tokenizer, prompt_ids
 
 ERRORS = {"UserError": UserError, "CheckpointError": CheckpointError, "EngineUnavailable": EngineUnavailable}
 BATCH_S = 0.05  # events travel in batches: one wake-up of the UI process per 50 ms, not one per step
@@ -70,7 +70,7 @@ def _serve(config: EngineConfig, conn, cancel) -> None:
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     quiet_loaders()
-    from . import load_engine
+    from dflash_tui.engines import load_engine
 
     _leave_a_core_for_the_ui()
     try:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from .config import GenerationRequest
-from .errors import UserError, describe
+from dflash_tui.engines.config import GenerationRequest
+from dflash_tui.engines.errors import UserError, describe
 
 
 def load_tokenizer(path: Path):

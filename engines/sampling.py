@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .config import SAMPLING_FIELDS, GenerationRequest, Sampling
-from .errors import UserError
+from dflash_tui.engines.config import SAMPLING_FIELDS, GenerationRequest, Sampling
+from dflash_tui.engines.errors import UserError
 
 # the value that leaves each setting out, from its one declaration (engines.config.Sampling)
 OFF = {f.name: f.metadata["off"] for f in fields(Sampling)}

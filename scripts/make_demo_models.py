@@ -139,7 +139,7 @@ def compute_notice() -> str:
     CPU with native bf16 matmuls (AMX); without them training runs in float32, several times slower."""
     import torch
 
-    from engines.cuda.training import bf16_autocast_pays
+    from dflash_tui.engines.cuda.training import bf16_autocast_pays
 
     if bf16_autocast_pays(torch.device("cpu")):
         return "training: bf16 autocast (this CPU has native bf16 matmuls, as the timed runs had)"

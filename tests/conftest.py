@@ -54,7 +54,7 @@ def pair(pairs):
 @pytest.fixture(scope="module")
 def engine(pair):
     """The PyTorch engine on the CPU, loaded once per test file."""
-    from engines import EngineConfig, load_engine
+    from dflash_tui.engines import EngineConfig, load_engine
 
     target, draft = pair
     return load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu", dtype="float32"))
@@ -63,8 +63,8 @@ def engine(pair):
 @pytest.fixture(scope="module")
 def process_engine(pair):
     """The same engine in its own process, as `dflash chat` runs it: keys are handled while it streams."""
-    from engines import EngineConfig
-    from engines.process import ProcessEngine
+    from dflash_tui.engines import EngineConfig
+    from dflash_tui.engines.process import ProcessEngine
 
     target, draft = pair
     engine = ProcessEngine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",

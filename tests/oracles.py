@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from engines import EngineConfig, GenerationRequest, load_engine
+from dflash_tui.engines import EngineConfig, GenerationRequest, load_engine
 
 ENGINES = ["cuda", "mlx"]
 
@@ -31,7 +31,7 @@ def mlx_lm_greedy(target_dir, prompt_ids, max_new, dtype=None):
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
-    from engines.mlx.target import load_mlx_model
+    from dflash_tui.engines.mlx.target import load_mlx_model
 
     config = json.loads((target_dir / "config.json").read_text())
     model = load_mlx_model(target_dir, config["model_type"], config)

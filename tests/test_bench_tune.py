@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from dflash_tui.cli import main
 from dflash_tui.core.profiles import load_profile
+from dflash_tui.engines import EngineConfig, UserError, load_engine
 from dflash_tui.measure import bench, runs, tune
-from engines import EngineConfig, UserError, load_engine
 
 TOP_KEYS = {"schema", "created", "profile", "dataset", "samples", "turns", "engine", "device", "dtype", "target",
             "draft", "max_new_tokens", "temperature", "thinking", "framework", "rows", "best_block_size"}

@@ -9,9 +9,9 @@ import torch
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
-from engines import EngineConfig, GenerationRequest, load_engine  # noqa: E402 - after the importorskip above
-from engines.cuda.draft import DraftCache as TorchDraftCache  # noqa: E402 - after the importorskip above
-from engines.mlx.draft import DraftCache as MlxDraftCache  # noqa: E402 - after the importorskip above
+from dflash_tui.engines import EngineConfig, GenerationRequest, load_engine  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.cuda.draft import DraftCache as TorchDraftCache  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.mlx.draft import DraftCache as MlxDraftCache  # noqa: E402 - after the importorskip above
 from tests import tiny  # noqa: E402 - after the importorskip above
 
 PROMPTS = ["What is 48 + 75?", "Hello world, speculative decoding"]
@@ -85,9 +85,9 @@ def sliding_draft(pairs, tmp_path_factory):
 @pytest.mark.parametrize("kind", ["plain", "sliding"])
 def test_draft_module_matches_pytorch(engines_for, pairs, sliding_draft, window, kind):
     """Identical context features and block embeddings: the MLX draft's hidden output is within 1e-4."""
-    from engines.checkpoints import DraftInfo
-    from engines.cuda.draft import DFlashDraft as TorchDraft
-    from engines.mlx.draft import DFlashDraft as MlxDraft
+    from dflash_tui.engines.checkpoints import DraftInfo
+    from dflash_tui.engines.cuda.draft import DFlashDraft as TorchDraft
+    from dflash_tui.engines.mlx.draft import DFlashDraft as MlxDraft
 
     if kind == "plain":
         cuda, mlx = engines_for("qwen3", False, None)
@@ -126,9 +126,9 @@ def test_draft_module_matches_pytorch(engines_for, pairs, sliding_draft, window,
 ], ids=lambda s: s["rope_type"])
 def test_draft_rope_scaling_matches_pytorch(pairs, tmp_path, scaling):
     """A draft whose config carries rope_scaling: both engines rotate context and block alike."""
-    from engines.checkpoints import DraftInfo
-    from engines.cuda.draft import DFlashDraft as TorchDraft
-    from engines.mlx.draft import DFlashDraft as MlxDraft
+    from dflash_tui.engines.checkpoints import DraftInfo
+    from dflash_tui.engines.cuda.draft import DFlashDraft as TorchDraft
+    from dflash_tui.engines.mlx.draft import DFlashDraft as MlxDraft
 
     target, _ = pairs("llama")
     info = DraftInfo.read(str(tiny.make_draft(tmp_path / "draft", target, [0, 2], rope_scaling=scaling)))

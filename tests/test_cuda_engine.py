@@ -5,10 +5,10 @@ is often right, seeded sampling, stop ids, cancellation, and checks that run bef
 import pytest
 import torch
 
-from engines import EngineConfig, GenerationRequest, UserError, load_engine
-from engines.cuda.draft import DraftCache
-from engines.cuda.loop import Sampler, speculative_decode
-from engines.sampling import SamplingParams
+from dflash_tui.engines import EngineConfig, GenerationRequest, UserError, load_engine
+from dflash_tui.engines.cuda.draft import DraftCache
+from dflash_tui.engines.cuda.loop import Sampler, speculative_decode
+from dflash_tui.engines.sampling import SamplingParams
 from tests.oracles import edited_copy, oracle_proposals, run, transformers_greedy
 
 NEW = 48
@@ -96,7 +96,7 @@ def test_draft_with_sliding_layers_and_yarn(pairs, tmp_path):
 
 
 def test_a_target_that_cannot_fit_is_one_sentence(pairs):
-    from engines.cuda.memory import check_fits, weight_bytes
+    from dflash_tui.engines.cuda.memory import check_fits, weight_bytes
 
     target, draft = pairs("qwen3")
     need = weight_bytes(target, torch.float32)

@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from engines import EngineConfig, GenerationRequest, load_engine
-from engines.checkpoints import DraftInfo
-from engines.cuda.training import TrainConfig, Trainer
-from engines.outputs import CARD, MARKER, draft_card, mask_spelling, publish
+from dflash_tui.engines import EngineConfig, GenerationRequest, load_engine
+from dflash_tui.engines.checkpoints import DraftInfo
+from dflash_tui.engines.cuda.training import TrainConfig, Trainer
+from dflash_tui.engines.outputs import CARD, MARKER, draft_card, mask_spelling, publish
 from tests import tiny
 
 BLOCK = 4

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from engines import CONTRACT_VERSION, CheckpointError, EngineLike, GenerationRequest, Summary, UserError
+from dflash_tui.engines import CONTRACT_VERSION, CheckpointError, EngineLike, GenerationRequest, Summary, UserError
 from tests.oracles import ENGINES, edited_copy, engine_for, framework_greedy, run
 
 NEW = 48

@@ -13,9 +13,9 @@ import pytest
 
 from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ChatSettings, Conversation
-from engines import EngineConfig, load_engine
-from engines.config import GenerationRequest
-from engines.errors import UserError
+from dflash_tui.engines import EngineConfig, load_engine
+from dflash_tui.engines.config import GenerationRequest
+from dflash_tui.engines.errors import UserError
 from tests import waiting
 
 QUESTION = "What is 48 + 75?"
@@ -145,7 +145,7 @@ def test_a_continuation_completes_the_character_its_stopped_part_held_back(engin
     """The stopped part's text holds back a character cut in the middle of its bytes; the continuation is
     streamed with the stopped ids as context and must start with that whole character, so the joined
     answer is the uninterrupted one (it once showed a replacement character, or lost the character)."""
-    from engines.detokenize import StreamingDetokenizer
+    from dflash_tui.engines.detokenize import StreamingDetokenizer
 
     tok = engine.tokenizer
     prompt = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)

@@ -5,8 +5,8 @@ rounding: a pass over b tokens and one over k round differently in earlier layer
 import pytest
 import torch
 
-from engines.checkpoints import TargetInfo
-from engines.cuda.target import Target
+from dflash_tui.engines.checkpoints import TargetInfo
+from dflash_tui.engines.cuda.target import Target
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])

@@ -4,7 +4,7 @@ without a draft window, for every family we claim (float32 random tiny pairs, ra
 
 import pytest
 
-from engines import GenerationRequest
+from dflash_tui.engines import GenerationRequest
 from tests.oracles import ENGINES, engine_for, framework_greedy, run
 
 PROMPTS = ["What is 48 + 75?", "The quick brown fox", "Hello world, speculative decoding"]

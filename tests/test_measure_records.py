@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dflash_tui.engines import UserError
 from dflash_tui.measure import bench, replay, report, runs
-from engines import UserError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 BENCH_FILE = FIXTURES / "bench-before-schema-classes.json"

@@ -11,10 +11,10 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
-from engines import EngineConfig, GenerationRequest, UserError, load_engine  # noqa: E402 - after the importorskip above
-from engines.mlx.draft import DraftCache  # noqa: E402 - after the importorskip above
-from engines.mlx.loop import Sampler, speculative_decode  # noqa: E402 - after the importorskip above
-from engines.sampling import SamplingParams  # noqa: E402 - after the importorskip above
+from dflash_tui.engines import EngineConfig, GenerationRequest, UserError, load_engine  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.mlx.draft import DraftCache  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.mlx.loop import Sampler, speculative_decode  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.sampling import SamplingParams  # noqa: E402 - after the importorskip above
 from tests.oracles import edited_copy, engine_for, mlx_lm_greedy, oracle_proposals, run  # noqa: E402 - after the importorskip above
 
 PROMPTS = ["What is 48 + 75?", "The quick brown fox", "Hello world, speculative decoding"]
@@ -210,7 +210,7 @@ def test_sampling_filters_run(qwen3):
 
 
 def test_chat_messages_and_long_prompt_prefill_in_chunks(qwen3, monkeypatch):
-    import engines.mlx.loop as loop
+    import dflash_tui.engines.mlx.loop as loop
 
     engine, ids, _ = qwen3
     long_ids = (ids * 8)[:100]
@@ -244,8 +244,8 @@ def test_missing_mlx_is_one_sentence(monkeypatch, pairs):
     import builtins
     import sys
 
-    import engines
-    from engines import EngineUnavailable
+    from dflash_tui import engines
+    from dflash_tui.engines import EngineUnavailable
 
     real_import = builtins.__import__
 
@@ -254,11 +254,11 @@ def test_missing_mlx_is_one_sentence(monkeypatch, pairs):
             raise ImportError(f"No module named {name!r}")
         return real_import(name, *args, **kwargs)
 
-    for mod in [m for m in sys.modules if m.startswith("engines.mlx")]:
+    for mod in [m for m in sys.modules if m.startswith("dflash_tui.engines.mlx")]:
         monkeypatch.delitem(sys.modules, mod)
     monkeypatch.setattr(builtins, "__import__", no_mlx)
     with pytest.raises(ImportError):
-        import engines.mlx.engine  # noqa: F401 - importable means the engine can run
+        import dflash_tui.engines.mlx.engine  # noqa: F401 - importable means the engine can run
     monkeypatch.setattr(engines, "choose_engine", lambda name: "mlx")
     target, _ = pairs("qwen3")
     with pytest.raises(EngineUnavailable, match=r"pip install 'dflash-tui\[mlx\]'"):

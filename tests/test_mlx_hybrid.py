@@ -15,11 +15,11 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
-from engines import EngineConfig, GenerationRequest, load_engine  # noqa: E402 - after the importorskip above
-from engines.checkpoints import TargetInfo  # noqa: E402 - after the importorskip above
-from engines.mlx.loop import Sampler, speculative_decode  # noqa: E402 - after the importorskip above
-from engines.mlx.target import Target  # noqa: E402 - after the importorskip above
-from engines.sampling import SamplingParams  # noqa: E402 - after the importorskip above
+from dflash_tui.engines import EngineConfig, GenerationRequest, load_engine  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.checkpoints import TargetInfo  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.mlx.loop import Sampler, speculative_decode  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.mlx.target import Target  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.sampling import SamplingParams  # noqa: E402 - after the importorskip above
 from tests.oracles import engine_for, mlx_lm_greedy  # noqa: E402 - after the importorskip above
 from tests.test_mlx_engine import OracleDraftCache  # noqa: E402 - after the importorskip above
 
@@ -214,8 +214,8 @@ def test_cuda_and_mlx_agree_step_by_step(both, family):
 def test_cuda_and_mlx_agree_under_partial_acceptance(both, reference, family, block):
     """Both engines with the same oracle draft: the same cuts, the same acceptances, the same ids."""
     torch = pytest.importorskip("torch")
-    from engines.cuda.loop import Sampler as TorchSampler
-    from engines.cuda.loop import speculative_decode as torch_decode
+    from dflash_tui.engines.cuda.loop import Sampler as TorchSampler
+    from dflash_tui.engines.cuda.loop import speculative_decode as torch_decode
     from tests.test_cuda_engine import OracleDraftCache as TorchOracle
 
     cuda, mlx = both(family)

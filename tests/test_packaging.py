@@ -1,4 +1,5 @@
-"""Installing: the CPU torch install falls back quickly where PyTorch's CPU index is unreachable."""
+"""Installing: the CPU torch install falls back quickly where PyTorch's CPU index is unreachable; the sdist
+carries its tests, and the wheel built from it installs one top-level import name."""
 
 from __future__ import annotations
 
@@ -55,12 +56,27 @@ ISOLATED = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if '__edit
             "import pytest; sys.exit(pytest.main(sys.argv[1:]))")
 
 
-def test_the_sdist_carries_its_tests_and_they_pass_from_it(tmp_path):
+def wheel_top_level(wheel: Path) -> tuple[set[str], set[str]]:
+    """The names the wheel's top_level.txt declares, and the first path parts of its RECORD."""
+    with zipfile.ZipFile(wheel) as z:
+        info = next(n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/RECORD"))
+        declared = set(z.read(f"{info}/top_level.txt").decode().split())
+        record = z.read(f"{info}/RECORD").decode().splitlines()
+    return declared, {line.split(",")[0].split("/")[0] for line in record if line} - {info}
+
+
+def test_the_sdist_carries_its_tests_and_they_pass_from_it_and_its_wheel_installs_one_top_level_name(tmp_path):
     import tarfile
 
-    built = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(tmp_path), str(ROOT)],
+    # sdist first, then the wheel built from it: the path a user's pip takes
+    built = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "-o", str(tmp_path), str(ROOT)],
                            capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("dflash_tui-*.whl")
+    assert wheel_top_level(wheel) == ({"dflash_tui"}, {"dflash_tui"})
+    with zipfile.ZipFile(wheel) as z:
+        assert {"dflash_tui/engines/__init__.py", "dflash_tui/engines/cuda/loop.py",
+                "dflash_tui/profiles_data/demo.toml"} <= set(z.namelist())
     (archive,) = tmp_path.glob("dflash_tui-*.tar.gz")
     with tarfile.open(archive) as tar:
         names = tar.getnames()

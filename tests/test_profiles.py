@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dflash_tui.core import profiles
-from engines.errors import UserError
+from dflash_tui.engines.errors import UserError
 
 BUILTINS = ["qwen3-4b", "qwen3-8b", "llama3.1-8b-instruct"]
 GOOD = """name = "mine"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from engines.errors import UserError
-from engines.events import StepEvent
-from engines.remote.client import error_text, parse_prometheus, split_url
-from engines.remote.engine import server_kind
-from engines.remote.sse import encode_event, iter_sse_data, iter_sse_json
-from engines.remote.thinking import ThinkingJoiner, ThinkingSplitter, prompt_opens_thinking
-from engines.remote.wire import step_from_wire, step_to_wire
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.events import StepEvent
+from dflash_tui.engines.remote.client import error_text, parse_prometheus, split_url
+from dflash_tui.engines.remote.engine import server_kind
+from dflash_tui.engines.remote.sse import encode_event, iter_sse_data, iter_sse_json
+from dflash_tui.engines.remote.thinking import ThinkingJoiner, ThinkingSplitter, prompt_opens_thinking
+from dflash_tui.engines.remote.wire import step_from_wire, step_to_wire
 
 
 def test_sse_framing_joins_data_lines_skips_comments_and_stops_at_done():

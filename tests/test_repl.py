@@ -101,8 +101,8 @@ def test_interactive_loop_with_key_bindings(profile, data_dir, pairs):
 
     from dflash_tui.core.conversation import ChatSettings, Conversation
     from dflash_tui.core.settings import profile_for as load_profile
+    from dflash_tui.engines import load_engine
     from dflash_tui.repl import Repl
-    from engines import load_engine
 
     p = load_profile(str(profile))
     engine = load_engine(p.engine_config("cuda"))
@@ -141,8 +141,8 @@ def test_continue_goes_on_with_a_cancelled_answer(profile, data_dir):
     history, /continue finishes it, and /help lists the command."""
     from dflash_tui.core.conversation import ChatSettings, Conversation
     from dflash_tui.core.settings import profile_for as load_profile
+    from dflash_tui.engines import load_engine
     from dflash_tui.repl import Repl
-    from engines import load_engine
 
     class CancelsOnThirdWrite(io.StringIO):
         """The terminal of a user who presses ctrl+c once the first answer's third piece shows."""

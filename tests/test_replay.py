@@ -20,8 +20,8 @@ from dflash_tui.cli import main
 from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ChatSettings, Conversation
 from dflash_tui.core.profiles import Profile
+from dflash_tui.engines import EngineConfig, UserError, load_engine
 from dflash_tui.measure import replay, runs
-from engines import EngineConfig, UserError, load_engine
 from tests import tiny, waiting
 
 BLOCKS = [1, 2, 4, 8, 16]
@@ -385,7 +385,7 @@ def test_replay_help_documents_the_json_schema():
 
 def test_replay_through_the_tuis_engine_process(recorded, data_dir):
     """The chat runs its engine in a child process; the replay screen reuses it (no second copy)."""
-    from engines.process import ProcessEngine
+    from dflash_tui.engines.process import ProcessEngine
 
     engine, session_id, _ = recorded
     served = ProcessEngine(engine.config)

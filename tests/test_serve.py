@@ -20,10 +20,10 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("torch")
 
-from engines import EngineConfig, EngineLike, GenerationRequest, load_engine  # noqa: E402 - after the importorskip above
-from engines.remote import RemoteConfig, RemoteEngine  # noqa: E402 - after the importorskip above
-from engines.remote.client import parse_prometheus  # noqa: E402 - after the importorskip above
-from engines.remote.thinking import ThinkingSplitter  # noqa: E402 - after the importorskip above
+from dflash_tui.engines import EngineConfig, EngineLike, GenerationRequest, load_engine  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.remote import RemoteConfig, RemoteEngine  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.remote.client import parse_prometheus  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.remote.thinking import ThinkingSplitter  # noqa: E402 - after the importorskip above
 from tests import tiny  # noqa: E402 - after the importorskip above
 
 POLLS = 1200  # at 0.05 s apart: how long a wait may last before the test gives up

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from dflash_tui.core import sessions
-from engines.errors import UserError
+from dflash_tui.engines.errors import UserError
 from tests import tiny, waiting
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines import Block1Probe, EngineConfig, GenerationRequest
+from dflash_tui.engines import Block1Probe, EngineConfig, GenerationRequest
 from tests import test_turn_cache
 from tests.oracles import ENGINES
 from tests.test_turn_cache import FAMILIES, NEW, QUESTIONS, chat
@@ -62,7 +62,7 @@ def kept_state(engine) -> list:
     import numpy as np
 
     if engine.name == "cuda":
-        from engines.cuda.cache import bucket_layers, linear_states
+        from dflash_tui.engines.cuda.cache import bucket_layers, linear_states
 
         cache = engine.turn.cache
         states = [t.numpy().copy() for pair in linear_states(cache).values() for t in pair]
@@ -104,7 +104,7 @@ def test_probe_leaves_the_kept_caches_exactly_as_they_were(engines_for, engine_n
 def test_probe_replays_the_block1_graph_when_one_is_built_for_the_kept_caches(engines_for):
     """The graph path (its static functions, uncaptured, on the CPU): after a block-1 turn the block-1
     step exists for the kept buffers, so the probe replays it instead of running eager."""
-    from engines.cuda.graphs import StepGraphs
+    from dflash_tui.engines.cuda.graphs import StepGraphs
 
     engine = engines_for("cuda", "llama")
     engine.graphs = StepGraphs(engine.target, engine.draft, capture=False)
@@ -147,7 +147,7 @@ def test_probe_needs_a_timed_step(engines_for):
 
 
 def test_probe_through_the_engine_process(pairs, engines_for):
-    from engines.process import ProcessEngine
+    from dflash_tui.engines.process import ProcessEngine
 
     target, draft = pairs("qwen3_5")
     engine = ProcessEngine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
@@ -155,13 +155,14 @@ def test_probe_through_the_engine_process(pairs, engines_for):
     try:
         probed, probes = chat_with_probes(engine, BLOCKS)
         assert engine.measure_block1(steps=2).steps == 2
-        cancel = GenerationRequest(messages=[{"role": "user", "content": QUESTIONS[2]}], max_new_tokens=NEW,
+        # The child decodes ahead of the events it has sent, so how many arrive after the cancel depends on
+        # the machine's load (the in-process bound is test_engine_contract's); a long answer cut short is not.
+        cancel = GenerationRequest(messages=[{"role": "user", "content": QUESTIONS[2]}], max_new_tokens=10 * NEW,
                                    temperature=0, block_size=4, reuse_cache=True, stop_ids=[])
-        events = []
-        for event in engine.generate(cancel):  # a probe before it does not get in the way of cancelling
-            events.append(event)
+        for _ in engine.generate(cancel):  # a probe before it does not get in the way of cancelling
             cancel.cancel.set()
-        assert len(events) <= 2 and engine.last_summary.finish_reason == "cancelled"
+        summary = engine.last_summary
+        assert summary.finish_reason == "cancelled" and summary.generated_tokens < 10 * NEW
     finally:
         engine.close()
     plain = chat(engines_for("cuda", "qwen3_5"), BLOCKS, reuse=True)
@@ -172,7 +173,7 @@ def test_probe_through_the_engine_process(pairs, engines_for):
 def test_remote_engine_never_measures(pairs, tmp_path):
     """A server keeps its own caches; the remote engine has nothing to time (a real `dflash serve`)."""
     serve = pytest.importorskip("tests.test_serve")
-    from engines import load_engine
+    from dflash_tui.engines import load_engine
     from tests import tiny
 
     profile = tiny.write_profile(tmp_path / "tiny.toml", *pairs("qwen3"), max_new_tokens=8)

@@ -10,12 +10,12 @@ and printed, not asserted."""
 import pytest
 import torch
 
-from engines import EngineConfig, GenerationRequest, load_engine
-from engines.cuda.cache import BucketLayer, bucket, bucket_layers
-from engines.cuda.draft import DraftCache
-from engines.cuda.graphs import StepGraphs, why_eager
-from engines.cuda.loop import Sampler, speculative_decode
-from engines.sampling import SamplingParams
+from dflash_tui.engines import EngineConfig, GenerationRequest, load_engine
+from dflash_tui.engines.cuda.cache import BucketLayer, bucket, bucket_layers
+from dflash_tui.engines.cuda.draft import DraftCache
+from dflash_tui.engines.cuda.graphs import StepGraphs, why_eager
+from dflash_tui.engines.cuda.loop import Sampler, speculative_decode
+from dflash_tui.engines.sampling import SamplingParams
 from tests.oracles import run, transformers_greedy
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

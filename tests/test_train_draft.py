@@ -13,8 +13,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from engines import EngineConfig, GenerationRequest, load_engine
-from engines.cuda.training import Interrupted, TrainConfig, Trainer, default_gamma, given_response_ids, load_conversations
+from dflash_tui.engines import EngineConfig, GenerationRequest, load_engine
+from dflash_tui.engines.cuda.training import Interrupted, TrainConfig, Trainer, default_gamma, given_response_ids, load_conversations
 from tests import tiny
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -97,7 +97,7 @@ def test_batched_blocks_match_the_decoding_loop(counting, tmp_path):
     (context strictly before the anchor, bidirectional block), including a draft reading the last layer."""
     from transformers import DynamicCache
 
-    from engines.cuda.draft import DraftCache
+    from dflash_tui.engines.cuda.draft import DraftCache
 
     trainer = Trainer(config(counting, tmp_path / "d", target_layer_ids="1,3"))
     tok = trainer.tokenizer
@@ -164,7 +164,7 @@ def engines_available():
     try:
         import mlx_lm  # noqa: F401 - importable means the engine can run
 
-        import engines.mlx.engine  # noqa: F401 - importable means the engine can run
+        import dflash_tui.engines.mlx.engine  # noqa: F401 - importable means the engine can run
         names.append("mlx")
     except ImportError:
         pass

@@ -15,7 +15,7 @@ from tests import waiting
 pytest.importorskip("textual")
 pytest.importorskip("torch")
 
-from engines.events import StepEvent  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.events import StepEvent  # noqa: E402 - after the importorskip above
 from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
 from tests.tui_helpers import SIZE, make_app, ready, send, session_lines, wcag  # noqa: E402 - after the importorskip above
 
@@ -389,7 +389,7 @@ def _one_answer_session(engine):
     """A session with one answered turn and fixed figures: the chat after an answer, without timings
     that differ per run. The ids are the tiny tokenizer's; the steps give the answer its colours."""
     from dflash_tui.core import sessions
-    from engines import GenerationRequest
+    from dflash_tui.engines import GenerationRequest
 
     question, answer = "What is 48 + 75?", "48 + 75 = 123: 8 + 5 is 13, carry the 1; 4 + 7 + 1 is 12."
     prompt_ids = engine.prepare(GenerationRequest(messages=[{"role": "user", "content": question}], thinking=False))
@@ -473,7 +473,7 @@ def test_snapshot_sessions_browser(snap_compare, profile, engine, data_dir):
 
 
 def test_engine_process_streams_the_same_tokens(process_engine, engine):
-    from engines import EngineLike, GenerationRequest
+    from dflash_tui.engines import EngineLike, GenerationRequest
 
     assert isinstance(process_engine, EngineLike)
 
@@ -493,7 +493,7 @@ def test_engine_process_streams_the_same_tokens(process_engine, engine):
 
 
 def test_engine_process_cancels_within_a_step_and_reports_user_errors(process_engine):
-    from engines import GenerationRequest, UserError
+    from dflash_tui.engines import GenerationRequest, UserError
 
     request = GenerationRequest(messages=[{"role": "user", "content": "go"}], max_new_tokens=400, temperature=0.0,
                                 block_size=1)
@@ -517,8 +517,8 @@ def test_engine_process_cancels_within_a_step_and_reports_user_errors(process_en
 
 
 def test_engine_process_load_error_is_the_same_user_error(tmp_path, pair):
-    from engines import CheckpointError, EngineConfig
-    from engines.process import ProcessEngine
+    from dflash_tui.engines import CheckpointError, EngineConfig
+    from dflash_tui.engines.process import ProcessEngine
 
     with pytest.raises(CheckpointError, match="nothing-here"):
         ProcessEngine(EngineConfig(target=str(tmp_path / "nothing-here"), draft=str(pair[1]), engine="cuda"))

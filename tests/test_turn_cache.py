@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines import GenerationRequest
+from dflash_tui.engines import GenerationRequest
 from tests.oracles import ENGINES, engine_for
 
 QUESTIONS = ["What is 48 + 75?", "And 12 * 3?", "Hello world, again", "Sort 5 3 9 1", "0123456789 = ?"]
@@ -195,7 +195,7 @@ def test_raw_prompt_ids_extend_the_kept_ids(engines_for):
 def test_graph_path_static_functions_with_reuse(engines_for):
     """The graph path (its static functions, uncaptured, on the CPU) with kept caches: a capture for a
     new block size starts over; otherwise the kept caches are reused, and the ids never change."""
-    from engines.cuda.graphs import StepGraphs
+    from dflash_tui.engines.cuda.graphs import StepGraphs
 
     engine = engines_for("cuda", "llama")
     engine.graphs = StepGraphs(engine.target, engine.draft, capture=False)
@@ -209,8 +209,8 @@ def test_graph_path_static_functions_with_reuse(engines_for):
 
 
 def test_process_engine_new_context(pairs):
-    from engines import EngineConfig
-    from engines.process import ProcessEngine
+    from dflash_tui.engines import EngineConfig
+    from dflash_tui.engines.process import ProcessEngine
 
     target, draft = pairs("qwen3")
     engine = ProcessEngine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",

@@ -129,8 +129,8 @@ def make_draft(out: Path, target: Path, layer_ids: list[int], block_size: int = 
                seed: int = 1, **overrides) -> Path:
     import torch
 
-    from engines.checkpoints import draft_config
-    from engines.cuda.draft import DFlashDraft, save_draft
+    from dflash_tui.engines.checkpoints import draft_config
+    from dflash_tui.engines.cuda.draft import DFlashDraft, save_draft
 
     target_config = json.loads((Path(target) / "config.json").read_text())
     added = json.loads((Path(target) / "tokenizer.json").read_text())["added_tokens"]

@@ -13,8 +13,8 @@ from dflash_tui.cli.generate import generate
 from dflash_tui.cli.measure import bench, replay, tune
 from dflash_tui.cli.profile import profile
 from dflash_tui.cli.train import train_draft
+from dflash_tui.engines.errors import UserError
 from dflash_tui.serve.cli import serve, serve_command
-from engines.errors import UserError
 
 
 def _quiet_broken_pipe() -> None:

@@ -14,7 +14,7 @@ from dflash_tui.cli import complete
 from dflash_tui.cli.downloads import ensure_local
 from dflash_tui.core import sessions as store
 from dflash_tui.core.terminal import printable
-from engines.errors import UserError
+from dflash_tui.engines.errors import UserError
 
 
 def profile_from_session(session: store.Session) -> Optional[str]:

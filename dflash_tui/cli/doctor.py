@@ -12,9 +12,9 @@ from typing import Optional
 import click
 
 from dflash_tui.cli import complete
-from engines import available_memory, describe_auto, hub
-from engines.checkpoints import stored_bytes
-from engines.errors import UserError
+from dflash_tui.engines import available_memory, describe_auto, hub
+from dflash_tui.engines.checkpoints import stored_bytes
+from dflash_tui.engines.errors import UserError
 
 PACKAGES = ("torch", "transformers", "mlx", "mlx-lm", "huggingface-hub", "textual")
 

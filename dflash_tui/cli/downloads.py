@@ -9,9 +9,9 @@ import sys
 
 import click
 
-from engines import available_memory, hub
-from engines.config import EngineConfig
-from engines.errors import UserError
+from dflash_tui.engines import available_memory, hub
+from dflash_tui.engines.config import EngineConfig
+from dflash_tui.engines.errors import UserError
 
 
 def _size(n: int) -> str:

@@ -12,8 +12,8 @@ from dflash_tui.cli.downloads import ensure_local
 from dflash_tui.cli.style import ORIGIN_STYLE, color_enabled
 from dflash_tui.core.conversation import THINK_CLOSE, thinking_layout
 from dflash_tui.core.settings import generation_request, load_settings
+from dflash_tui.engines import load_engine
 from dflash_tui.measure.replay import format_bytes
-from engines import load_engine
 
 
 def engine_options(fn):

@@ -10,10 +10,10 @@ import click
 
 from dflash_tui.cli.generate import engine_options
 from dflash_tui.cli.style import color_enabled
+from dflash_tui.engines import UserError, load_engine
 from dflash_tui.measure import bench as bench_mod
 from dflash_tui.measure import replay as replay_mod
 from dflash_tui.measure.report import times
-from engines import UserError, load_engine
 
 
 class Progress:

@@ -10,8 +10,8 @@ import click
 
 from dflash_tui.cli.style import styled
 from dflash_tui.core import profiles
-from engines import hub
-from engines.errors import UserError
+from dflash_tui.engines import hub
+from dflash_tui.engines.errors import UserError
 
 
 @click.group()

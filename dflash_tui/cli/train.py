@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from engines.errors import UserError
+from dflash_tui.engines.errors import UserError
 
 
 def _progress_bar():
@@ -72,8 +72,8 @@ def train_draft(**options) -> None:
     A rerun with the same arguments resumes from OUT/train_state.pt (Ctrl-C saves it). The last line
     printed is the measured mean acceptance length (tau) on held-out prompts at the trained block size.
     """
-    from engines.cuda.training import Interrupted, TrainConfig
-    from engines.cuda.training import train_draft as run
+    from dflash_tui.engines.cuda.training import Interrupted, TrainConfig
+    from dflash_tui.engines.cuda.training import train_draft as run
 
     cfg = TrainConfig(**options)
     if cfg.val_prompts is not None and cfg.val_prompts < 0:

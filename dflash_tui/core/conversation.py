@@ -22,12 +22,12 @@ from typing import Callable, Iterator, Optional
 from dflash_tui.core import sessions
 from dflash_tui.core.profiles import Profile
 from dflash_tui.core.terminal import printable  # noqa: F401 - re-exported for older imports
-from engines.checkpoints import check_block_size
-from engines.config import GenerationRequest, Sampling
-from engines.engine import EngineLike
-from engines.errors import UserError
-from engines.events import StepEvent, Summary
-from engines.probe import Block1Probe
+from dflash_tui.engines.checkpoints import check_block_size
+from dflash_tui.engines.config import GenerationRequest, Sampling
+from dflash_tui.engines.engine import EngineLike
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.events import StepEvent, Summary
+from dflash_tui.engines.probe import Block1Probe
 
 BLOCK_CHOICES = (1, 2, 4, 8, 16)
 FULL_CONTEXT_KEEP = 0.75  # a full context drops its oldest turns down to this share at once (issue 14)

@@ -23,10 +23,10 @@ from typing import Any, Callable, Optional
 import platformdirs
 import tomlkit
 
+from dflash_tui.engines import choose_engine
+from dflash_tui.engines.config import DTYPES, ENGINES, MAX_BLOCK_SIZE, EngineConfig, Sampling
+from dflash_tui.engines.errors import UserError
 from dflash_tui.measure.prompts import NAMES as PROMPT_SETS
-from engines import choose_engine
-from engines.config import DTYPES, ENGINES, MAX_BLOCK_SIZE, EngineConfig, Sampling
-from engines.errors import UserError
 
 if sys.version_info >= (3, 11):
     import tomllib

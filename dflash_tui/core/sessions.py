@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Optional
 
-from engines.errors import UserError
+from dflash_tui.engines.errors import UserError
 
 FORMAT_VERSION = 1
 SUFFIX = ".jsonl"

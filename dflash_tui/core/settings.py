@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Optional, Union
 
 from dflash_tui.core.profiles import DEFAULT_PROFILE, Profile, load_profile
-from engines import EngineConfig, GenerationRequest, choose_engine
+from dflash_tui.engines import EngineConfig, GenerationRequest, choose_engine
 
 
 def load_settings(profile: Optional[str], engine: Optional[str] = None, target: Optional[str] = None,

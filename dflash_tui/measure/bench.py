@@ -54,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from dflash_tui.engines.config import GenerationRequest
+from dflash_tui.engines.errors import UserError
 from dflash_tui.measure import prompts
 from dflash_tui.measure.replay import DEFAULT_BLOCK_SIZES, DEFAULT_REPEATS, parse_block_sizes
 from dflash_tui.measure.report import histogram_line, histogram_text, mark, millis, repeats_note, spread_cell, table, times
@@ -72,8 +74,6 @@ from dflash_tui.measure.runs import (
     run,
     same_ids,
 )
-from engines.config import GenerationRequest
-from engines.errors import UserError
 
 SCHEMA = "dflash-bench/2"
 SCHEMAS = ("dflash-bench/1", SCHEMA)  # what loads: /1 rows lack repeats (one pass each)

@@ -57,6 +57,8 @@ from pathlib import Path
 from typing import Optional
 
 from dflash_tui.core import sessions
+from dflash_tui.engines.config import MAX_BLOCK_SIZE, SAMPLING_FIELDS, EngineConfig, GenerationRequest
+from dflash_tui.engines.errors import UserError
 from dflash_tui.measure.report import CHECK, CROSS, format_bytes, histogram_text, millis, repeats_note, spread_cell, table, times
 from dflash_tui.measure.report import chart as report_chart
 from dflash_tui.measure.runs import (
@@ -71,8 +73,6 @@ from dflash_tui.measure.runs import (
     load_json,
     run,
 )
-from engines.config import MAX_BLOCK_SIZE, SAMPLING_FIELDS, EngineConfig, GenerationRequest
-from engines.errors import UserError
 
 SCHEMA = "dflash-replay/2"
 SCHEMAS = ("dflash-replay/1", SCHEMA)  # what loads: /1 rows lack repeats (one pass each)
@@ -158,7 +158,7 @@ def engine_config_for(session: sessions.Session, engine: Optional[str] = None, d
     """What to load for a replay: on the recorded engine, the recorded target and draft (exactly); on
     another engine, the session's profile resolved for that engine (its [engines.<name>] overrides may
     name another target, e.g. a quantized MLX build)."""
-    from engines import choose_engine
+    from dflash_tui.engines import choose_engine
 
     header = session.header
     snapshot = header.get("profile") or {}
@@ -270,7 +270,7 @@ def aggregate(block_size: int, turns: list[RecordedTurn], passes: list[list[Run]
 
 def effective_temperature(engine, turns: list[RecordedTurn], temperature: Optional[float]) -> float:
     """The temperature the replay samples at (a request's None takes the generation_config's)."""
-    from engines.sampling import resolve_sampling
+    from dflash_tui.engines.sampling import resolve_sampling
 
     values = {resolve_sampling(t.request(1, temperature), engine.generation_config).temperature for t in turns}
     return max(values)

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, ClassVar, Optional
 
-from engines.config import GenerationRequest
-from engines.errors import UserError
-from engines.events import acceptance_histogram
+from dflash_tui.engines.config import GenerationRequest
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.events import acceptance_histogram
 
 ProgressFn = Callable[[int, int, str], None]  # (done, total, what is running now)
 

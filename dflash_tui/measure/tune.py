@@ -26,11 +26,11 @@ from typing import Optional
 
 import tomlkit
 
+from dflash_tui.engines.errors import UserError
 from dflash_tui.measure.bench import run_block
 from dflash_tui.measure.replay import DEFAULT_REPEATS
 from dflash_tui.measure.report import histogram_text, repeats_note, spread_cell, table
 from dflash_tui.measure.runs import Counter, ProgressFn, Totals, check_repeats, spread
-from engines.errors import UserError
 
 MIN_REPEATS = 3  # fewer passes cannot tell a real difference from the machine's noise
 NONE_WORDS = ("none", "off", "no", "0")

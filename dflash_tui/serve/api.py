@@ -8,8 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from engines.errors import UserError
-from engines.remote.wire import EXTENSION
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.remote.wire import EXTENSION
 
 
 class ApiError(Exception):

@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from engines.config import GenerationRequest
-from engines.remote.sse import encode_event
-from engines.remote.thinking import ThinkingSplitter, prompt_opens_thinking
-from engines.remote.wire import EXTENSION, step_to_wire
+from dflash_tui.engines.config import GenerationRequest
+from dflash_tui.engines.remote.sse import encode_event
+from dflash_tui.engines.remote.thinking import ThinkingSplitter, prompt_opens_thinking
+from dflash_tui.engines.remote.wire import EXTENSION, step_to_wire
 
 from .api import ApiError, Params, check_request, new_id, now, parse, usage
 from .metrics import Metrics

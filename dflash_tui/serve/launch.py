@@ -11,7 +11,7 @@ import json
 import shlex
 from typing import Optional
 
-from engines.errors import UserError
+from dflash_tui.engines.errors import UserError
 
 DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000}
 
@@ -19,7 +19,7 @@ DEFAULT_PORTS = {"vllm": 8000, "sglang": 30000}
 def trained_block_size(draft: str) -> Optional[int]:
     """The draft's block size from its config.json, when it can be read without the network."""
     try:
-        from engines.checkpoints import DraftInfo
+        from dflash_tui.engines.checkpoints import DraftInfo
 
         return DraftInfo.read(draft).block_size
     except Exception:  # noqa: BLE001 - not cached, or not a draft: the caller says what it assumed

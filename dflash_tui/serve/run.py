@@ -8,7 +8,7 @@ import socket
 import sys
 from typing import Optional
 
-from engines.errors import UserError
+from dflash_tui.engines.errors import UserError
 
 from .app import ServeState, build_app
 from .metrics import Metrics
@@ -68,11 +68,11 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
     import uvicorn
 
     if in_process:
-        from engines import load_engine
+        from dflash_tui.engines import load_engine
 
         engine = load_engine(config)
     else:
-        from engines.process import ProcessEngine
+        from dflash_tui.engines.process import ProcessEngine
 
         engine = ProcessEngine(config)
     metrics = Metrics(names[0], engine.block_size or 1)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from engines.config import GenerationRequest
+from dflash_tui.engines.config import GenerationRequest
 
 _ids = itertools.count(1)
 

@@ -23,12 +23,12 @@ from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ChatFlags, Conversation, open_conversation
 from dflash_tui.core.profiles import list_profiles
 from dflash_tui.core.settings import profile_for
+from dflash_tui.engines.engine import free_memory
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.process import quiet_loaders
 from dflash_tui.tui.preferences import load_preferences, save_preferences
 from dflash_tui.tui.screens import ChatScreen, HelpScreen, LoadErrorScreen, SystemPromptScreen
 from dflash_tui.tui.widgets.header import temperature_text
-from engines.engine import free_memory
-from engines.errors import UserError
-from engines.process import quiet_loaders
 
 ENGINE_CHOICES = ("auto", "cuda", "mlx")
 TEMPERATURE_CHOICES = (0.0, 0.3, 0.6, 1.0)
@@ -149,8 +149,8 @@ class DflashApp(App):
     @work(thread=True, exclusive=True, group="load")
     def _load_worker(self, config) -> None:
         quiet_loaders()
-        from engines import load_engine
-        from engines.process import ProcessEngine
+        from dflash_tui.engines import load_engine
+        from dflash_tui.engines.process import ProcessEngine
 
         started = time.perf_counter()
         try:

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from ..baseline import BaselineRun, Margin, cut_at_stop
+from dflash_tui.engines.baseline import BaselineRun, Margin, cut_at_stop
 
 NAME = "transformers generate"
 

@@ -152,7 +152,7 @@ class CachePool:
         return cache
 
     def draft_cache(self, window: Optional[int], tokens: int, keep: int = 0):
-        from .draft import DraftCache
+        from dflash_tui.engines.cuda.draft import DraftCache
 
         if self._draft_cache is None:
             self._draft_cache = DraftCache(self.draft, window, bucket(tokens))
@@ -227,7 +227,7 @@ class TurnCache:
         """Bring the kept target cache back to the longest prefix of `prompt_ids` it can restore exactly
         (at least one prompt token is left to prefill; never past `draft_length` when the draft is fed);
         returns that length, 0 when nothing is reusable."""
-        from ..engine import common_prefix
+        from dflash_tui.engines.engine import common_prefix
 
         if not self.holds():
             return 0

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checkpoints import DraftInfo
-from ..errors import CheckpointError
+from dflash_tui.engines.checkpoints import DraftInfo
+from dflash_tui.engines.errors import CheckpointError
 
 
 class RMSNorm(nn.Module):
@@ -223,7 +223,7 @@ class DraftCache:
     committed length as scratch, so the buffers also hold one block beyond the context."""
 
     def __init__(self, draft: DFlashDraft, window: Optional[int], capacity: Optional[int] = None):
-        from .cache import BUCKET
+        from dflash_tui.engines.cuda.cache import BUCKET
 
         self.draft = draft
         self.capacity = capacity or BUCKET
@@ -240,7 +240,7 @@ class DraftCache:
 
     def reserve(self, tokens: int, like: Optional[torch.Tensor] = None) -> None:
         """Room for `tokens` positions; allocates (zeroed) on first use, grows only past the bucket."""
-        from .cache import bucket
+        from dflash_tui.engines.cuda.cache import bucket
 
         if like is None and self.k_bufs[0] is None:
             self.capacity = max(self.capacity, bucket(tokens))

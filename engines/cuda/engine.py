@@ -7,17 +7,17 @@ from typing import Iterator
 
 import torch
 
-from ..config import EngineConfig
-from ..engine import Engine, RawStep
-from ..errors import UserError
-from ..sampling import SamplingParams
-from .cache import BUCKET, CachePool, TurnCache
-from .draft import DFlashDraft
-from .graphs import StepGraphs, why_eager
-from .loop import Sampler, speculative_decode
-from .memory import check_fits
-from .probe import block1_step
-from .target import Target, check_family
+from dflash_tui.engines.config import EngineConfig
+from dflash_tui.engines.cuda.cache import BUCKET, CachePool, TurnCache
+from dflash_tui.engines.cuda.draft import DFlashDraft
+from dflash_tui.engines.cuda.graphs import StepGraphs, why_eager
+from dflash_tui.engines.cuda.loop import Sampler, speculative_decode
+from dflash_tui.engines.cuda.memory import check_fits
+from dflash_tui.engines.cuda.probe import block1_step
+from dflash_tui.engines.cuda.target import Target, check_family
+from dflash_tui.engines.engine import Engine, RawStep
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.sampling import SamplingParams
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

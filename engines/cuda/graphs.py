@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from .cache import bucket_layers
+from dflash_tui.engines.cuda.cache import bucket_layers
 
 
 def why_eager(target, device: torch.device) -> Optional[str]:

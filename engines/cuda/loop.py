@@ -14,12 +14,12 @@ from typing import Iterator, Optional
 
 import torch
 
-from ..engine import RawStep
-from ..sampling import SamplingParams
-from .cache import CachePool, TurnCache, bucket_layers, reserve
-from .draft import DFlashDraft, DraftCache
-from .graphs import StepGraphs
-from .target import Target
+from dflash_tui.engines.cuda.cache import CachePool, TurnCache, bucket_layers, reserve
+from dflash_tui.engines.cuda.draft import DFlashDraft, DraftCache
+from dflash_tui.engines.cuda.graphs import StepGraphs
+from dflash_tui.engines.cuda.target import Target
+from dflash_tui.engines.engine import RawStep
+from dflash_tui.engines.sampling import SamplingParams
 
 
 class Sampler:

@@ -12,8 +12,8 @@ from typing import Optional
 
 import torch
 
-from ..checkpoints import safetensors_shapes
-from ..errors import UserError
+from dflash_tui.engines.checkpoints import safetensors_shapes
+from dflash_tui.engines.errors import UserError
 
 VISION_PREFIXES = ("visual.", "model.visual.", "vision_tower.", "model.vision_tower.")
 HEADROOM = 1.10  # activations, allocator slack
@@ -48,7 +48,7 @@ def cache_bytes(directory: Path, dtype: torch.dtype, positions: int = CACHE_POSI
     layers: its context K/V), from config.json."""
     import json
 
-    from ..checkpoints import text_config
+    from dflash_tui.engines.checkpoints import text_config
 
     config = text_config(json.loads((Path(directory) / "config.json").read_text()))
     types = config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
@@ -63,8 +63,8 @@ def linear_state_bytes(directory: Path, dtype: torch.dtype) -> int:
     live state, a verify's saved copy and the snapshots a chat keeps between turns; 0 without such layers."""
     import json
 
-    from ..checkpoints import text_config
-    from .cache import MAX_SNAPSHOTS
+    from dflash_tui.engines.checkpoints import text_config
+    from dflash_tui.engines.cuda.cache import MAX_SNAPSHOTS
 
     config = text_config(json.loads((Path(directory) / "config.json").read_text()))
     layers = sum(t == "linear_attention" for t in config.get("layer_types") or [])

@@ -9,10 +9,10 @@ from typing import Optional
 
 import torch
 
-from ..probe import Block1Step
-from .cache import TurnCache, bucket_layers, linear_states, restore_states
-from .graphs import StepGraphs
-from .target import Target
+from dflash_tui.engines.cuda.cache import TurnCache, bucket_layers, linear_states, restore_states
+from dflash_tui.engines.cuda.graphs import StepGraphs
+from dflash_tui.engines.cuda.target import Target
+from dflash_tui.engines.probe import Block1Step
 
 
 def block1_step(target: Target, turn: TurnCache, graphs: Optional[StepGraphs]) -> Optional[Block1Step]:

@@ -6,7 +6,7 @@ import time
 
 import mlx.core as mx
 
-from ..baseline import BaselineRun, Margin, cut_at_stop
+from dflash_tui.engines.baseline import BaselineRun, Margin, cut_at_stop
 
 NAME = "mlx-lm generate_step"
 

@@ -16,8 +16,8 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..checkpoints import DraftInfo, attention_window, layer_windows
-from ..errors import CheckpointError
+from dflash_tui.engines.checkpoints import DraftInfo, attention_window, layer_windows
+from dflash_tui.engines.errors import CheckpointError
 
 
 def rope_settings(cfg: dict) -> tuple[float, Optional[dict]]:

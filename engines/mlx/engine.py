@@ -12,14 +12,14 @@ from typing import Iterator
 import mlx.core as mx
 import mlx_lm  # noqa: F401  (an ImportError here, not later, when mlx-lm is missing)
 
-from ..config import EngineConfig
-from ..engine import Engine, RawStep
-from ..errors import UserError
-from ..sampling import SamplingParams
-from .draft import DFlashDraft
-from .loop import Sampler, TurnCache, speculative_decode
-from .probe import block1_step
-from .target import DTYPES, Target, check_target, dtype_name
+from dflash_tui.engines.config import EngineConfig
+from dflash_tui.engines.engine import Engine, RawStep
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.mlx.draft import DFlashDraft
+from dflash_tui.engines.mlx.loop import Sampler, TurnCache, speculative_decode
+from dflash_tui.engines.mlx.probe import block1_step
+from dflash_tui.engines.mlx.target import DTYPES, Target, check_target, dtype_name
+from dflash_tui.engines.sampling import SamplingParams
 
 
 def pick_device(name: str) -> mx.Device:

@@ -22,10 +22,10 @@ from typing import Iterator, Optional
 
 import mlx.core as mx
 
-from ..engine import RawStep
-from ..sampling import SamplingParams
-from .draft import DFlashDraft, DraftCache
-from .target import Target
+from dflash_tui.engines.engine import RawStep
+from dflash_tui.engines.mlx.draft import DFlashDraft, DraftCache
+from dflash_tui.engines.mlx.target import Target
+from dflash_tui.engines.sampling import SamplingParams
 
 PREFILL_STEP = 2048  # prompt tokens per prefill chunk, as mlx-lm's generate_step
 CLEAR_EVERY = 64  # steps between mx.clear_cache() calls
@@ -97,7 +97,7 @@ class TurnCache:
     def resume(self, prompt_ids: list[int], rollback, use_draft: bool) -> int:
         """Crop / restore the kept caches to the longest prefix of `prompt_ids` they can hold exactly (at
         least one prompt token left to prefill); 0 when nothing is reusable."""
-        from ..engine import common_prefix
+        from dflash_tui.engines.engine import common_prefix
 
         if not self.holds(rollback):
             return 0

@@ -9,9 +9,9 @@ from typing import Optional
 
 import mlx.core as mx
 
-from ..probe import Block1Step
-from .loop import TurnCache
-from .target import Target
+from dflash_tui.engines.mlx.loop import TurnCache
+from dflash_tui.engines.mlx.target import Target
+from dflash_tui.engines.probe import Block1Step
 
 
 def block1_step(target: Target, turn: TurnCache) -> Optional[Block1Step]:

@@ -17,8 +17,8 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..checkpoints import TargetInfo
-from ..errors import CheckpointError, UserError, describe
+from dflash_tui.engines.checkpoints import TargetInfo
+from dflash_tui.engines.errors import CheckpointError, UserError, describe
 
 NORM_NAMES = ("norm", "final_layernorm", "ln_f", "norm_f", "final_norm")
 EMBED_NAMES = ("embed_tokens", "wte", "tok_embeddings", "word_embeddings")

@@ -3,7 +3,7 @@
 `dflash serve` (dflash_tui.serve) is the server side; `engines.remote.wire` is the extension both share.
 """
 
-from .client import Client, RemoteError
-from .engine import RemoteConfig, RemoteEngine
+from dflash_tui.engines.remote.client import Client, RemoteError
+from dflash_tui.engines.remote.engine import RemoteConfig, RemoteEngine
 
 __all__ = ["Client", "RemoteConfig", "RemoteEngine", "RemoteError"]

@@ -11,8 +11,8 @@ import json
 from typing import Iterator, Optional
 from urllib.parse import urlsplit
 
-from ..errors import UserError
-from .sse import iter_sse_json
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.remote.sse import iter_sse_json
 
 SMALL_TIMEOUT_S = 30.0
 

@@ -24,12 +24,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator, Optional
 
-from ..config import EngineConfig, GenerationRequest
-from ..errors import UserError
-from ..events import StepEvent, Summary, acceptance_histogram
-from .client import Client, RemoteError, parse_prometheus
-from .thinking import ThinkingJoiner
-from .wire import EXTENSION, step_from_wire, summary_from_wire
+from dflash_tui.engines.config import EngineConfig, GenerationRequest
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.events import StepEvent, Summary, acceptance_histogram
+from dflash_tui.engines.remote.client import Client, RemoteError, parse_prometheus
+from dflash_tui.engines.remote.thinking import ThinkingJoiner
+from dflash_tui.engines.remote.wire import EXTENSION, step_from_wire, summary_from_wire
 
 KINDS = {"dflash": "dflash", "vllm": "vllm", "sglang": "sglang", "llamacpp": "llama.cpp", "llama.cpp": "llama.cpp"}
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
@@ -71,7 +71,7 @@ def server_kind(card: dict) -> str:
 
 def local_tokenizer(names: list[str]):
     """The target's tokenizer from a local directory or the local HF cache (never the network), or None."""
-    from ..prompting import load_tokenizer
+    from dflash_tui.engines.prompting import load_tokenizer
 
     for name in dict.fromkeys(n for n in names if n):
         path = Path(name).expanduser()
@@ -207,7 +207,7 @@ class RemoteEngine:
         for route in routes:
             try:
                 if route == "local" and self.tokenizer is not None:
-                    from ..prompting import prompt_ids
+                    from dflash_tui.engines.prompting import prompt_ids
 
                     ids = prompt_ids(self.tokenizer, request)
                 elif route == "server" and self.kind in ("dflash", "vllm", "sglang", "openai-compatible"):
@@ -246,7 +246,7 @@ class RemoteEngine:
 
     def top2_margin(self, ids: list[int]):
         try:
-            from ..baseline import Margin
+            from dflash_tui.engines.baseline import Margin
         except ImportError:
             return None
         return Margin()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..events import StepEvent, Summary
+from dflash_tui.engines.events import StepEvent, Summary
 
 EXTENSION = "dflash"
 

@@ -20,7 +20,7 @@ from . import corpus
 
 
 def load(target: Path, draft: Path | None = None, engine: str = "cuda"):
-    import engines
+    from dflash_tui import engines
 
     return engines.load_engine(engines.EngineConfig(target=str(target), draft=str(draft) if draft else None,
                                                     engine=engine, dtype="float32"))
@@ -28,7 +28,7 @@ def load(target: Path, draft: Path | None = None, engine: str = "cuda"):
 
 def run(engine, record: dict, thinking: bool | None = None, block_size: int | None = None,
         max_new_tokens: int = 256):
-    import engines
+    from dflash_tui import engines
 
     messages = record["messages"][:-1]
     request = engines.GenerationRequest(messages=messages, temperature=0.0, max_new_tokens=max_new_tokens,

@@ -151,7 +151,7 @@ def training_loss(model, compile_: bool):
     SDPA's CPU flash kernel. Compiling takes one to two minutes per phase (a few sizes each)."""
     import torch
 
-    from engines.cuda.training import bf16_autocast_pays
+    from dflash_tui.engines.cuda.training import bf16_autocast_pays
 
     autocast = bf16_autocast_pays(torch.device("cpu"))
 

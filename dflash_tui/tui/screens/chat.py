@@ -33,14 +33,14 @@ from textual.widgets import Footer, LoadingIndicator, Static
 
 from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ActiveTurn, Conversation, resume
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.events import Summary
 from dflash_tui.tui.screens.replay import ReplayScreen
 from dflash_tui.tui.screens.sessions import SessionsScreen
 from dflash_tui.tui.widgets import AnswerView, ChatHeader, NoticeLine, PromptInput, StatsLine, StatsPanel, UserMessage
 from dflash_tui.tui.widgets.answer import Welcome, recorded_segments
 from dflash_tui.tui.widgets.header import temperature_text
 from dflash_tui.tui.widgets.stats import StatsData
-from engines.errors import UserError
-from engines.events import Summary
 
 if TYPE_CHECKING:
     from dflash_tui.tui.app import DflashApp

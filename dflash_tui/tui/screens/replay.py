@@ -149,7 +149,7 @@ class ReplayScreen(ModalScreen):
     def _run(self, app, ident: str, blocks: str, repeats: str) -> None:
         """The replay itself. `app` is taken on the event loop: once the screen is dismissed it has no parent,
         and `self.app` in this thread would raise instead of reporting that the run stopped."""
-        from engines import UserError, load_engine
+        from dflash_tui.engines import UserError, load_engine
 
         def progress(done: int, total: int, label: str) -> None:
             app.call_from_thread(self._progress, done, total, label)

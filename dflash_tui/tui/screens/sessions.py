@@ -11,7 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Static
 
 from dflash_tui.core import sessions
-from engines.errors import UserError
+from dflash_tui.engines.errors import UserError
 
 
 class ConfirmDeleteScreen(ModalScreen[bool]):

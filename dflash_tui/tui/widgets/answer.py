@@ -23,7 +23,7 @@ from textual.widgets import Button, Collapsible, Markdown, Static
 
 from dflash_tui.core.conversation import THINK_CLOSE, thinking_layout
 from dflash_tui.core.terminal import printable
-from engines.detokenize import StreamingDetokenizer
+from dflash_tui.engines.detokenize import StreamingDetokenizer
 
 LAYOUT_EVERY_S = 0.3  # while streaming, a new row shows within this; text in existing rows every frame
 MIN_CONTRAST = 3.0  # WCAG's minimum for large or bold text; token colours must reach it on every theme

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from ...errors import UserError
-from ...prompting import chat_ids
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.prompting import chat_ids
 
 
 @dataclass

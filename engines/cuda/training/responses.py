@@ -15,11 +15,11 @@ from typing import Callable, Optional
 
 import torch
 
-from ...errors import UserError
-from ...prompting import chat_ids
-from ...sampling import SamplingParams
-from ..loop import Sampler, speculative_decode
-from .data import Conversation, Sample, fit, given_response_ids
+from dflash_tui.engines.cuda.loop import Sampler, speculative_decode
+from dflash_tui.engines.cuda.training.data import Conversation, Sample, fit, given_response_ids
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.prompting import chat_ids
+from dflash_tui.engines.sampling import SamplingParams
 
 RESPONSES_FILE = "responses.jsonl"
 

@@ -15,19 +15,19 @@ from typing import Callable, Optional
 
 import torch
 
-from ...checkpoints import DraftInfo, TargetInfo, default_target_layer_ids, draft_config
-from ...config import MAX_BLOCK_SIZE
-from ...errors import UserError
-from ...outputs import CARD, MARKER, check_output_dir, draft_card, mask_spelling, publish
-from ...prompting import load_tokenizer
-from ...sampling import SamplingParams
-from ..draft import DFlashDraft, save_draft
-from ..engine import pick_device
-from ..loop import Sampler, speculative_decode
-from ..target import Target
-from . import data
-from .objective import BlockObjective, bf16_autocast_pays, default_gamma
-from .responses import Responses
+from dflash_tui.engines.checkpoints import DraftInfo, TargetInfo, default_target_layer_ids, draft_config
+from dflash_tui.engines.config import MAX_BLOCK_SIZE
+from dflash_tui.engines.cuda.draft import DFlashDraft, save_draft
+from dflash_tui.engines.cuda.engine import pick_device
+from dflash_tui.engines.cuda.loop import Sampler, speculative_decode
+from dflash_tui.engines.cuda.target import Target
+from dflash_tui.engines.cuda.training import data
+from dflash_tui.engines.cuda.training.objective import BlockObjective, bf16_autocast_pays, default_gamma
+from dflash_tui.engines.cuda.training.responses import Responses
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.outputs import CARD, MARKER, check_output_dir, draft_card, mask_spelling, publish
+from dflash_tui.engines.prompting import load_tokenizer
+from dflash_tui.engines.sampling import SamplingParams
 
 STATE_FILE = "train_state.pt"
 SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
