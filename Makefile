@@ -37,8 +37,11 @@ chat: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# One test worker per core (pytest-xdist; tests/conftest.py gives each one torch thread); TEST_WORKERS=0
+# runs in this process.
+TEST_WORKERS ?= auto
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine_speed.py

@@ -4,6 +4,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One torch (OpenMP) thread per test process, and per process a test starts: the suite runs one worker per
+# core (pytest-xdist), and two threads per worker on shared cores ran up to 10x slower here.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from tests import tiny  # noqa: E402 - after the importorskip above
 
