@@ -199,19 +199,19 @@ def test_tune_sweeps_3_runs_and_writes_only_past_the_spread(profile_file, tmp_pa
     assert all(row[3] == "3" for row in rows) and "(current)" in lines[lines.index(header) + 4]
     copy = tmp_path / "config" / "profiles" / "tiny.toml"
     if "more than the spread" in result.stdout:  # a size beat block 16 by more than its runs' spread
-        text = copy.read_text()
+        text = profile_file.read_text()
         best = tomlkit.parse(text)["dflash"]["block_size"]
-        assert f"[dflash] block_size: 16 -> {best}" in result.stdout and f"wrote {copy}" in result.stdout
+        assert f"[dflash] block_size: 16 -> {best}" in result.stdout and f"wrote {profile_file}" in result.stdout
         assert "# the trained block size" not in text  # it spoke of 16
         assert "  # dflash tune on demo: " in text and "best of 3, vs " in text
         for comment in ("# A tiny test profile: comments must survive tune.", "# short: these are tests",
                         "# beside this file"):
             assert comment in text
-        assert load_profile("tiny").origin == "user" and load_profile("tiny").block_size == best
+        assert load_profile(str(profile_file)).block_size == best
     else:  # within the spread, or block 16 itself was the fastest: nothing written
         assert "Kept the current setting" in result.stdout or "is the fastest; nothing to write" in result.stdout
-        assert not copy.exists() and "wrote" not in result.stdout
-    assert (tmp_path / "tiny.toml").read_text() == PROFILE  # the original file is untouched
+        assert "wrote" not in result.stdout and profile_file.read_text() == PROFILE
+    assert not copy.exists()  # the profile given by path is the one written, never a copy beside it
 
 
 def test_a_sweep_counts_its_runs_and_measures_the_current_size(pairs):
@@ -265,17 +265,42 @@ def test_comment_says_what_tune_measured():
 def test_write_best_edits_in_place_and_replaces_stale_comments(profile_file, tmp_path):
     profile = load_profile(str(profile_file))
     path, changes = tune.write_best(profile, {"block_size": 8, "draft_window": None}, comment="measured: 8 wins")
-    assert changes[0].startswith("created ") and "[dflash] block_size: 16 -> 8" in changes
+    assert path == profile_file and changes == ["[dflash] block_size: 16 -> 8"]  # the file it was given
     text = path.read_text()
     assert "block_size = 8  # measured: 8 wins\n" in text and "# the trained block size" not in text
     assert "# short: these are tests" in text and "# bench and tune measure on this set by default" in text
-    user = load_profile("tiny")
-    assert user.origin == "user" and Path(user.engine_config("cuda").target) == tmp_path / "pair" / "target"  # made absolute
-    path2, changes2 = tune.write_best(user, {"block_size": 8})
+    assert 'target = "pair/target"  # beside this file' in text  # still beside it: left relative
+    assert not (tmp_path / "config" / "profiles").exists()
+    path2, changes2 = tune.write_best(load_profile(str(profile_file)), {"block_size": 8})
     assert path2 == path and changes2 == []
-    path3, changes3 = tune.write_best(user, {"block_size": 4, "draft_window": 1024}, tune_window=True)
+    path3, changes3 = tune.write_best(load_profile(str(profile_file)), {"block_size": 4, "draft_window": 1024},
+                                      tune_window=True)
     assert changes3 == ["[dflash] block_size: 8 -> 4", "[dflash] draft_window: (unset) -> 1024"]
     assert "block_size = 4\n" in path3.read_text()  # no comment given: the stale one is gone, not kept
+
+
+def test_write_best_copies_a_built_in_profile_once_with_absolute_paths(tmp_path):
+    from dflash_tui.core.profiles import builtin_profile_dir
+
+    builtin = load_profile("demo")
+    path, changes = tune.write_best(builtin, {"block_size": 4})
+    assert path == tmp_path / "config" / "profiles" / "demo.toml" and changes[0].startswith("created ")
+    user = load_profile("demo")
+    assert user.origin == "user" and user.block_size == 4
+    assert Path(user.engine_config("cuda").target) == builtin_profile_dir().resolve() / "demo" / "target"  # made absolute
+    with pytest.raises(UserError, match="already exists; tune that one instead"):  # the built-in named by its path
+        tune.write_best(load_profile(str(builtin.path)), {"block_size": 2})
+    assert load_profile("demo").block_size == 4
+
+
+def test_tune_never_writes_another_profile_that_shares_the_name(profile_file, config_dir):
+    mine = config_dir / "profiles" / "tiny.toml"  # a user profile with the same `name` as the file given
+    mine.parent.mkdir(parents=True)
+    kept = PROFILE.replace("block_size = 16  # the trained block size", "block_size = 1  # keep!")
+    mine.write_text(kept)
+    path, changes = tune.write_best(load_profile(str(profile_file)), {"block_size": 8})
+    assert path == profile_file and changes == ["[dflash] block_size: 16 -> 8"]
+    assert mine.read_text() == kept
 
 
 def test_write_best_without_a_change_creates_no_copy(profile_file, tmp_path):

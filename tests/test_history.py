@@ -306,3 +306,21 @@ def test_only_the_last_turn_can_be_taken_back_in_a_session_file(data_dir):
     writer.append_retraction(1)
     assert [t["user"] for t in sessions.load_session(writer.id).turns] == ["one"]
     writer.close()
+
+
+def test_resuming_reads_the_session_again_under_its_lock(engine, data_dir):
+    """A second chat that read the file before the first one appended continues what the file holds
+    once it has the lock, not what it read: no turn is lost or numbered twice."""
+    first = chat(engine, record=True)
+    ask(first, QUESTION)
+    session_id = first.session_id
+    stale = sessions.load_session(session_id)  # read while the first chat still writes
+    ask(first, "And 12 * 3?")
+    first.writer.close()
+    second = chat(engine, record=True)
+    second.restore(stale)
+    assert [t.user for t in second.turns] == [QUESTION, "And 12 * 3?"]
+    ask(second, "Hello")
+    second.writer.close()
+    turns = sessions.load_session(session_id).turns
+    assert [t["index"] for t in turns] == [0, 1, 2] and [t["user"] for t in turns][-1] == "Hello"

@@ -171,3 +171,17 @@ def test_continue_goes_on_with_a_cancelled_answer(profile, data_dir):
     repl.handle("/help")
     assert "/continue" in err.getvalue()
     conv.close()
+
+
+def test_a_chat_started_with_target_and_draft_resumes_with_or_without_them(pairs, data_dir):
+    target, draft = pairs("qwen3")
+    pair = ["--target", str(target), "--draft", str(draft), "--max-new-tokens", "8"]
+    first = run_plain(["--plain", *pair, "--no-thinking"], "remember this\n", data_dir)
+    assert first.returncode == 0, first.stderr.decode()
+    (session,) = sessions.list_sessions()
+    for args in (["--resume", session.id], ["--resume", session.id, *pair]):  # the same flags again, too
+        again = run_plain(["--plain", *args], "and this\n", data_dir)
+        assert again.returncode == 0, again.stderr.decode()
+    turns = sessions.load_session(session.id).turns
+    assert [t["user"] for t in turns] == ["remember this", "and this", "and this"]
+    assert [t["index"] for t in turns] == [0, 1, 2]

@@ -314,3 +314,60 @@ def test_a_damaged_file_is_skipped_in_the_list_and_show_names_the_field(data_dir
     assert listed.exit_code == 0 and "20260101-120000-good" in listed.stdout and "skipped:" in listed.stderr
     shown = CliRunner().invoke(main, ["sessions", "show", "20260101-130000-badd"])
     assert shown.exit_code == 2 and "line 2: user is 42" in shown.stderr
+
+
+# -- nothing the user wrote is lost (hardening round 2) ----------------------------------------------
+
+
+def test_a_last_line_without_its_newline_is_a_complete_turn_and_resuming_keeps_it(data_dir):
+    writer = write("20260101-120000-nlnl", turns=2)
+    with open(writer.path, "rb+") as f:  # an editor that strips the final newline
+        f.truncate(writer.path.stat().st_size - 1)
+    session = sessions.load_session(writer.id)
+    assert [t["user"] for t in session.turns] == ["q0", "q1"] and session.warnings == []
+    resumed = sessions.SessionWriter.resume(session)
+    assert resumed.append_turn({"index": 2, "status": "completed", "user": "q2", "answer": "a2", "settings": {}})
+    resumed.close()
+    again = sessions.load_session(writer.id)
+    assert [t["user"] for t in again.turns] == ["q0", "q1", "q2"] and again.warnings == []
+
+
+def test_deleting_a_session_whose_name_looks_like_a_pattern_leaves_other_sessions_files(data_dir):
+    from dflash_tui.cli import main
+
+    other = write("20261202-120000-abcd", turns=1)
+    replay = other.path.with_name(f"{other.id}.replay-20261202.json")
+    replay.write_text("{}")
+    odd = write("20261202-*", turns=1)
+    own = odd.path.with_name("20261202-*.replay-1.json")
+    own.write_text("{}")
+    deleted = CliRunner().invoke(main, ["sessions", "delete", "20261202-*", "--yes"])
+    assert deleted.exit_code == 0, deleted.output
+    assert not odd.path.exists() and not own.exists()
+    assert other.path.exists() and replay.exists()
+
+
+def test_export_onto_a_hard_link_of_a_session_is_refused_and_the_session_kept(data_dir, tmp_path):
+    from dflash_tui.cli import main
+
+    writer = write("20260101-120000-link", turns=2)
+    before = writer.path.read_bytes()
+    link = tmp_path / "notes.md"
+    os.link(writer.path, link)
+    result = CliRunner().invoke(main, ["sessions", "export", writer.id, "-o", str(link)])
+    assert result.exit_code == 2 and "is a session file" in result.output
+    assert writer.path.read_bytes() == before
+
+
+def test_an_export_replaces_its_file_and_never_truncates_what_the_name_pointed_at(data_dir, tmp_path):
+    writer = write("20260101-120000-repl", turns=1)
+    tmp_path = tmp_path / "exports"
+    tmp_path.mkdir()
+    kept = tmp_path / "kept.md"
+    kept.write_text("the user's notes\n")
+    other_name = tmp_path / "out.md"
+    os.link(kept, other_name)  # not a session: written, but through a new file
+    sessions.write_export(other_name, sessions.to_markdown(sessions.load_session(writer.id)))
+    assert kept.read_text() == "the user's notes\n"
+    assert other_name.read_text().startswith("# dflash session") and stat.S_IMODE(other_name.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.md", "out.md"]  # no temporary file left

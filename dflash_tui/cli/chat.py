@@ -6,22 +6,30 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import click
 
 from dflash_tui.cli import complete
 from dflash_tui.cli.downloads import ensure_local
 from dflash_tui.core import sessions as store
+from dflash_tui.core.profiles import Profile
+from dflash_tui.core.settings import with_pair
 from dflash_tui.core.terminal import printable
 from dflash_tui.engines.errors import UserError
 
 
-def profile_from_session(session: store.Session) -> Optional[str]:
+def profile_from_session(session: store.Session) -> Union[str, Profile, None]:
+    """The profile a recorded session ran with: its file, else its name. A chat started with
+    `--target/--draft` had no profile file: it resumes with that pair again (the paths the engine loaded)."""
     profile = session.header.get("profile") or {}
     path = profile.get("path")
     if path and os.path.isfile(str(path)):
         return str(path)
+    header = session.header
+    target = header.get("target_path") or header.get("target")
+    if path is None and target:
+        return with_pair(None, target, header.get("draft_path") or header.get("draft"))
     return profile.get("name") or None
 
 
@@ -52,9 +60,11 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
     if max_new_tokens is not None and max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {max_new_tokens} must be a positive number of tokens.")
     session = store.load_session(resume_id) if resume_id else None
-    if session is not None and profile is None:
-        profile = profile_from_session(session)
-    from dflash_tui.core.settings import profile_for, with_pair, with_remote
+    if session is not None:
+        store.refuse_if_open(session, "resuming")  # before any weight loads; the chat takes the lock itself
+        if profile is None:
+            profile = profile_from_session(session)
+    from dflash_tui.core.settings import profile_for, with_remote
 
     if target or draft:
         profile = with_pair(profile, target, draft)

@@ -506,7 +506,18 @@ class Conversation:
             clear()
 
     def restore(self, session: sessions.Session) -> None:
-        """Continue a recorded session: its history, its last settings, appending to its file."""
+        """Continue a recorded session: its history, its last settings, appending to its file.
+
+        The session's lock is taken first and the file read again under it: a second dflash that read the
+        file before the first one appended would otherwise continue a stale history and number its turns
+        twice. A session open elsewhere is refused (UserError) with nothing changed here."""
+        writer = sessions.SessionWriter.resume(session) if self.record else None
+        if writer is not None:
+            try:
+                session = sessions.read_session(session.path)
+            except UserError:
+                writer.close()
+                raise
         self.turns = [Turn(user=t["user"], answer=t["answer"], status=t["status"], thinking=t.get("thinking"),
                            summary=Summary.from_dict(t["summary"]) if t.get("summary") else None,
                            prompt_ids=t["prompt_ids"], emitted_ids=t["emitted_ids"], continues=t.get("continues"))
@@ -516,7 +527,6 @@ class Conversation:
         self.settings.update({k: v for k, v in settings.items() if k not in ("engine", "device", "dtype")})
         if self.settings.block_size and self.settings.block_size > 1 and not self.has_draft:
             self.settings.block_size = 1
-        writer = sessions.SessionWriter.resume(session) if self.record else None  # refused if open elsewhere
         if self.writer is not None and self.writer.path != session.path:
             self.writer.close()
         self.writer = writer

@@ -15,6 +15,7 @@ Location: `platformdirs.user_data_dir("dflash")/sessions`, or `$DFLASH_DATA_DIR/
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -207,7 +208,9 @@ class SessionWriter:
 
     @staticmethod
     def _cut_torn_tail(fd: int) -> None:
-        """Truncate a partial last line (a killed process, a failed write) back to the last newline."""
+        """Make the file end at a line break before appending. A last line without its newline is a
+        complete record when it parses (an editor that strips the final newline): it gets its newline.
+        Otherwise it is a partial line (a killed process, a failed write), cut back to the last newline."""
         size = os.fstat(fd).st_size
         if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
             return
@@ -217,10 +220,13 @@ class SessionWriter:
             block = os.pread(fd, keep - start, start)
             cut = block.rfind(b"\n")
             if cut >= 0:
-                os.ftruncate(fd, start + cut + 1)
-                return
+                break
             keep = start
-        os.ftruncate(fd, 0)
+        line_start = start + cut + 1 if keep > 0 else 0
+        if _record(os.pread(fd, size - line_start, line_start)) is not None:
+            os.write(fd, b"\n")  # O_APPEND: lands at the end
+        else:
+            os.ftruncate(fd, line_start)
 
     def append_turn(self, turn: dict) -> bool:
         """Write the turn (and any record a failed write left pending); False if it could not be saved."""
@@ -327,6 +333,15 @@ def _checked(record: dict, fields: dict, path: Path, line: int) -> dict:
     return record
 
 
+def _record(line: bytes) -> Optional[dict]:
+    """A line's record, or None when it is not a JSON object (a torn or damaged line)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def read_session(path: Path) -> Session:
     path = Path(path)
     try:
@@ -342,11 +357,8 @@ def read_session(path: Path) -> Session:
         if not line.strip():
             continue
         last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
-        try:
-            record = json.loads(line)
-            if not isinstance(record, dict):
-                raise ValueError("not an object")
-        except ValueError:
+        record = _record(line)
+        if record is None:
             if last and torn_tail:
                 warnings.append(f"{path.name}: the last line is incomplete (the process stopped while writing it); skipped.")
             else:
@@ -417,9 +429,14 @@ MIN_PREFIX = 4  # shorter prefixes pick a session by accident (`delete 2` matche
 
 
 def companion_files(session_path: Path) -> list[Path]:
-    """Files that belong to a session: its replay comparisons, which hold the conversation's text too."""
+    """Files that belong to a session: its replay comparisons, which hold the conversation's text too.
+    Names are compared literally: a session name holding `*` or `[` is no pattern for other files."""
     session_path = Path(session_path)
-    return sorted(session_path.parent.glob(f"{session_path.with_suffix('').name}.replay-*.json"))
+    prefix = f"{session_path.with_suffix('').name}.replay-"
+    if not session_path.parent.is_dir():
+        return []
+    return sorted(p for p in session_path.parent.iterdir()
+                  if p.name.startswith(prefix) and p.name.endswith(".json") and not p.is_dir())
 
 
 def resolve_own(session_id: str) -> Session:
@@ -439,15 +456,15 @@ def resolve_own(session_id: str) -> Session:
     return read_session(path)  # a file whose header does not parse is not a session: refused here
 
 
-def refuse_if_open(session: Session) -> None:
-    """One sentence if a dflash (this one included) has the session open: it is not ours to remove.
-    Deleting the chat open here would leave its turns on screen and the next one in a file of its own."""
+def refuse_if_open(session: Session, doing: str = "deleting") -> None:
+    """One sentence if a dflash (this one included) has the session open: it is not ours to remove or to
+    resume. Deleting the chat open here would leave its turns on screen and the next one in a file of its own."""
     if SessionLock.held_here(session.path):
         raise UserError(f"Session {session.id} is the chat open here; start a new session or resume another "
-                        "before deleting it.")
+                        f"before {doing} it.")
     owner = SessionLock.held_elsewhere(session.path)
     if owner is not None:
-        raise UserError(f"Session {session.id} is open in a dflash (pid {owner}); close it there before deleting it.")
+        raise UserError(f"Session {session.id} is open in a dflash (pid {owner}); close it there before {doing} it.")
 
 
 def deletion_text(session: Session) -> str:
@@ -471,16 +488,41 @@ def delete_session(session: Session) -> list[Path]:
 # -- export ----------------------------------------------------------------------------------------
 
 
-def write_export(output: Path, text: str) -> None:
-    """Write an export for the user (mode 0600: it holds the conversation), never over a session file."""
-    output = output.expanduser()
-    if output.resolve().parent == sessions_dir().resolve() or sessions_dir().resolve() in output.resolve().parents:
-        raise UserError(f"{output} is inside the sessions folder {sessions_dir()}; write the export somewhere else.")
+def _is_a_session_file(path: Path) -> bool:
+    """Whether `path` is (a link to, or another hard link of) a file in the sessions folder."""
+    folder = sessions_dir()
+    if path.resolve().parent == folder.resolve() or folder.resolve() in path.resolve().parents:
+        return True
     try:
-        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        st = path.stat()
+    except OSError:
+        return False
+    if st.st_nlink < 2 or not folder.is_dir():
+        return False
+    return any(os.path.samefile(p, path) for p in folder.iterdir() if p.is_file())
+
+
+def write_export(output: Path, text: str) -> None:
+    """Write an export for the user (mode 0600: it holds the conversation), never over a session file.
+
+    The text goes to a new file that then replaces `output` (os.replace): a file the name pointed at is
+    never truncated in place, so even a hard link of a session elsewhere keeps the session whole."""
+    output = output.expanduser()
+    if _is_a_session_file(output):
+        raise UserError(f"{output} is a session file (in or linked from the sessions folder {sessions_dir()}); "
+                        "write the export somewhere else.")
+    special = output.exists() and not output.is_file()  # /dev/stdout, a FIFO: written as they are
+    tmp = output if special else output.with_name(f".{output.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | (0 if special else os.O_CREAT | os.O_EXCL), 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        if not special:
+            os.replace(tmp, output)
     except OSError as exc:
+        if not special:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
         raise UserError(f"Cannot write {output} ({exc.strerror}); choose a folder that exists and that you can write.") from None
 
 

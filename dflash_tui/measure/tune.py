@@ -10,12 +10,13 @@ off: "block_size: 16 -> 1"). The best row is written only after at least MIN_REP
 when its best beats the current setting's best by more than the spread (fastest minus slowest pass) of
 either of the two; `decide` says why in one sentence either way.
 
-It is written with tomlkit into the user's copy of the profile, so comments and layout survive: a user
-profile is edited in place; a built-in one (or a profile file elsewhere) is first copied to
-`user_profile_dir()/<name>.toml`, its relative checkpoint paths made absolute so they still resolve from
-there. A value set in the `[engines.<engine>]` override of the engine tuned on is changed there, since it
-is the one that engine reads. A changed line's old comment spoke of the old value ("# the block size the
-draft was trained at"), so it is replaced by what tune measured.
+It is written with tomlkit into the profile tune was given, so comments and layout survive: a user
+profile or a profile file named by path is edited in place; a built-in one is first copied to
+`user_profile_dir()/<name>.toml` (never over an existing file), its relative checkpoint paths
+made absolute so they still resolve from there. A value set in the `[engines.<engine>]` override of
+the engine tuned on is changed there, since it is the one that engine reads. A changed line's old
+comment spoke of the old value ("# the block size the draft was trained at"), so it is replaced by what
+tune measured.
 """
 
 from __future__ import annotations
@@ -194,14 +195,22 @@ def format_sweep(result: Sweep) -> str:
 
 
 def user_copy_path(profile) -> Path:
+    """The one file tune may write: the profile it was given, a user profile or a TOML file named by path,
+    edited where it is; for a built-in profile, a new copy in the user folder under the built-in's file
+    name. Never another file that merely shares the profile's `name`."""
     from dflash_tui.core.profiles import check_name, user_profile_dir
 
     if profile.path is None:
         raise UserError("Tune writes its result into a profile; give one with --profile (a name or a TOML file).")
-    if profile.origin == "user":
+    if profile.origin != "built-in":
         return Path(profile.path)
-    check_name(profile.name)
-    return user_profile_dir() / f"{profile.name}.toml"
+    stem = Path(profile.path).stem
+    check_name(stem)
+    copy = user_profile_dir() / f"{stem}.toml"
+    if copy.exists():  # it would have been loaded by name: the built-in was named by its path
+        raise UserError(f"Tune would copy the built-in profile {stem} to {copy}, which already exists; "
+                        f"tune that one instead (--profile {stem}).")
+    return copy
 
 
 def _absolute_paths(doc, source: Path) -> list[str]:
