@@ -1,26 +1,36 @@
 """Where `train-draft` may write, and how it writes there without ever leaving a torn model.
 
-An output folder is ours when it is new, empty, or holds what an earlier run of `train-draft` left
-(its `training.json` marker, `responses.jsonl`, `train_state.pt`): a rerun of the same command
-resumes there. Anything else, another model, the target itself, the data file, a plain file, is
-refused before any weight loads. The finished draft is written into a hidden folder first and moved
-into place file by file with `os.replace`, so a reader never sees half a `model.safetensors`. Beside
-the weights goes a model card (README.md, `draft_card`) saying what the draft is and which loaders read it.
+The ownership rule, the same for `--out` and `--work-dir`: train-draft writes only into a folder that
+is new, empty, or carries its own marker, and never a file it did not create. Its markers are the
+hidden claim `.dflash-train-draft` (`CLAIM`), written into the folder before any weight loads, and
+`training.json` (`MARKER`), written beside every draft it publishes, where it replaces the claim
+(earlier versions wrote only that one). Any other folder (the user's files, `$HOME`, another model)
+is refused in one sentence naming it and some of its files, and so are the target's folder, a plain
+file, and a folder holding the `--data` file; a folder that cannot be created or claimed (read-only,
+full, /proc) is refused the same way, before anything trains. An interrupted run leaves its claim,
+so a rerun of the command resumes there.
+
+The finished draft is written into a hidden folder first and moved into place file by file with
+`os.replace`, so a reader never sees half a `model.safetensors`. Beside the weights goes a model card
+(README.md, `draft_card`) saying what the draft is and which loaders read it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
 from dflash_tui.engines.errors import UserError
 
 MARKER = "training.json"  # written beside every draft train-draft publishes
+CLAIM = ".dflash-train-draft"  # written into a folder train-draft takes, before any weight loads
 CARD = "README.md"  # the model card written beside it
 SGLANG_DEFAULT_MASK = "<|MASK|>"  # SGLang's mask token string when dflash_config.mask_token is absent
 MODEL_FILES = ("config.json", "*.safetensors", "*.bin", "*.gguf", "tokenizer*.json")
@@ -35,28 +45,68 @@ def _holds_model(folder: Path) -> bool:
     return any(any(folder.glob(pattern)) for pattern in MODEL_FILES)
 
 
-def check_output_dir(out: Path, *, option: str, target: Path, data: Path, writes_model: bool = True) -> None:
-    """Refuse an output folder that is not ours to write (one sentence saying why and what to pass).
-    `writes_model` is False for the work folder, which only gains responses.jsonl and train_state.pt."""
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def check_output_dir(out: Path, *, option: str, target: Path, data: Path) -> None:
+    """Refuse a folder that the ownership rule (above) does not give to train-draft, in one sentence
+    saying why and what to pass. Writes nothing; `claim_output_dir` takes the folder afterwards."""
+    try:
+        _check_output_dir(out, option, target, data.expanduser())
+    except OSError as exc:  # e.g. a folder on the way that this user may not search
+        raise UserError(f"{option} {out} cannot be read ({_reason(exc)}); name a new or empty folder you can "
+                        "write to.") from None
+
+
+def _check_output_dir(out: Path, option: str, target: Path, data: Path) -> None:
     if out.resolve() == data.resolve():
         raise UserError(f"{option} {out} is the data file; name a new folder for the draft.")
     if out.exists() and not out.is_dir():
         raise UserError(f"{option} {out} is a file; train-draft writes a folder there, so name a new folder.")
     if _same_or_inside(out, target) or _same_or_inside(target, out):
         raise UserError(f"{option} {out} is the target's folder (or contains it); name a new folder for the draft.")
-    if writes_model and out.is_dir() and not (out / MARKER).is_file() and _holds_model(out):
-        raise UserError(
-            f"{option} {out} already holds a model that train-draft did not write there; name a new or empty "
-            "folder, so that nothing you keep is overwritten."
-        )
+    if _same_or_inside(data, out):
+        raise UserError(f"--data {data} is inside {option} {out}, where train-draft writes its own files; move the "
+                        "data file out of it or name another folder.")
+    if not out.is_dir() or (out / CLAIM).is_file() or (out / MARKER).is_file():
+        return
+    found = sorted((p.name for p in out.iterdir()), key=lambda name: (name.startswith("."), name))
+    if not found:
+        return
+    names = ", ".join(found[:2]) + (f" and {len(found) - 2} more" if len(found) > 2 else "")
+    what = "a model" if _holds_model(out) else "files"
+    raise UserError(f"{option} {out} already holds {what} ({names}) and no mark of train-draft's; name a new or empty "
+                    "folder, so that nothing you keep is overwritten.")
+
+
+def claim_output_dir(out: Path, *, option: str) -> None:
+    """Create `out` (parents too) and write the claim into it, through a temporary file and `os.replace`.
+    A folder that cannot be created or written is a UserError, raised before any weight loads."""
+    made = {"written_by": "dflash train-draft", "claimed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "note": "train-draft took this folder; it writes its draft and work files here, and a rerun resumes here."}
+    tmp = None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=CLAIM + ".", suffix=".tmp", dir=out)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(made, indent=2) + "\n")
+        os.replace(tmp, out / CLAIM)
+    except OSError as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"{option} {out} cannot be written ({_reason(exc)}); name a folder you can write to, on a "
+                        "disk with free space.") from None
 
 
 def publish(out: Path, write: Callable[[Path], None]) -> None:
     """Call `write(folder)` on a hidden folder beside `out`, then move every file it wrote into `out`.
 
     Each file lands with one atomic rename; the marker goes last, so a folder with the marker always
-    holds a complete draft. Files get the usual umask permissions (safetensors writes its file
-    owner-only), so a server running as another user can read the draft."""
+    holds a complete draft, and then replaces the claim (a published folder carries no hidden file).
+    Files get the usual umask permissions (safetensors writes its file owner-only), so a server running
+    as another user can read the draft."""
     out.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".draft-", dir=out))
     umask = os.umask(0)
@@ -67,6 +117,9 @@ def publish(out: Path, write: Callable[[Path], None]) -> None:
         for file in files:
             os.chmod(file, 0o666 & ~umask)
             os.replace(file, out / file.name)
+        if (out / MARKER).is_file():
+            with contextlib.suppress(OSError):
+                (out / CLAIM).unlink(missing_ok=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

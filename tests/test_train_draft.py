@@ -239,6 +239,8 @@ def test_interrupt_saves_state_and_resumes(counting, tmp_path):
         Trainer(config(counting, out, max_steps=10)).run(on_step=interrupt)
     assert info.value.step == 5
     assert torch.load(out / "train_state.pt", weights_only=True)["step"] == 5
+    claim = json.loads((out / ".dflash-train-draft").read_text())  # the claim, not a published draft, makes it ours
+    assert claim["written_by"] == "dflash train-draft" and not (out / "training.json").exists()
     seen = []
     result = Trainer(config(counting, out, max_steps=10)).run(on_step=lambda p: seen.append((p.kind, p.done)))
     assert ("info", 5) in seen and [d for k, d in seen if k == "step"] == [6, 7, 8, 9, 10]
@@ -252,7 +254,8 @@ def test_batched_generation_matches_the_loop_and_work_dir(counting, tmp_path):
     a, b = one.samples(convs), many.samples(convs)
     assert [s.response for s in a] == [s.response for s in b]
     assert all(1 <= len(s.response) <= 24 for s in a) and sum(len(s.response) for s in a) > 100
-    assert (tmp_path / "w" / "responses.jsonl").is_file() and not (tmp_path / "b").exists()
+    assert (tmp_path / "w" / "responses.jsonl").is_file()
+    assert [p.name for p in (tmp_path / "b").iterdir()] == [".dflash-train-draft"]  # claimed; its work went to w
     assert [s.response for s in many.samples(convs)] == [s.response for s in b]  # read back from the cache
 
 
@@ -322,3 +325,108 @@ def test_init_draft_starts_from_its_weights_and_must_match(counting, trained, tm
     assert len(wider.output.strip().splitlines()) == 1
     missing = run_cli(cli_args(counting, tmp_path / "o", "--init-draft", str(tmp_path / "nowhere")))
     assert missing.exit_code == 2, missing.output
+
+
+# -- where train-draft may write (engines/outputs.py): new, empty or its own folders, checked before any work --
+
+
+def with_data(args, data):
+    return [str(data) if i and args[i - 1] == "--data" else a for i, a in enumerate(args)]
+
+
+def assert_refused(result, *phrases):
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1 and "unexpected" not in result.output, result.output
+    for phrase in phrases:
+        assert phrase in result.output, result.output
+
+
+def test_refuses_a_folder_of_the_users_files_and_leaves_them(counting, tmp_path):
+    """A folder with a README.md of the user's (or $HOME) is not a new, empty or train-draft folder: refused,
+    naming it and the file, before anything is written there (it used to get the card over its README.md)."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "README.md").write_text("my notes\n")
+    result = run_cli(cli_args(counting, mine, "--max-steps", "1"))
+    assert_refused(result, f"--out {mine}", "README.md", "new or empty folder")
+    assert [p.name for p in mine.iterdir()] == ["README.md"] and (mine / "README.md").read_text() == "my notes\n"
+    work = run_cli(cli_args(counting, tmp_path / "draft", "--work-dir", str(mine), "--max-steps", "1"))
+    assert_refused(work, f"--work-dir {mine}", "README.md")
+    assert [p.name for p in mine.iterdir()] == ["README.md"] and not (tmp_path / "draft").exists()
+
+
+@pytest.mark.parametrize("option,inside", [("--out", "responses.jsonl"), ("--work-dir", "responses.jsonl"),
+                                           ("--out", "sub/chats.jsonl")])
+def test_refuses_data_inside_the_folders_it_writes(counting, tmp_path, option, inside):
+    """--data inside --out or --work-dir, even one train-draft owns, is refused before anything is written
+    (responses.jsonl there used to gain the generated responses cache)."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "training.json").write_text("{}")  # a draft an earlier train-draft published there: the folder is ours
+    data = folder / inside
+    data.parent.mkdir(exist_ok=True)
+    data.write_bytes(counting[1].read_bytes())
+    before = sorted(str(p) for p in folder.rglob("*"))
+    out = folder if option == "--out" else tmp_path / "draft"
+    extra = ["--work-dir", str(folder)] if option == "--work-dir" else []
+    result = run_cli(with_data(cli_args(counting, out, "--max-steps", "1", *extra), data))
+    assert_refused(result, f"--data {data}", f"{option} {folder}")
+    assert data.read_bytes() == counting[1].read_bytes() and sorted(str(p) for p in folder.rglob("*")) == before
+    assert not (tmp_path / "draft").exists()
+
+
+def test_unwritable_folders_are_refused_before_training(counting, tmp_path):
+    """A folder that cannot be created or claimed (under a plain file: ENOTDIR; under /proc) is a one-sentence
+    refusal, exit 2, before any weight loads; it used to train fully and then fail with exit 1."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    cases = [("--out", a_file / "draft"), ("--work-dir", a_file / "work")]
+    if Path("/proc/self").is_dir():
+        cases.append(("--out", Path("/proc/dflash-train-draft-test")))
+    for option, folder in cases:
+        out = folder if option == "--out" else tmp_path / "draft"
+        extra = ["--work-dir", str(folder)] if option == "--work-dir" else []
+        result = run_cli(cli_args(counting, out, "--max-steps", "1", *extra))
+        assert_refused(result, f"{option} {folder}", "cannot be written")
+    assert a_file.read_text() == "mine"
+
+
+def test_ownership_rule(tmp_path):
+    """New, empty, claimed (an interrupted run: claim + train_state.pt, no training.json) and published
+    folders pass; anything else is refused; a claim is a hidden JSON file saying who wrote it and when."""
+    from dflash_tui.engines.errors import UserError
+    from dflash_tui.engines.outputs import CLAIM, check_output_dir, claim_output_dir
+
+    target, data = tmp_path / "target", tmp_path / "data.jsonl"
+    target.mkdir()
+    data.write_text("{}\n")
+
+    def check(folder, option="--out"):
+        check_output_dir(folder, option=option, target=target, data=data)
+
+    new = tmp_path / "a" / "b"
+    check(new)
+    claim_output_dir(new, option="--out")
+    made = json.loads((new / CLAIM).read_text())
+    assert made["written_by"] == "dflash train-draft" and made["claimed_at"]
+    assert [p.name for p in new.iterdir()] == [CLAIM]  # no temp file left beside it
+    (new / "train_state.pt").write_bytes(b"state")
+    (new / "responses.jsonl").write_text("")
+    check(new)  # interrupted: a rerun resumes
+    claim_output_dir(new, option="--out")  # claiming again is harmless
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    check(empty, "--work-dir")
+    published = tmp_path / "published"
+    published.mkdir()
+    (published / "training.json").write_text("{}")
+    (published / "model.safetensors").write_bytes(b"")
+    check(published)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="already holds a model"):
+        check(model)
+    for folder in (new, published):
+        with pytest.raises(UserError, match="--data"):
+            check_output_dir(folder, option="--out", target=target, data=folder / "responses.jsonl")

@@ -29,7 +29,9 @@ def _count(value: float) -> str:
 @click.option("--data", required=True, help='JSONL conversations: {"turns": [user, assistant, ...]} or {"messages": [...]}; '
               'optional "thinking": true/false per line.')
 @click.option("--out", required=True, help="Output directory: config.json + model.safetensors (public DFlash layout), "
-              "written when training ends; also responses.jsonl and train_state.pt unless --work-dir.")
+              "written when training ends; also responses.jsonl and train_state.pt unless --work-dir. It must be "
+              "new, empty or train-draft's own (an earlier run's, to resume), and must not hold --data; it is "
+              "claimed before any weight loads.")
 @click.option("--block-size", type=int, default=16, show_default=True, help="Block size the draft is trained for (2-64).")
 @click.option("--draft-layers", type=int, default=2, show_default=True, help="Draft decoder layers.")
 @click.option("--target-layer-ids", default=None,
@@ -61,7 +63,7 @@ def _count(value: float) -> str:
               help="Responses the target writes at once: 1 = one by one through the real decoding loop; more = "
                    "batched transformers generate (faster; greedy, may differ at near-ties).")
 @click.option("--work-dir", default=None, help="Where responses.jsonl and train_state.pt live [default: OUT]; keep them "
-              "out of a directory you publish.")
+              "out of a directory you publish. Same rule as --out: new, empty or train-draft's own, without --data.")
 @click.option("--init-draft", default=None, metavar="DIR",
               help="Start from this draft's weights instead of random ones (fine-tune an existing draft for a "
                    "retrained or fine-tuned target); its shape, target layers and block size must match.")

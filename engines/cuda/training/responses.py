@@ -53,6 +53,9 @@ class Responses:
     def generated(self, conversations: list[Conversation]) -> list[Sample]:
         """Every user turn answered by the target, reading and extending the cache."""
         cache_file = self.work / RESPONSES_FILE
+        if cache_file.resolve() == Path(self.data).expanduser().resolve():  # Trainer refuses this before; never append to it
+            raise UserError(f"--data {self.data} is train-draft's responses cache {cache_file}; move the data file "
+                            "out of the work folder.")
         cached = self._read_cache(cache_file)
         target_key = self._target_key()
         keys = [hashlib.sha256(f"{target_key}|{self.max_len}|{self.max_new_tokens}|{conv.thinking}|{conv.raw}".encode())

@@ -25,7 +25,7 @@ from dflash_tui.engines.cuda.training import data
 from dflash_tui.engines.cuda.training.objective import BlockObjective, bf16_autocast_pays, default_gamma
 from dflash_tui.engines.cuda.training.responses import Responses
 from dflash_tui.engines.errors import UserError
-from dflash_tui.engines.outputs import CARD, MARKER, check_output_dir, draft_card, mask_spelling, publish
+from dflash_tui.engines.outputs import CARD, MARKER, check_output_dir, claim_output_dir, draft_card, mask_spelling, publish
 from dflash_tui.engines.prompting import load_tokenizer
 from dflash_tui.engines.sampling import SamplingParams
 
@@ -181,9 +181,9 @@ class Trainer:
         check_args(cfg)
         self.conversations = data.load_conversations(cfg.data)  # bad data fails before any weight loads
         self.info = TargetInfo.read(cfg.target)
-        check_output_dir(self.out, option="--out", target=self.info.path, data=Path(cfg.data))
-        if cfg.work_dir:
-            check_output_dir(self.work, option="--work-dir", target=self.info.path, data=Path(cfg.data), writes_model=False)
+        self.folders = {"--out": self.out, "--work-dir": self.work} if cfg.work_dir else {"--out": self.out}
+        for option, folder in self.folders.items():  # engines/outputs.py: whose folders train-draft writes
+            check_output_dir(folder, option=option, target=self.info.path, data=Path(cfg.data))
         if self.info.max_positions and cfg.max_len > self.info.max_positions:
             cfg.max_len = int(self.info.max_positions)  # no sequence beyond the target's context
         L = self.info.num_layers
@@ -198,6 +198,8 @@ class Trainer:
         self.gamma = cfg.gamma if cfg.gamma is not None else default_gamma(cfg.block_size)
         self.draft_config = draft_config(self.info.config, cfg.draft_layers, self.layer_ids, cfg.block_size, self.mask_id)
         init = self._check_init(cfg.init_draft) if cfg.init_draft else None  # before any weight loads
+        for option, folder in self.folders.items():  # take them now: an unwritable one fails before the work
+            claim_output_dir(folder, option=option)
         self.device = pick_device(cfg.device)
         cuda = self.device.type == "cuda"
         if cuda:
