@@ -92,10 +92,9 @@ def train_draft(args, work: Path, target: Path, out: Path, source: Path) -> None
             and json.loads(done.read_text()).get("key") == key:
         print(f"draft: {out} is up to date, skipped")
         return
-    build = work / "draft"
-    state = build / "draft-key.json"
+    build = work / "draft"  # train-draft's own folder: it writes only into a folder it claimed
+    state = work / "draft-key.json"
     fresh = not state.exists() or json.loads(state.read_text()) != key  # another target or data: start over
-    build.mkdir(parents=True, exist_ok=True)
     state.write_text(json.dumps(key))
     cmd = [sys.executable, "-m", "dflash_tui", "train-draft", "--target", str(target), "--data", str(data),
            "--out", str(build), "--block-size", "16", "--draft-layers", "2", "--responses", "generate",
