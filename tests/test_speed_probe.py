@@ -107,7 +107,7 @@ def test_probe_replays_the_block1_graph_when_one_is_built_for_the_kept_caches(en
     from dflash_tui.engines.cuda.graphs import StepGraphs
 
     engine = engines_for("cuda", "llama")
-    engine.graphs = StepGraphs(engine.target, engine.draft, capture=False)
+    engine.graphs = StepGraphs(engine.target, engine.draft, mode="off")
     try:
         engine.new_context()
         list(engine.generate(GenerationRequest(messages=[{"role": "user", "content": QUESTIONS[0]}], max_new_tokens=NEW,

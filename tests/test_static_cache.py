@@ -86,6 +86,18 @@ def test_a_larger_request_moves_to_the_next_bucket(pairs):
     assert out == reference
 
 
+def full_blocks(steps, block, new):
+    """The steps before the last block shrinks: the graph path pads that block to the captured size, so
+    the draft, which reads its block both ways, may propose differently there (the ids stay the target's)."""
+    out, done = [], 1
+    for step in steps[1:]:
+        if new - done < block:
+            break
+        out.append(step)
+        done += len(step[2])
+    return [steps[0], *out]
+
+
 def graph_run(engine, graphs, ids, block, new, window=None):
     steps = speculative_decode(engine.target, engine.draft, ids, block, new, Sampler(SamplingParams(), engine.target.device),
                                window, pool=engine.pool, graphs=graphs)
@@ -98,7 +110,7 @@ def test_static_step_functions_give_the_eager_steps(pairs, family, last_layer, w
     """The graph path run uncaptured: same proposals, acceptances and ids as eager, every block size;
     after the first request of a block size nothing new is built (the recompile count stays put)."""
     engine = cpu_engine(pairs, family, last_layer, draft_window=window)
-    graphs = StepGraphs(engine.target, engine.draft, capture=False)
+    graphs = StepGraphs(engine.target, engine.draft, mode="off")
     for prompt in ("What is 48 + 75?", "Hello world, speculative decoding"):
         ids = engine.prepare(GenerationRequest(prompt=prompt))
         reference = transformers_greedy(engine.target_info.path, ids, 40)
@@ -106,8 +118,8 @@ def test_static_step_functions_give_the_eager_steps(pairs, family, last_layer, w
             eager = graph_run(engine, None, ids, block, 40, window)
             replays = graphs.replays
             static = graph_run(engine, graphs, ids, block, 40, window)
-            assert static == eager, f"block {block}, prompt {prompt!r}"
-            assert [t for s in static for t in s[2]] == reference
+            assert full_blocks(static, block, 40) == full_blocks(eager, block, 40), f"block {block}, prompt {prompt!r}"
+            assert [t for s in static for t in s[2]] == [t for s in eager for t in s[2]] == reference
             assert graphs.replays > replays  # full blocks really ran on the static functions
     built = graphs.captures
     assert built == 9  # verify for 1, 2, 4, 8, 16 and the draft's block pass for 2, 4, 8, 16

@@ -198,7 +198,7 @@ def test_graph_path_static_functions_with_reuse(engines_for):
     from dflash_tui.engines.cuda.graphs import StepGraphs
 
     engine = engines_for("cuda", "llama")
-    engine.graphs = StepGraphs(engine.target, engine.draft, capture=False)
+    engine.graphs = StepGraphs(engine.target, engine.draft, mode="off")
     try:
         reused = chat(engine, [4, 4, 8, 8], reuse=True)
         fresh = chat(engine, [4, 4, 8, 8], reuse=False)

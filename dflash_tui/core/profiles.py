@@ -94,7 +94,8 @@ class Profile(Sampling):
             raise UserError(f"Engine '{engine}' is unknown; choose one of {', '.join(ENGINES)}.")
         name = choose_engine(engine) if engine == "auto" else engine
         p = self.resolved(name)
-        keys = ("target", "draft", "dtype", "block_size", "draft_window", "target_layer_ids", "url", "model", "api_key")
+        keys = ("target", "draft", "dtype", "block_size", "draft_window", "target_layer_ids", "url", "model", "api_key",
+                "max_new_tokens")
         values = {k: getattr(p, k) for k in keys}
         for key in ("target", "draft"):  # a directory beside the profile file wins over a hub id
             values[key] = self.local_path(values[key])

@@ -7,10 +7,10 @@ from typing import Iterator
 
 import torch
 
-from dflash_tui.engines.config import EngineConfig
-from dflash_tui.engines.cuda.cache import BUCKET, CachePool, TurnCache
+from dflash_tui.engines.config import EngineConfig, GenerationRequest
+from dflash_tui.engines.cuda.cache import CachePool, TurnCache
 from dflash_tui.engines.cuda.draft import DFlashDraft
-from dflash_tui.engines.cuda.graphs import StepGraphs, why_eager
+from dflash_tui.engines.cuda.graphs import StepGraphs, capture_for_request, why_eager
 from dflash_tui.engines.cuda.loop import Sampler, speculative_decode
 from dflash_tui.engines.cuda.memory import check_fits
 from dflash_tui.engines.cuda.probe import block1_step
@@ -67,7 +67,7 @@ class CudaEngine(Engine):
 
     def _graphs(self, config: EngineConfig, device: torch.device):
         """The graph path when asked for and possible (engines/cuda/graphs.py), captured now for the
-        engine's block size and block 1 at the first bucket, so the first answer does not wait."""
+        profile's request at its block size and at block 1, so the first answer captures nothing."""
         wanted = config.cuda_graphs if config.cuda_graphs is not None else os.environ.get("DFLASH_CUDA_GRAPHS") == "1"
         if not wanted:
             return None, "eager"
@@ -76,12 +76,10 @@ class CudaEngine(Engine):
             self.warnings.append(f"CUDA graphs off: {reason}; decoding eager.")
             return None, f"eager ({reason})"
         graphs = StepGraphs(self.target, self.draft)
-        for block in sorted({1, self.block_size if self.draft else 1}):
-            cache = self.pool.target_cache(BUCKET - block)
-            draft_cache = self.pool.draft_cache(self.config.draft_window, BUCKET - block) if block > 1 else None
-            if graphs.ready(cache, draft_cache, block) is None:
-                self.warnings.append(f"CUDA graphs off: {graphs.failed}; decoding eager.")
-                return None, f"eager ({graphs.failed})"
+        if not capture_for_request(graphs, self.pool, self.block_size if self.draft else 1,
+                                   config.max_new_tokens or GenerationRequest.max_new_tokens, config.draft_window):
+            self.warnings.append(f"CUDA graphs off: {graphs.failed}; decoding eager.")
+            return None, f"eager ({graphs.failed})"
         return graphs, f"graphs ({graphs.captures} captured in {graphs.capture_s:.1f} s)"
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,

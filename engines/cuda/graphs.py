@@ -14,8 +14,12 @@ Where capture is impossible the engine runs eager and says why (`why_eager`): th
 routing (data-dependent expert dispatch syncs with the host), a target spread over several GPUs, and
 attention layers that are not plain full attention (sliding windows).
 
-With `capture=False` the same static functions run eagerly: that is how the CPU tests check that the
-graph path's fixed-shape, masked-bucket computation gives the eager path's ids.
+`mode` says how a step function is captured: "cuda" (CUDA graphs), "trace" (the CPU stand-in: the same
+two warm-up passes over the live caches, then the function traced once with make_fx and the trace
+replayed from then on, so a per-step Python value frozen into a step shows as wrong ids on the CPU, as it
+would on a GPU), "compile" (a CPU proof: torch.compile with fullgraph on a counting eager backend, so a
+graph break raises and a per-step value shows as a recompile), or "off" (the static functions run
+eagerly, built once).
 """
 
 from __future__ import annotations
@@ -46,15 +50,22 @@ def why_eager(target, device: torch.device) -> Optional[str]:
     return None
 
 
+MODES = ("cuda", "trace", "compile", "off")
+PROMPT_ROOM = 1008  # prompt tokens the load-time captures make room for (with the profile's max_new_tokens)
+
+
 class StepGraphs:
     """Static buffers and captured graphs for one set of pooled caches (one bucket)."""
 
-    def __init__(self, target, draft, capture: bool = True):
-        self.target, self.draft, self.capture = target, draft, capture
+    def __init__(self, target, draft, mode: str = "cuda"):
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is not one of {MODES}")
+        self.target, self.draft, self.mode = target, draft, mode
         self.cache = self.draft_cache = None
-        self.graphs: dict[tuple[str, int], tuple[Optional[torch.cuda.CUDAGraph], Callable, object]] = {}
-        self.captures = 0  # graphs captured (or, with capture=False, static functions built) so far
-        self.replays = 0
+        self.graphs: dict[tuple[str, int], Callable[[], torch.Tensor]] = {}
+        self.captures = 0  # step functions captured (or, with mode "off", built) so far, failed ones included
+        self.replays = 0  # captured steps replayed (verify passes; mode "off": static functions run)
+        self.compiles = 0  # mode "compile": graphs dynamo handed to the backend (one per step function)
         self.capture_s = 0.0
         self.failed: Optional[str] = None  # why a capture failed; the engine then stays eager
         self._buffers = self._draft_buffers = None
@@ -142,31 +153,52 @@ class StepGraphs:
         return verify
 
     def _build(self, kind: str, b: int, fn: Callable) -> None:
+        """Capture `fn`. Every mode but "off" first runs it twice over the live caches (positions 0..b-1),
+        so whatever they held is gone once this is called, whether or not the capture succeeds."""
         self.captures += 1
-        if not self.capture:
-            self.graphs[(kind, b)] = (None, fn, None)
+        if self.mode == "off":
+            self.graphs[(kind, b)] = fn
             return
         s = self._static_for(b)
         s["positions"].copy_(s["arange"])
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up off the capture (lazy inits, cuBLAS workspaces)
+        if self.mode in ("trace", "compile"):
             for _ in range(2):
                 fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = fn()
-        self.graphs[(kind, b)] = (graph, fn, out)
+            if self.mode == "trace":
+                from torch.fx.experimental.proxy_tensor import make_fx
+
+                self.graphs[(kind, b)] = make_fx(fn)()  # the buffers it reads and writes are baked in, as in a graph
+                return
+            compiled = torch.compile(fn, fullgraph=True, backend=self._compiled)  # a graph break raises
+            compiled()
+            self.graphs[(kind, b)] = compiled
+            return
+        with torch.cuda.device(self.target.device):  # the capture stream on the target's own GPU
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm-up off the capture (lazy inits, cuBLAS workspaces)
+                for _ in range(2):
+                    fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = fn()
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return out
+
+        self.graphs[(kind, b)] = replay
+
+    def _compiled(self, gm, example_inputs):
+        """The compile mode's backend: counts what dynamo compiles, then runs it as traced."""
+        self.compiles += 1
+        return gm.forward
 
     def _run(self, kind: str, b: int):
-        graph, fn, out = self.graphs[(kind, b)]
-        if graph is None:
-            return fn()
-        graph.replay()
-        return out
+        return self.graphs[(kind, b)]()
 
     # -- one step -----------------------------------------------------------------------------
     def has(self, b: int) -> bool:
@@ -183,11 +215,11 @@ class StepGraphs:
         s = self._static[b]
         torch.add(s["arange"], start, out=s["positions"])
         s["block"][:, :1].copy_(last.view(1, 1))
-        self.replays += 1
         return self._run("draft", b) if b > 1 else s["block"]
 
     def verify_step(self, b: int) -> torch.Tensor:
         """Verify the block in place: logits [1, b, vocab]; the draft's K/V for the block are written."""
+        self.replays += 1
         return self._run("verify", b)
 
     def commit(self, start: int, keep: int) -> None:
@@ -196,3 +228,17 @@ class StepGraphs:
             layer.length = start + keep
         if self.draft_cache is not None:
             self.draft_cache.length = start + keep
+
+
+def capture_for_request(graphs: StepGraphs, pool, block_size: int, max_new_tokens: int,
+                        window: Optional[int] = None) -> bool:
+    """Capture, on `pool`'s caches, what a request of up to PROMPT_ROOM prompt tokens and `max_new_tokens`
+    new ones needs at `block_size` and at block 1 (the probe's step): the bucket the loop will ask for,
+    so such a request captures nothing. False (with `graphs.failed` saying why) if a capture failed."""
+    for block in sorted({1, block_size}):
+        room = PROMPT_ROOM + max_new_tokens + block_size  # the loop's room at the profile's block size
+        cache = pool.target_cache(room)
+        draft_cache = pool.draft_cache(window, room) if block > 1 else None
+        if graphs.ready(cache, draft_cache, block) is None:
+            return False
+    return True

@@ -21,9 +21,21 @@ from dflash_tui.engines.cuda.target import Target
 from dflash_tui.engines.engine import RawStep
 from dflash_tui.engines.sampling import SamplingParams
 
+HOST_SYNC = "dflash::host_sync"  # the profiler's name for the loop's one device-to-host copy per step
+
+
+def to_host(ids: torch.Tensor) -> list[int]:
+    """The ids as a Python list: the loop's one host sync per step, named so a profile can count it."""
+    with torch.profiler.record_function(HOST_SYNC):
+        return ids.tolist()
+
 
 class Sampler:
-    """Greedy, or temperature / top_k / top_p / min_p sampling from a seeded generator."""
+    """Greedy, or temperature / top_k / top_p / min_p sampling from a seeded generator.
+
+    Sampling is the exponential race: argmax(p / E) with E ~ Exp(1) drawn from the seeded generator picks
+    index i with probability p_i, like `torch.multinomial`, but without its two hidden host syncs (it
+    checks its input with `.item()`), so a sampled step keeps the loop's one sync."""
 
     def __init__(self, params: SamplingParams, device: torch.device):
         self.params = params
@@ -46,7 +58,9 @@ class Sampler:
         if p.min_p > 0:
             probs = logits.softmax(dim=-1)
             logits = logits.masked_fill(probs < p.min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
-        return torch.multinomial(logits.softmax(dim=-1), 1, generator=self.generator).squeeze(-1)
+        probs = logits.softmax(dim=-1)
+        race = torch.empty_like(probs).exponential_(generator=self.generator).clamp_(min=torch.finfo(probs.dtype).tiny)
+        return (probs / race).argmax(dim=-1)
 
 
 class Clock:
@@ -85,8 +99,8 @@ def speculative_decode(
 ) -> Iterator[RawStep]:
     """Yields the prefill token, then one RawStep per verify step, up to max_new_tokens ids.
     `cache` / `draft_cache` may be passed in to observe them between steps (tests); otherwise they come
-    from `pool` (reused across requests) or are allocated for this request. With `graphs`, full blocks
-    replay captured graphs and a shrunk last block runs eager.
+    from `pool` (reused across requests) or are allocated for this request. With `graphs`, every step
+    replays the captured block-size step (a shrunk last block padded to it).
 
     With `turn` (pooled caches only) the caches this request leaves are recorded in it; with `reuse` the
     request starts from the longest prefix of `prompt_ids` they hold and prefills only the rest. A hybrid
@@ -117,11 +131,14 @@ def speculative_decode(
         draft_cache.reserve(room)
     if graphs is not None:
         captures = graphs.captures
-        graphs = graphs.ready(cache, draft_cache if use_draft else None, block_size)  # resets the lengths
-        if graphs is not None and graphs.captures != captures:
-            reused = 0  # a capture ran its passes on these buffers: nothing kept survives it
+        ready = graphs.ready(cache, draft_cache if use_draft else None, block_size)  # None: failed, run eager
+        if graphs.captures != captures:
+            # a capture ran its warm-up passes over these buffers, whether or not it then succeeded:
+            # nothing they kept survives it
+            reused = 0
             if use_draft:
                 draft_cache.length = 0
+        graphs = ready
         for layer in bucket_layers(cache):
             layer.length = reused
     if tracked:
@@ -141,7 +158,7 @@ def speculative_decode(
         if hybrid_split and b == split:
             turn.snapshot(split)
     last = sampler(logits[0, -1:])  # [1], stays on the device
-    first = last.item()
+    (first,) = to_host(last)
     held = list(prompt_ids)  # the ids the target cache holds
     if tracked:
         turn.ids = held
@@ -152,17 +169,17 @@ def speculative_decode(
     last_id = first
     mask_id = draft_cache.draft.mask_token_id if use_draft else 0
     mask_block = torch.full((1, block_size), mask_id, dtype=torch.long, device=device)
+    on_graphs = graphs is not None
     while generated < max_new_tokens:
         b = min(block_size, max_new_tokens - generated)  # the last block shrinks: never more than asked
         start = prompt_len + generated - 1
-        on_graphs = graphs is not None and b == block_size
         if tracked:
             turn.ids = None
         t_draft = clock.mark()
-        if on_graphs:
-            block = graphs.draft_step(last, start, b)
+        if on_graphs:  # a shrunk last block runs padded to the captured size; only its first b positions count
+            block = graphs.draft_step(last, start, block_size)
             t_verify = clock.mark()
-            logits = graphs.verify_step(b)
+            logits = graphs.verify_step(block_size)
         else:
             block = mask_block[:, :b].clone()
             block[0, :1] = last
@@ -171,9 +188,9 @@ def speculative_decode(
             t_verify = clock.mark()
             target.before_verify(cache)
             logits, features = target.forward(block, start, cache, last_only=False, capture=use_draft)
-        choice = sampler(logits[0])  # the target's own token at every block position
+        choice = sampler(logits[0, :b])  # the target's own token at every block position (a padded block's first b)
         t_end = clock.mark()
-        host = torch.cat([block[0, 1:], choice]).tolist()  # the step's one host sync
+        host = to_host(torch.cat([block[0, 1:b], choice]))  # the step's one host sync
         drafted, chosen = host[: b - 1], host[b - 1:]
         accepted = 0
         while accepted < b - 1 and drafted[accepted] == chosen[accepted]:
