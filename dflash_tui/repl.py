@@ -13,8 +13,17 @@ import sys
 from typing import Optional, TextIO
 
 from dflash_tui.core import sessions
-from dflash_tui.core.conversation import ActiveTurn, ChatFlags, Conversation, open_conversation, resume, thinking_layout
-from dflash_tui.core.settings import profile_for
+from dflash_tui.core.conversation import (
+    ActiveTurn,
+    ChatFlags,
+    Conversation,
+    open_conversation,
+    reports_steps,
+    resume,
+    thinking_layout,
+)
+from dflash_tui.core.figures import UNKNOWN, fixed, known
+from dflash_tui.core.settings import loading_line, profile_for
 from dflash_tui.core.terminal import color_enabled, printable
 from dflash_tui.engines import load_engine
 from dflash_tui.engines.errors import UserError
@@ -55,7 +64,8 @@ class Repl:
 
     def status(self) -> str:
         s = self.conv.settings
-        return f"block {s.block_size} · thinking {'ON' if s.thinking else 'OFF'} · ghosts {'on' if self.ghosts else 'off'}"
+        block = s.block_size if reports_steps(self.conv.engine) else UNKNOWN  # a foreign server runs its own
+        return f"block {block} · thinking {'ON' if s.thinking else 'OFF'} · ghosts {'on' if self.ghosts else 'off'}"
 
     # -- commands --------------------------------------------------------------------------------
     def command(self, line: str) -> None:
@@ -106,15 +116,18 @@ class Repl:
             return f"no turns yet · {self.status()}"
         m = turn.summary
         speed, kind = self.conv.speedup(m.decode_tokens_per_s, m.block_size, m.prompt_tokens + m.generated_tokens)
-        total = m.draft_s + m.verify_s
-        split = f"draft {m.draft_s / total * 100:.0f}% · verify {m.verify_s / total * 100:.0f}%" if total else ""
-        hist = " ".join(f"{n + 1}:{c}" for n, c in enumerate(m.histogram) if c)
+        if m.draft_s is None or m.verify_s is None:
+            split = f"draft/verify {UNKNOWN}"
+        else:
+            total = m.draft_s + m.verify_s
+            split = f"draft {m.draft_s / total * 100:.0f}% · verify {m.verify_s / total * 100:.0f}%" if total else ""
+        hist = UNKNOWN if m.histogram is None else " ".join(f"{n + 1}:{c}" for n, c in enumerate(m.histogram) if c)
+        peak = UNKNOWN if m.peak_memory_bytes is None else f"{m.peak_memory_bytes / 2**20:.0f} MB ({m.peak_memory_kind})"
         lines = [
             f"{m.generated_tokens} tokens · {m.decode_tokens_per_s:.1f} tok/s · "
             + (f"{speed:.2f}x vs block 1 ({kind})" if speed else "speedup –"),
-            f"tau {m.mean_acceptance_length:.2f} (session {self.conv.session_tau():.2f}) · acceptance {hist}",
-            f"{split} · peak {m.peak_memory_bytes / 2**20:.0f} MB ({m.peak_memory_kind}) · "
-            f"context {m.prompt_tokens + m.generated_tokens}",
+            f"tau {fixed(m.mean_acceptance_length)} (session {fixed(self.conv.session_tau())}) · acceptance {hist}",
+            f"{split} · peak {peak} · context {m.prompt_tokens + m.generated_tokens}",
             f"{m.engine} · {m.device} · {m.dtype} · {self.status()}",
         ]
         return "\n".join(lines)
@@ -158,7 +171,7 @@ class Repl:
             m = turn.summary
             mark = (f" · {m.stopped_by}" if m.stopped_by else "") + (f" · {turn.save_error}" if turn.save_error else "")
             self.info(f"[{m.generated_tokens} tokens · {m.decode_tokens_per_s:.1f} tok/s · "
-                      f"tau {m.mean_acceptance_length:.2f} · block {active.block_size}{mark}]")
+                      f"tau {fixed(m.mean_acceptance_length)} · block {known(m.block_size)}{mark}]")
         if turn is not None and turn.can_continue:
             self.info(f"{'cancelled' if turn.cancelled else 'failed'}: not sent as history; /continue picks it up")
         self.conv.measure_block1()
@@ -227,7 +240,7 @@ def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optiona
     quiet_loaders()
     profile = profile_for(profile_ref)
     config = profile.engine_config(engine, block_size=block_size)
-    err.write(f"loading {config.target}" + (f" + {config.draft}" if config.draft else "") + "…\n")
+    err.write(f"{loading_line(config)}…\n")
     err.flush()
     loaded = load_engine(config)
     flags = ChatFlags(block_size, thinking, max_new_tokens)

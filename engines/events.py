@@ -11,8 +11,10 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Optional
 
 # The version of this contract (docs/engine-contract.md). Additions with a default keep the number;
-# a field that changes meaning or goes away bumps it.
-CONTRACT_VERSION = 1
+# a field that changes meaning or goes away bumps it. Version 2: None means unknown (a server that is not
+# `dflash serve` cannot report every figure); version 1 wrote 0 there.
+CONTRACT_VERSION = 2
+UNVERSIONED = 1  # the version of a Summary written before `contract` existed
 
 Piece = tuple[str, str]  # (text, origin) with origin "draft" or "target"
 _EMPTY = {"int": 0, "float": 0.0, "str": "", "bool": False}
@@ -20,7 +22,8 @@ _EMPTY = {"int": 0, "float": 0.0, "str": "", "bool": False}
 
 def from_dict(cls, data: dict):
     """`cls` from a dict written by any version: unknown keys are ignored, a missing field takes its
-    default, or an empty value of its type (files written before a field existed still load)."""
+    default, or an empty value of its type, None for an Optional one (files written before a field
+    existed still load)."""
     values = {}
     for f in fields(cls):
         if f.name in data:
@@ -61,6 +64,10 @@ def acceptance_histogram(acceptance_lengths: list[int], block_size: int) -> list
 
 @dataclass
 class Summary:
+    """What a generation measured. A field typed Optional is None where the engine cannot know it (the
+    remote engine on a server other than `dflash serve`): unknown, never a measured zero. The local engines
+    fill every one of them."""
+
     prompt_tokens: int
     generated_tokens: int
     token_ids: list[int]
@@ -68,21 +75,21 @@ class Summary:
     ttft_s: float
     decode_s: float
     decode_tokens_per_s: float
-    acceptance_lengths: list[int]
-    mean_acceptance_length: float
-    histogram: list[int]
-    draft_s: float
-    verify_s: float
-    peak_memory_bytes: int
-    peak_memory_kind: str  # "device" (reset per generation) or "process-lifetime-rss"
-    block_size: int
+    acceptance_lengths: Optional[list[int]]  # one per verify step; None: the server does not report steps
+    mean_acceptance_length: Optional[float]  # tau; None: unknown
+    histogram: Optional[list[int]]  # steps per acceptance length 1..block_size; None: unknown
+    draft_s: Optional[float]  # None: unknown
+    verify_s: Optional[float]
+    peak_memory_bytes: Optional[int]  # None: unknown
+    peak_memory_kind: Optional[str]  # "device" (reset per generation), "process-lifetime-rss"; None: unknown
+    block_size: Optional[int]  # the block size the steps used; None: the server did not say
     engine: str
     device: str
     dtype: str
     finish_reason: str
-    graphs: bool = False  # the decode steps replayed CUDA graphs (absent in older session files)
-    reused_prompt_tokens: int = 0  # prompt tokens whose caches a previous turn left (not prefilled again)
-    prefilled_prompt_tokens: int = 0  # prompt tokens this turn's prefill ran (0 in files from before the field)
+    graphs: Optional[bool] = False  # the decode steps replayed CUDA graphs (absent in older session files)
+    reused_prompt_tokens: Optional[int] = 0  # prompt tokens whose caches a previous turn left (not prefilled again)
+    prefilled_prompt_tokens: Optional[int] = 0  # prompt tokens this turn's prefill ran (0 in files from before the field)
     limit: Optional[str] = None  # with finish_reason "length": "tokens" (max_new_tokens) or "context" (the window is full)
     contract: int = CONTRACT_VERSION  # the contract version this Summary was written under
 
@@ -100,4 +107,8 @@ class Summary:
 
     @classmethod
     def from_dict(cls, data: dict) -> "Summary":
+        """A Summary of any version, as written: a version-1 file's 0 stays a 0 (it was measured there);
+        a field the file lacks takes its default, or None (unknown) for one without a default."""
+        if "contract" not in data:
+            data = {**data, "contract": UNVERSIONED}
         return from_dict(cls, data)

@@ -327,3 +327,22 @@ def test_draft_windows_sweep_values(profile_file):
     assert tune.windows_for("64, none,64", profile, config) == [64, None]
     with pytest.raises(UserError):
         tune.windows_for("-3", profile, config)
+
+
+def test_bench_on_a_foreign_server_shows_unknown_tau_acceptance_and_memory_as_dashes(tmp_path):
+    """A server that is not ours (tests/foreign.py) reports no steps and no memory: the table says "–"
+    and --json says null, never a measured-looking 0.00 (the block-1 row is the only one: no draft here)."""
+    from tests.foreign import ForeignServer
+
+    out = tmp_path / "bench.json"
+    with ForeignServer() as server:
+        result = invoke("bench", "--url", server.base, "--dataset", "demo", "--max-samples", "1", "--repeats", "1",
+                        "--json", out)
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["block_size"] == 1 and row["generated_tokens"] > 0
+    assert {k: row[k] for k in ("steps", "tau", "histogram", "peak_memory_bytes", "peak_memory_kind")} == dict.fromkeys(
+        ("steps", "tau", "histogram", "peak_memory_bytes", "peak_memory_kind"))
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("1 ")]
+    cells = line.split()  # block, tokens, tok/s, spread, runs, speedup, vs framework, tau, acceptance, TTFT...
+    assert cells[5:9] == ["1.00x", "-", "–", "–"], line

@@ -120,3 +120,37 @@ def test_the_limit_that_ended_an_answer_is_named(pairs):
                   "-n", "100", text)
     assert full.exit_code == 0, full.output
     assert "stopped: context full" in full.stderr and room < 100
+
+
+# -- a server that is not ours (tests/foreign.py, on loopback): unknown is not zero -------------------
+
+
+@pytest.fixture(scope="module")
+def foreign():
+    from tests.foreign import ForeignServer
+
+    with ForeignServer() as server:
+        yield server
+
+
+UNKNOWN_FIELDS = ("mean_acceptance_length", "acceptance_lengths", "histogram", "draft_s", "verify_s",
+                  "peak_memory_bytes", "peak_memory_kind", "block_size", "reused_prompt_tokens",
+                  "prefilled_prompt_tokens")
+
+
+def test_json_against_a_foreign_server_says_null_for_what_it_cannot_know(foreign):
+    result = invoke("generate", "--url", foreign.base, "--json", "-n", "20", "hi")
+    assert result.exit_code == 0, result.output
+    summary = summary_of(result.stdout)
+    assert {k: summary[k] for k in UNKNOWN_FIELDS} == dict.fromkeys(UNKNOWN_FIELDS)  # null, never 0 or 0.0
+    assert summary["generated_tokens"] == 6 and summary["text"] == "Hello from a foreign server."
+    assert summary["contract"] == 2
+
+
+def test_text_against_a_foreign_server_shows_a_dash_for_what_it_cannot_know(foreign):
+    result = invoke("generate", "--url", foreign.base, "-n", "20", "hi")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "Hello from a foreign server."
+    (line,) = [x for x in result.stderr.splitlines() if "tok/s" in x]
+    assert "tau – · peak – · block – · remote engine" in line, line
+    assert "0.00" not in line and "0 B" not in line and "block 1 " not in line

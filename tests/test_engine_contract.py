@@ -83,6 +83,8 @@ def test_summary_fields(loaded):
     assert (summary.device, summary.dtype) == ("cpu", "float32")
     assert summary.draft_s > 0 and summary.verify_s > 0 and summary.ttft_s > 0
     assert summary.contract == CONTRACT_VERSION
+    assert None not in (summary.mean_acceptance_length, summary.block_size, summary.peak_memory_kind, summary.graphs,
+                        summary.reused_prompt_tokens, summary.prefilled_prompt_tokens)  # a local engine knows them all
     assert Summary.from_dict(json.loads(json.dumps(summary.to_dict()))) == summary
 
 
@@ -105,7 +107,30 @@ def test_a_summary_written_before_the_contract_had_a_version_still_loads():
            "from_the_future": True}
     summary = Summary.from_dict(old)
     assert summary.mean_acceptance_length == 6.0 and summary.token_ids == [] and summary.text == ""
-    assert summary.graphs is False and summary.contract == CONTRACT_VERSION
+    assert summary.graphs is False and summary.contract == 1  # written before the version: version 1
+
+
+def test_version_2_says_unknown_with_none_and_version_1_zeros_load_as_written():
+    """Version 2 (None: unknown) survives JSON; a version-1 summary's 0 stays 0 (it said so then); a field a
+    file lacks and has no default is None (the file does not say), not a made-up 0."""
+    assert CONTRACT_VERSION == 2
+    unknown = {"prompt_tokens": 9, "generated_tokens": 6, "token_ids": [], "text": "hi", "ttft_s": 0.01,
+               "decode_s": 0.1, "decode_tokens_per_s": 50.0, "acceptance_lengths": None,
+               "mean_acceptance_length": None, "histogram": None, "draft_s": None, "verify_s": None,
+               "peak_memory_bytes": None, "peak_memory_kind": None, "block_size": None, "engine": "remote",
+               "device": "h (vllm)", "dtype": "?", "finish_reason": "stop", "graphs": None,
+               "reused_prompt_tokens": None, "prefilled_prompt_tokens": None, "contract": 2}
+    summary = Summary.from_dict(json.loads(json.dumps(unknown)))
+    assert summary.to_dict() == {**unknown, "limit": None}
+    v1 = {**unknown, "acceptance_lengths": [], "mean_acceptance_length": 0.0, "histogram": [], "draft_s": 0.0,
+          "verify_s": 0.0, "peak_memory_bytes": 0, "peak_memory_kind": "unknown (remote)", "block_size": 1}
+    for key in ("contract", "graphs", "reused_prompt_tokens", "prefilled_prompt_tokens"):
+        del v1[key]
+    old = Summary.from_dict(v1)
+    assert (old.contract, old.mean_acceptance_length, old.peak_memory_bytes, old.block_size) == (1, 0.0, 0, 1)
+    assert (old.graphs, old.reused_prompt_tokens, old.prefilled_prompt_tokens) == (False, 0, 0)
+    del v1["peak_memory_bytes"]
+    assert Summary.from_dict(v1).peak_memory_bytes is None
 
 
 def test_target_alone_runs_block_1(pairs, loaded):

@@ -1,6 +1,9 @@
-"""engines.remote without a server: SSE framing, the three thinking forms, the server-kind and URL rules."""
+"""engines.remote: SSE framing, the three thinking forms, the server-kind and URL rules (no server), and
+what it reports from a server that is not ours (a small stand-in on loopback, tests/foreign.py)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -89,3 +92,27 @@ def test_urls_kinds_errors_and_metrics_parsing():
             "vllm:spec_decode_num_accepted_tokens_total 12\n")
     parsed = parse_prometheus(text)
     assert parsed["vllm:spec_decode_num_drafts_total"] == 5 and parsed["vllm:spec_decode_num_accepted_tokens_total"] == 12
+
+
+def test_a_foreign_server_leaves_what_it_cannot_know_unknown_not_zero():
+    """vLLM, SGLang, llama.cpp and mlx_lm.server report no steps, block size, memory or cache reuse: the
+    Summary says None (null in JSON), never a measured-looking 0, and the events are not steps."""
+    from dflash_tui.engines import CONTRACT_VERSION, EngineConfig, GenerationRequest, Summary, load_engine
+    from tests.foreign import ANSWER, PROMPT_TOKENS, ForeignServer
+
+    with ForeignServer() as server:
+        engine = load_engine(EngineConfig(target="served", engine="remote", url=server.base))
+        assert engine.kind == "openai-compatible" and engine.reports_steps is False
+        request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_new_tokens=20, block_size=16)
+        events = list(engine.generate(request))
+        engine.close()
+    s = engine.last_summary
+    assert "".join(e.text for e in events) == "".join(ANSWER) == s.text
+    assert (s.prompt_tokens, s.generated_tokens, s.finish_reason) == (PROMPT_TOKENS, len(ANSWER), "stop")
+    unknown = ("acceptance_lengths", "mean_acceptance_length", "histogram", "draft_s", "verify_s", "peak_memory_bytes",
+               "peak_memory_kind", "block_size", "graphs", "reused_prompt_tokens", "prefilled_prompt_tokens")
+    assert {name: getattr(s, name) for name in unknown} == dict.fromkeys(unknown)
+    assert s.contract == CONTRACT_VERSION == 2
+    assert Summary.from_dict(json.loads(json.dumps(s.to_dict()))) == s  # None survives a session file
+    assert "tau unknown" in " ".join(engine.last_notes)
+    assert "dflash" not in server.requests[-1][1]  # nothing of ours is sent to a foreign server

@@ -185,3 +185,32 @@ def test_a_chat_started_with_target_and_draft_resumes_with_or_without_them(pairs
     turns = sessions.load_session(session.id).turns
     assert [t["user"] for t in turns] == ["remember this", "and this", "and this"]
     assert [t["index"] for t in turns] == [0, 1, 2]
+
+
+def test_plain_chat_on_a_foreign_server_says_where_it_connects_and_shows_unknowns_as_dashes(data_dir):
+    """`chat --plain --url` on a server that is not ours (tests/foreign.py): nothing local loads, so no
+    "loading <target> + <draft>" line; tau, acceptance, block size and peak memory are "–", and so is
+    what the session file shows of them."""
+    from click.testing import CliRunner
+
+    from dflash_tui.cli import main
+    from tests.foreign import ForeignServer
+
+    with ForeignServer() as server:
+        result = CliRunner().invoke(main, ["chat", "--plain", "--url", server.base], input="hello\n/stats\n/block 4\n")
+    assert result.exit_code == 0, result.output
+    err = result.stderr
+    assert f"connecting to {server.base} (model the first it lists)…" in err
+    assert "loading" not in err and "demo" not in err
+    assert "Hello from a foreign server." in result.stdout
+    assert "[6 tokens · " in err and "tau – · block –]" in err  # the line after the answer
+    assert "tau – (session –) · acceptance –" in err and "peak – ·" in err  # /stats
+    assert "block – · thinking" in err
+    assert "runs the block size it was launched with" in err and "block size 4" not in err  # /block 4
+    assert "0.00" not in err and "0 MB" not in err
+    (session,) = sessions.list_sessions()
+    summary = session.turns[0]["summary"]
+    assert summary["mean_acceptance_length"] is None and summary["block_size"] is None
+    assert session.turns[0]["settings"]["block_size"] is None  # not the profile's 16, which it never ran
+    shown = CliRunner().invoke(main, ["sessions", "show", session.id])
+    assert "_block – · thinking on · 6 tokens · " in shown.stdout and " · tau –_" in shown.stdout

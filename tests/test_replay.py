@@ -475,3 +475,29 @@ async def test_replay_screen_at_80x24_shows_run_identity_runs_and_spread(recorde
         table.focus()
         await pilot.press("right")
         await waiting.until(pilot, lambda: table.scroll_x > 0)
+
+
+def test_rows_of_a_foreign_servers_runs_show_unknown_figures_as_dashes_and_null():
+    """Runs on a server that is not ours (tests/foreign.py) carry no steps and no memory: the row's tau,
+    histogram and peak are unknown (null in the saved comparison, "–" in the table and the chart's tau 0
+    bar), and the saved file loads back with them still unknown."""
+    from dflash_tui.engines import GenerationRequest
+    from tests.foreign import ForeignServer
+
+    with ForeignServer() as server:
+        engine = load_engine(EngineConfig(target="served", engine="remote", url=server.base))
+        request = GenerationRequest(prompt_ids=[10, 11, 12], max_new_tokens=8, temperature=0.0)
+        passes = [[runs.run(engine, request)], [runs.run(engine, request)]]
+        engine.close()
+    assert passes[0][0].acceptance_lengths is None and passes[0][0].peak_memory_bytes is None
+    row = replay.ReplayRow.of(1, passes, turns=[{"index": 0, "acceptance_lengths": None, "pieces": [],
+                                                   "decode_tokens_per_s": 1.0}])
+    assert (row.steps, row.tau, row.histogram, row.peak_memory_bytes, row.peak_memory_kind) == (None,) * 5
+    comparison = replay.ReplayResult(rows=[row], block_sizes=[1], greedy=False, temperature=0.7, turns=[{}])
+    again = replay.ReplayResult.from_dict(json.loads(json.dumps(comparison.to_dict())))
+    assert again.rows[0].tau is None and again.rows[0].histogram is None
+    table = replay.format_table(again)
+    cells = table.splitlines()[2].split()  # block, identical, tok/s, spread, runs, speedup, tau, acceptance, TTFT, peak
+    assert cells[0] == "1" and cells[6:8] == ["–", "–"] and cells[-2:] == ["ms", "–"], table
+    assert "process peak RSS" not in table
+    replay.chart(again)  # an unknown tau draws no bar, and no error

@@ -195,6 +195,13 @@ def test_remote_engine_shows_what_a_local_engine_shows(server, local):
         assert remote.last_summary.token_ids == summary.token_ids
         assert remote.last_summary.acceptance_lengths == summary.acceptance_lengths
         assert remote.last_summary.engine == "remote"
+    # our server says what it ran: the block size asked for, its memory, its cache reuse (no unknowns)
+    assert remote.reports_steps
+    list(remote.generate(GenerationRequest(messages=[{"role": "user", "content": PROMPTS[2]}], max_new_tokens=8,
+                                           temperature=0.0, block_size=4)))
+    s = remote.last_summary
+    assert s.block_size == 4 and s.contract == 2 and s.peak_memory_bytes > 0 and s.peak_memory_kind
+    assert s.mean_acceptance_length is not None and s.prefilled_prompt_tokens is not None and len(s.histogram) == 4
     ids = local.prepare(GenerationRequest(messages=[{"role": "user", "content": "hi"}]))  # replay resends ids
     got = list(remote.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=10, temperature=0.0)))
     want = list(local.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=10, temperature=0.0)))
@@ -453,6 +460,8 @@ def test_remote_engine_on_the_plain_openai_path(server, local):
     reasoning, content = split_whole(summary.text)
     text = "".join(e.text for e in events)
     assert text.endswith(content) and reasoning in text
+    got = remote.last_summary  # our /metrics has no vLLM spec-decode counters: tau is unknown, as the rest
+    assert (got.mean_acceptance_length, got.acceptance_lengths, got.block_size, got.peak_memory_bytes) == (None,) * 4
     remote.close()
 
 
@@ -505,3 +514,9 @@ async def test_the_tui_over_the_remote_engine_colours_tokens_and_shows_the_stats
         want_kinds = {origin for e in events for _, origin in e.pieces}
         assert want_kinds <= kinds <= want_kinds | {"ghost"}
         assert app._last_stats.tau == pytest.approx(want.mean_acceptance_length)
+        # our server says which block size it ran: the header, the stats and the answer's footer agree on it
+        used = summary.block_size
+        assert used == want.block_size and app._last_stats.block_size == used
+        header = str(app.screen.query_one("#header-state").render())
+        footer = str(answer.query_one(".answer-footer").render())
+        assert f" · block {used} · " in header and f"block {used}" in footer and "–" not in footer

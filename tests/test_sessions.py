@@ -371,3 +371,52 @@ def test_an_export_replaces_its_file_and_never_truncates_what_the_name_pointed_a
     assert kept.read_text() == "the user's notes\n"
     assert other_name.read_text().startswith("# dflash session") and stat.S_IMODE(other_name.stat().st_mode) == 0o600
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.md", "out.md"]  # no temporary file left
+
+
+def test_a_version_1_session_file_still_loads_and_shows_its_figures(data_dir):
+    """A file written before contract version 2, by hand as dflash 0.x wrote it: no `contract` in its
+    summaries, and a turn against a foreign server that wrote 0 where version 2 writes null. Version 1's
+    numbers load as they were written (0.0 was what that file said); the session's tau counts the steps
+    of the turn that has them."""
+    from dflash_tui.cli import main
+    from dflash_tui.core.conversation import ChatSettings, Conversation, session_tau
+    from dflash_tui.engines import EngineConfig, Summary, load_engine
+    from tests.foreign import ForeignServer
+
+    local = {"prompt_tokens": 21, "generated_tokens": 13, "ttft_s": 0.01, "decode_s": 0.1,
+             "decode_tokens_per_s": 120.0, "acceptance_lengths": [4, 8], "mean_acceptance_length": 6.0,
+             "histogram": [0, 0, 0, 1, 0, 0, 0, 1], "draft_s": 0.02, "verify_s": 0.05, "peak_memory_bytes": 1 << 20,
+             "peak_memory_kind": "device", "block_size": 8, "engine": "cuda", "device": "cpu", "dtype": "float32",
+             "finish_reason": "stop", "graphs": False}
+    foreign = {**local, "acceptance_lengths": [], "mean_acceptance_length": 0.0, "histogram": [], "draft_s": 0.0,
+               "verify_s": 0.0, "peak_memory_bytes": 0, "peak_memory_kind": "unknown (remote)", "block_size": 1,
+               "engine": "remote", "device": "127.0.0.1:8000 (vllm)", "dtype": "?"}
+    header = {"type": "header", "format": 1, "id": "20250101-090000-0001", "created": "2025-01-01T09:00:00+00:00",
+              "profile": {"name": "tiny"}, "engine": "cuda", "device": "cpu", "dtype": "float32"}
+    turns = [{"type": "turn", "index": n, "status": "completed", "user": f"q{n}", "answer": f"a{n}",
+              "settings": {"block_size": summary["block_size"], "thinking": False}, "prompt_ids": [1, 2],
+              "emitted_ids": [3], "steps": [], "summary": summary} for n, summary in enumerate((local, foreign))]
+    folder = sessions.private_dir(sessions.sessions_dir())
+    path = folder / "20250101-090000-0001.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in (header, *turns)))
+    os.chmod(path, 0o600)
+
+    session = sessions.load_session("20250101-090000-0001")
+    loaded = [Summary.from_dict(t["summary"]) for t in session.turns]
+    assert [s.contract for s in loaded] == [1, 1]
+    assert (loaded[0].mean_acceptance_length, loaded[0].peak_memory_bytes, loaded[0].block_size) == (6.0, 1 << 20, 8)
+    assert (loaded[1].mean_acceptance_length, loaded[1].peak_memory_bytes, loaded[1].block_size) == (0.0, 0, 1)
+    assert (loaded[0].reused_prompt_tokens, loaded[0].prefilled_prompt_tokens) == (0, 0)  # as version 1 read them
+    assert session_tau(loaded) == 6.0  # the foreign turn has no steps to count
+    shown = CliRunner().invoke(main, ["sessions", "show", "20250101"])
+    assert shown.exit_code == 0, shown.output
+    assert "_block 8 · thinking off · 13 tokens · 120.0 tok/s · tau 6.00_" in shown.output
+    assert "_block 1 · thinking off · 13 tokens · 120.0 tok/s · tau 0.00_" in shown.output
+
+    with ForeignServer() as server:  # a chat resumes it (any engine: a server that is not ours here)
+        conv = Conversation(load_engine(EngineConfig(target="served", engine="remote", url=server.base)),
+                            ChatSettings(), record=False)
+        conv.restore(session)
+        conv.close()
+        conv.engine.close()
+    assert [t.summary for t in conv.turns] == loaded and conv.session_tau() == 6.0

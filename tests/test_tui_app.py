@@ -20,7 +20,7 @@ from textual.widgets import Static  # noqa: E402 - after the importorskip above
 
 from dflash_tui.tui.screens.chat import KEYS  # noqa: E402 - after the importorskip above
 from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
-from tests.tui_helpers import SMALL, make_app, ready, send, session_lines  # noqa: E402 - after the importorskip above
+from tests.tui_helpers import SIZE, SMALL, make_app, ready, send, session_lines  # noqa: E402 - after the importorskip above
 
 
 def warnings_shown(app) -> list[str]:
@@ -246,3 +246,59 @@ def test_preferences_round_trip_and_reject_wrong_types(tmp_path):
     under_a_file = path / "preferences.json"
     assert "this run only" in save_preferences(Preferences(theme="nord"), under_a_file)
     assert "Could not read" in load_preferences(under_a_file)[1]
+
+
+# -- a server that is not ours: unknown is "–", never zero, and never the profile's block size ---------
+
+
+def rendered(app, selector: str) -> str:
+    return str(app.screen.query_one(selector).render())
+
+
+@pytest.mark.asyncio
+async def test_on_a_foreign_server_the_header_and_stats_show_unknown_figures_as_dashes(data_dir):
+    """The demo profile asks for block 16; a server that is not ours (tests/foreign.py) runs whatever it
+    runs and does not say: the header shows no block size, the stats no tau, acceptance, split, memory
+    or cache reuse, and the answer's footer agrees with the header."""
+    from dflash_tui.engines import EngineConfig, load_engine
+    from tests.foreign import ForeignServer
+
+    with ForeignServer() as server:
+        engine = load_engine(EngineConfig(target="served", engine="remote", url=server.base))
+        app = make_app("demo", engine)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            header = rendered(app, "#header-state")
+            assert "block –" in header and "block 16" not in header, header
+            before = rendered(app, "#stats-line")  # no turn yet: nothing measured, nothing to be measured
+            assert "tau – (–) · block – · ctx 0 · draft – · peak –" in before, before
+            await pilot.press("ctrl+k")  # no block size to cycle: the server runs its own
+            await pilot.pause()
+            assert any("launched with" in n.message for n in app._notifications)
+            await send(pilot, "hello")
+            header, panel, line = (rendered(app, s) for s in ("#header-state", "#stats-panel", "#stats-line"))
+            footer = str(app.query("AnswerView").last().query_one(".answer-footer").render())
+        engine.close()
+    assert "block –" in header and "block 16" not in header, header
+    assert "tau –   (session –)" in panel and "– (not reported)" in panel, panel
+    assert "draft – · verify –" in panel and "peak – · context" in panel, panel
+    assert "prompt – reused · – prefilled" in panel and "block – · thinking" in panel, panel
+    assert "tau – (–) · block – · ctx" in line and "draft – · peak –" in line, line
+    assert "tau – · block –" in footer and "6 tokens" in footer, footer
+    assert "0.00" not in panel + line + footer and "0%" not in panel
+
+
+@pytest.mark.asyncio
+async def test_a_remote_chat_says_it_connects_to_the_server_not_that_it_loads_a_local_pair(data_dir):
+    from dflash_tui.core.settings import profile_for, with_remote
+    from dflash_tui.tui.app import DflashApp
+    from tests.foreign import ForeignServer
+
+    with ForeignServer() as server:
+        app = DflashApp(profile=with_remote(profile_for("demo"), server.base), engine="remote", animate=False)
+        async with app.run_test(size=SMALL) as pilot:
+            await ready(pilot)
+            assert app.load_error is None and app.engine.name == "remote"
+            what = app.loading_what
+            app.engine.close()
+    assert what == f"Connecting to {server.base} (model the first it lists)", what

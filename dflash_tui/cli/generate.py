@@ -11,6 +11,7 @@ from dflash_tui.cli import complete
 from dflash_tui.cli.downloads import ensure_local
 from dflash_tui.cli.style import ORIGIN_STYLE, color_enabled
 from dflash_tui.core.conversation import THINK_CLOSE, thinking_layout
+from dflash_tui.core.figures import fixed, known
 from dflash_tui.core.settings import generation_request, load_settings
 from dflash_tui.engines import load_engine
 from dflash_tui.measure.replay import format_bytes
@@ -39,11 +40,12 @@ def engine_options(fn):
 
 
 def stats_line(summary) -> str:
+    """The figures after an answer; one the engine could not know (a foreign server's) reads "–"."""
     peak = format_bytes(summary.peak_memory_bytes)
-    if summary.peak_memory_kind != "device":
+    if summary.peak_memory_kind == "process-lifetime-rss":
         peak += " (process peak RSS)"
     return (f"{summary.generated_tokens} tokens · {summary.decode_tokens_per_s:.1f} tok/s · "
-            f"tau {summary.mean_acceptance_length:.2f} · peak {peak} · block {summary.block_size} · "
+            f"tau {fixed(summary.mean_acceptance_length)} · peak {peak} · block {known(summary.block_size)} · "
             f"{summary.engine} engine on {summary.device} · {summary.dtype} · {summary.stopped_by or summary.finish_reason}")
 
 

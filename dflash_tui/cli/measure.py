@@ -81,6 +81,7 @@ def replay(session_id, block_sizes, engine, device, dtype, temperature, repeats,
     stderr.
     """
     from dflash_tui.core import sessions
+    from dflash_tui.core.settings import server_text
     from dflash_tui.measure.runs import check_repeats
 
     check_repeats(repeats)
@@ -91,7 +92,9 @@ def replay(session_id, block_sizes, engine, device, dtype, temperature, repeats,
     session.warnings = []
     replay_mod.recorded_turns(session)  # fail before loading anything when nothing can be replayed
     config = replay_mod.engine_config_for(session, engine, device, dtype)
-    click.echo(f"loading {config.target} on the {config.engine} engine ...", err=True)
+    server = server_text(config)  # the remote engine loads nothing here
+    click.echo(f"connecting to {server} ..." if server else f"loading {config.target} on the {config.engine} engine ...",
+               err=True)
     comparison = _with_progress(replay_mod.run_replay, _load(config), session, sizes, temperature=temperature,
                                 repeats=repeats)
     if not no_save:

@@ -168,13 +168,14 @@ class LiveStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     prompt_tokens: int = 0
+    steps_known: bool = True  # False: the events are a server's text chunks, not verify steps (`reports_steps`)
 
     def add(self, event: StepEvent) -> None:
         now = time.perf_counter()
         self.tokens += len(event.emitted)
         if event.is_prefill:
             self.first_at = now
-        else:
+        elif self.steps_known:
             self.lengths.append(event.accepted + 1)
             self.draft_s += event.draft_s
             self.verify_s += event.verify_s
@@ -187,10 +188,14 @@ class LiveStats:
         return (self.tokens - 1) / (self.last_at - self.first_at)
 
     @property
-    def tau(self) -> float:
+    def tau(self) -> Optional[float]:
+        if not self.steps_known:
+            return None
         return sum(self.lengths) / len(self.lengths) if self.lengths else 0.0
 
-    def histogram(self) -> list[int]:
+    def histogram(self) -> Optional[list[int]]:
+        if not self.steps_known:
+            return None
         counts = [0] * max(self.block_size, 1)
         for n in self.lengths:
             if 1 <= n <= len(counts):
@@ -207,7 +212,7 @@ class ActiveTurn:
     prompt_ids: list[int]
     messages: list[dict]
     dropped: int
-    block_size: int
+    block_size: Optional[int]  # None: the engine does not say which block size its server uses
     stats: LiveStats
     emitted: list[int] = field(default_factory=list)
     steps: list = field(default_factory=list)
@@ -269,7 +274,13 @@ class Conversation:
             return [1]
         return sorted(set(BLOCK_CHOICES) | {int(self.profile_block_size)})
 
+    def _block_settable(self) -> None:
+        if not reports_steps(self.engine):
+            raise UserError("This server runs the block size it was launched with and does not say which; it cannot "
+                            "be set from here (`dflash serve` takes one per request).")
+
     def cycle_block(self) -> int:
+        self._block_settable()
         choices = self.block_choices()
         current = self.settings.block_size
         later = [b for b in choices if b > current]
@@ -277,6 +288,7 @@ class Conversation:
         return self.settings.block_size
 
     def set_block(self, block_size: int) -> int:
+        self._block_settable()
         check_block_size(block_size, self.engine.trained_block_size, self.has_draft)
         self.settings.block_size = block_size
         return block_size
@@ -380,8 +392,10 @@ class Conversation:
         request.reuse_cache = self.reuse_cache
         self.last_request = request
         block = self.settings.block_size or self.engine.block_size
+        steps = reports_steps(self.engine)
         return ActiveTurn(user=user, request=request, prompt_ids=ids, messages=messages, dropped=self.dropped,
-                          block_size=block, stats=LiveStats(block_size=block, prompt_tokens=len(ids)))
+                          block_size=block if steps else None,
+                          stats=LiveStats(block_size=block if steps else 1, prompt_tokens=len(ids), steps_known=steps))
 
     def notice(self, text: str) -> None:
         self.notices.append(text)
@@ -532,9 +546,10 @@ class Conversation:
         self.writer = writer
 
     # -- session statistics ----------------------------------------------------------------------
-    def session_tau(self) -> float:
-        lengths = [n for t in self.turns if t.summary for n in t.summary.acceptance_lengths]
-        return sum(lengths) / len(lengths) if lengths else 0.0
+    def session_tau(self) -> Optional[float]:
+        """Tau over the session's steps: the turns whose tau is unknown are left out; None when no turn's is
+        known."""
+        return session_tau([t.summary for t in self.turns if t.summary])
 
     def measure_block1(self) -> bool:
         """Time a block-1 step at the engine's kept context, unless a probe already stands for about that
@@ -573,12 +588,34 @@ class Conversation:
 
         Block 1's rate is one over a probe's time per single-token step (`measure_block1`); (None, "")
         until a probe stands for this context length, and the UI shows "–"."""
+        if block_size is None:  # the server did not say which block size it ran
+            return None, ""
         if block_size <= 1:
             return 1.0, "block 1"
         probe = self.probe_near(context_tokens)
         if probe is None or not tokens_per_s:
             return None, ""
         return tokens_per_s * probe.seconds_per_token, "measured"
+
+
+def reports_steps(engine) -> bool:
+    """Whether `engine`'s events are verify steps (False: a server's text chunks; absent means True)."""
+    return bool(getattr(engine, "reports_steps", True))
+
+
+def session_tau(summaries: list[Summary]) -> Optional[float]:
+    """The mean acceptance length over every step of `summaries` whose tau is known, None if none is.
+
+    A turn with its acceptance lengths counts each step; one with only a tau (vLLM's and SGLang's
+    counters) counts its generated tokens over that tau as its steps."""
+    total = steps = 0.0
+    for s in summaries:
+        if s.acceptance_lengths:
+            total, steps = total + sum(s.acceptance_lengths), steps + len(s.acceptance_lengths)
+        elif s.acceptance_lengths is None and s.mean_acceptance_length and s.generated_tokens > 1:
+            tokens = s.generated_tokens - 1  # the prefill token is not a step
+            total, steps = total + tokens, steps + tokens / s.mean_acceptance_length
+    return total / steps if steps else None
 
 
 def open_conversation(engine: EngineLike, profile: Profile, flags: ChatFlags,

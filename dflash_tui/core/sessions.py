@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Optional
 
+from dflash_tui.core.figures import fixed, known
 from dflash_tui.engines.errors import UserError
 
 FORMAT_VERSION = 1
@@ -555,11 +556,13 @@ def to_markdown(session: Session) -> str:
         lines.append("")
         lines.append(turn.get("answer", ""))
         lines.append("")
-        facts = [f"block {settings.get('block_size', '?')}", f"thinking {'on' if settings.get('thinking') else 'off'}"]
+        # the block size the turn ran (its summary's; null: the server did not say), else the one it asked for
+        block = summary["block_size"] if "block_size" in summary else settings.get("block_size", "?")
+        facts = [f"block {known(block)}", f"thinking {'on' if settings.get('thinking') else 'off'}"]
         if summary:
             facts.append(f"{summary.get('generated_tokens', 0)} tokens")
             facts.append(f"{summary.get('decode_tokens_per_s', 0):.1f} tok/s")
-            facts.append(f"tau {summary.get('mean_acceptance_length', 0):.2f}")
+            facts.append(f"tau {fixed(summary.get('mean_acceptance_length'))}")
         lines.append(f"_{' · '.join(facts)}_")
         lines.append("")
     return "\n".join(lines)

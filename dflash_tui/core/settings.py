@@ -50,6 +50,23 @@ def with_remote(profile: Profile, url: Optional[str] = None, model: Optional[str
     return replace(profile, engines={**profile.engines, "remote": {**profile.engines.get("remote", {}), **given}})
 
 
+def server_text(config: EngineConfig) -> Optional[str]:
+    """'http://HOST:PORT/v1 (model M)' for the remote engine (the model: the server's first when not
+    given); None for an engine that loads weights here."""
+    if config.engine != "remote":
+        return None
+    return f"{config.url or '(no --url)'} (model {config.model or 'the first it lists'})"
+
+
+def loading_line(config: EngineConfig) -> str:
+    """What starting `config` does, in words: the local pair it loads, or the server it connects to (the
+    remote engine loads nothing here)."""
+    server = server_text(config)
+    if server is not None:
+        return f"connecting to {server}"
+    return f"loading {config.target}" + (f" + {config.draft}" if config.draft else "")
+
+
 def profile_for(ref: Union[str, os.PathLike, Profile, None]) -> Profile:
     """A Profile from a name, a path, or a Profile itself (None: the default profile)."""
     if isinstance(ref, Profile):

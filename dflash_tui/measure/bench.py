@@ -38,8 +38,9 @@ prompt ids, repeated the same way, is a second baseline. Throughput is decode to
         "speedup_vs_framework": 3.01,             # vs the framework baseline; null without it
         "tau": 5.35,                              # mean acceptance length
         "histogram": [12, 30, ...],               # steps with acceptance length 1..block_size
+                                                  # (steps, tau, histogram: null when the server did not say)
         "ttft_s": 0.004,                          # mean time to first token
-        "peak_memory_bytes": 123456789, "peak_memory_kind": "device" | "process-lifetime-rss",
+        "peak_memory_bytes": 123456789, "peak_memory_kind": "device" | "process-lifetime-rss",  # null: unknown
         "identical_to_block_1": true              # every pass's ids equal block 1's; null when sampled
       }],
       "best_block_size": 16                       # the fastest row
@@ -54,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from dflash_tui.core.figures import fixed
 from dflash_tui.engines.config import GenerationRequest
 from dflash_tui.engines.errors import UserError
 from dflash_tui.measure import prompts
@@ -369,7 +371,7 @@ def format_result(result: BenchResult, colour: bool = False) -> str:
     for row in r["rows"]:
         cells.append([str(row["block_size"]), str(row["generated_tokens"]), f"{row['decode_tokens_per_s']:.1f}",
                       spread_cell(row), str(row["repeats"]), times(row["speedup"]), times(row["speedup_vs_framework"]),
-                      f"{row['tau']:.2f}", histogram_text(row["histogram"]), millis(row["ttft_s"]),
+                      fixed(row["tau"]), histogram_text(row["histogram"]), millis(row["ttft_s"]),
                       mark(row["identical_to_block_1"])])
     if fw:
         cells.append([fw["name"], str(fw["generated_tokens"]), f"{fw['decode_tokens_per_s']:.1f}", spread_cell(fw),
@@ -390,7 +392,7 @@ def format_result(result: BenchResult, colour: bool = False) -> str:
         if row["speedup"] is not None:
             lines.append(f"  Decoding speedup: {row['speedup']:.2f}x"
                          + (f" ({row['speedup_vs_framework']:.2f}x vs {fw['name']})" if row["speedup_vs_framework"] else ""))
-        lines.append(f"  Average acceptance length: {row['tau']:.2f}")
+        lines.append(f"  Average acceptance length: {fixed(row['tau'])}")
         lines.append(f"  Acceptance length histogram: {histogram_line(row['histogram'])}")
     lines.append("")
     lines.append(f"fastest: block size {r['best_block_size']}")

@@ -29,11 +29,12 @@ The comparison is saved next to the session as `<session>.replay-<YYYYmmdd-HHMMS
         "generated_tokens": 40, "steps": 14,     # verify steps (the prefill token is not a step)
         "tau": 2.79,                             # mean acceptance length over all turns
         "histogram": [3, 2, 4, 5],               # steps with acceptance length 1..block_size
+                                                 # (steps, tau, histogram: null when the server did not say)
         "decode_tokens_per_s": 312.0,            # the fastest pass, all turns: (tokens - 1 per turn) / decode s
         "repeats": 3, "repeat_rates": [312.0, 298.5, 305.1],  # each pass's rate; spread = max - min
         "speedup": 2.1,                          # decode_tokens_per_s / block 1's (block 1 row: 1.0)
         "ttft_s": 0.012,                         # mean time to first token
-        "peak_memory_bytes": 123456, "peak_memory_kind": "device" | "process-lifetime-rss",
+        "peak_memory_bytes": 123456, "peak_memory_kind": "device" | "process-lifetime-rss",  # null: unknown
         "identical_to_recording": true | false | null,     # every pass; null: sampled, or a different target
         "identical_across_block_sizes": true | false | null,  # vs the block 1 row; null when sampled
         "turns": [{"index": 0, "token_ids": [...], "pieces": [["Hel", "draft"], ["lo", "target"]],
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import Optional
 
 from dflash_tui.core import sessions
+from dflash_tui.core.figures import fixed
 from dflash_tui.engines.config import MAX_BLOCK_SIZE, SAMPLING_FIELDS, EngineConfig, GenerationRequest
 from dflash_tui.engines.errors import UserError
 from dflash_tui.measure.report import CHECK, CROSS, format_bytes, histogram_text, millis, repeats_note, spread_cell, table, times
@@ -417,9 +419,9 @@ def table_rows(comparison: ReplayResult) -> tuple[list[str], list[list[str]]]:
     titles = ["block", "identical", "tok/s", "spread", "runs", "speedup", "tau", "acceptance 1..B", "TTFT", "peak mem"]
     cells = []
     for row in comparison["rows"]:
-        peak = format_bytes(row["peak_memory_bytes"]) + ("" if row["peak_memory_kind"] == "device" else "*")
+        peak = format_bytes(row["peak_memory_bytes"]) + ("*" if row["peak_memory_kind"] == "process-lifetime-rss" else "")
         cells.append([str(row["block_size"]), identity_mark(row, comparison), f"{row['decode_tokens_per_s']:.1f}",
-                      spread_cell(row), str(row["repeats"]), times(row["speedup"]), f"{row['tau']:.2f}",
+                      spread_cell(row), str(row["repeats"]), times(row["speedup"]), fixed(row["tau"]),
                       histogram_text(row["histogram"]), millis(row["ttft_s"]), peak])
     return titles, cells
 
@@ -428,7 +430,7 @@ def format_table(comparison: ReplayResult, colour: bool = False) -> str:
     titles, cells = table_rows(comparison)
     lines = table(titles, cells, left=(IDENTICAL_COLUMN, 7), marks=IDENTICAL_COLUMN, colour=colour)
     lines.append(repeats_note(comparison["rows"]))
-    if any(r["peak_memory_kind"] != "device" for r in comparison["rows"]):
+    if any(r["peak_memory_kind"] == "process-lifetime-rss" for r in comparison["rows"]):
         lines.append("* process peak RSS over the whole run (no device memory counter on this engine/device)")
     return "\n".join(lines)
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from typing import Optional
 
+from dflash_tui.core.figures import UNKNOWN
 from dflash_tui.measure.runs import spread
 
 CHECK, CROSS = "✓", "✗"
 
 
-def format_bytes(n: int) -> str:
+def format_bytes(n: Optional[int]) -> str:
+    """'1.5 MB'; '–' when unknown (None)."""
+    if n is None:
+        return UNKNOWN
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -17,9 +21,11 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def histogram_text(histogram: list[int], width: int = 16) -> str:
+def histogram_text(histogram: Optional[list[int]], width: int = 16) -> str:
     """A compact histogram: one block character per acceptance length 1..B, its height the count relative
-    to the most common length (· for none)."""
+    to the most common length (· for none); '–' when unknown (None)."""
+    if histogram is None:
+        return UNKNOWN
     total = sum(histogram)
     if not total:
         return "-"
@@ -28,8 +34,10 @@ def histogram_text(histogram: list[int], width: int = 16) -> str:
     return "".join(cells)
 
 
-def histogram_line(histogram: list[int]) -> str:
-    """'1: 20% · 4: 80%': the share of steps per acceptance length."""
+def histogram_line(histogram: Optional[list[int]]) -> str:
+    """'1: 20% · 4: 80%': the share of steps per acceptance length ('–' when unknown)."""
+    if histogram is None:
+        return UNKNOWN
     total = sum(histogram)
     if not total:
         return "-"
@@ -89,7 +97,7 @@ def chart(rows, colour: bool = False, width: int = 80, height: int = 14) -> str:
     """A plotext bar chart of speedup and tau per block size (a plain-text one without colour)."""
     labels = [str(r["block_size"]) for r in rows]
     speedups = [round(r["speedup"] or 0.0, 2) for r in rows]
-    taus = [round(r["tau"], 2) for r in rows]
+    taus = [round(r["tau"] or 0.0, 2) for r in rows]  # an unknown tau draws no bar
     try:
         text = _plotext_chart(labels, speedups, taus, width, height)
     except Exception:  # noqa: BLE001 - a chart is a nicety; fall back to text bars

@@ -105,13 +105,13 @@ class Run:
     token_ids: list[int]
     text: str
     pieces: list[list[str]]
-    acceptance_lengths: list[int]
+    acceptance_lengths: Optional[list[int]]  # None: unknown (a server that does not report its steps)
     generated_tokens: int
     decode_s: float
     decode_tokens_per_s: float
     ttft_s: float
-    peak_memory_bytes: int
-    peak_memory_kind: str
+    peak_memory_bytes: Optional[int]  # None: unknown
+    peak_memory_kind: Optional[str]
     finish_reason: Optional[str]
     prompt_ids: list[int] = field(default_factory=list)
 
@@ -123,7 +123,8 @@ def run(engine, request: GenerationRequest) -> Run:
         pieces += event.pieces
     s = engine.last_summary
     return Run(token_ids=list(s.token_ids), text=s.text, pieces=merge_pieces(pieces),
-               acceptance_lengths=list(s.acceptance_lengths), generated_tokens=s.generated_tokens,
+               acceptance_lengths=None if s.acceptance_lengths is None else list(s.acceptance_lengths),
+               generated_tokens=s.generated_tokens,
                decode_s=s.decode_s, decode_tokens_per_s=s.decode_tokens_per_s, ttft_s=s.ttft_s,
                peak_memory_bytes=s.peak_memory_bytes, peak_memory_kind=s.peak_memory_kind,
                finish_reason=s.finish_reason, prompt_ids=list(request.prompt_ids or []))
@@ -169,14 +170,16 @@ class Totals(Record):
 
     block_size: int = 0
     generated_tokens: int = 0
-    steps: int = 0  # verify steps (the prefill token is not a step)
-    tau: float = 0.0  # mean acceptance length
-    histogram: list[int] = field(default_factory=list)  # steps with acceptance length 1..block_size
+    # steps, tau and histogram are None (unknown) when a run's engine did not report its steps (a remote
+    # server other than `dflash serve`); peak memory when none did
+    steps: Optional[int] = 0  # verify steps (the prefill token is not a step)
+    tau: Optional[float] = 0.0  # mean acceptance length
+    histogram: Optional[list[int]] = field(default_factory=list)  # steps with acceptance length 1..block_size
     decode_tokens_per_s: float = 0.0
     speedup: Optional[float] = None  # vs block 1 on the same engine
     ttft_s: float = 0.0  # mean time to first token
-    peak_memory_bytes: int = 0
-    peak_memory_kind: str = "device"  # or "process-lifetime-rss"
+    peak_memory_bytes: Optional[int] = 0
+    peak_memory_kind: Optional[str] = "device"  # or "process-lifetime-rss"
     repeats: int = 1  # passes over the prompts after the warm-up; the fields above are the fastest one's
     repeat_rates: list[float] = field(default_factory=list)  # every pass's decode tokens per second
 
@@ -184,13 +187,17 @@ class Totals(Record):
     def of(cls, block_size: int, passes: list[list[Run]], **more):
         """The row of the fastest of `passes` (each one pass over the same prompts)."""
         runs = best_pass(passes)
-        lengths = [n for r in runs for n in r.acceptance_lengths]
+        known = all(r.acceptance_lengths is not None for r in runs)
+        lengths = [n for r in runs for n in r.acceptance_lengths or []]
+        peaks = [r for r in runs if r.peak_memory_bytes is not None]
         return cls(block_size=block_size, generated_tokens=sum(r.generated_tokens for r in runs),
-                   steps=len(lengths), tau=sum(lengths) / len(lengths) if lengths else 0.0,
-                   histogram=acceptance_histogram(lengths, block_size), decode_tokens_per_s=decode_rate(runs),
-                   ttft_s=mean_ttft(runs), peak_memory_bytes=max((r.peak_memory_bytes for r in runs), default=0),
-                   peak_memory_kind=runs[0].peak_memory_kind if runs else "device", repeats=len(passes),
-                   repeat_rates=[decode_rate(p) for p in passes], **more)
+                   steps=len(lengths) if known else None,
+                   tau=(sum(lengths) / len(lengths) if lengths else 0.0) if known else None,
+                   histogram=acceptance_histogram(lengths, block_size) if known else None,
+                   decode_tokens_per_s=decode_rate(runs), ttft_s=mean_ttft(runs),
+                   peak_memory_bytes=max((r.peak_memory_bytes for r in peaks), default=0 if not runs else None),
+                   peak_memory_kind=(peaks[0].peak_memory_kind if peaks else None) if runs else "device",
+                   repeats=len(passes), repeat_rates=[decode_rate(p) for p in passes], **more)
 
 
 def add_speedups(rows: list[Totals], block_1: bool = False) -> None:

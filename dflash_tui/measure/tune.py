@@ -27,6 +27,7 @@ from typing import Optional
 
 import tomlkit
 
+from dflash_tui.core.figures import fixed
 from dflash_tui.engines.errors import UserError
 from dflash_tui.measure.bench import run_block
 from dflash_tui.measure.replay import DEFAULT_REPEATS
@@ -185,7 +186,7 @@ def format_sweep(result: Sweep) -> str:
         window = [str(row.draft_window or "none") if row.block_size > 1 else "-"] if show_window else []
         cells.append([str(row.block_size)] + window + [
             f"{row.decode_tokens_per_s:.1f}", spread_cell(row), str(row.repeats),
-            f"{row.speedup:.2f}x" if row.speedup else "-", f"{row.tau:.2f}", histogram_text(row.histogram),
+            f"{row.speedup:.2f}x" if row.speedup else "-", fixed(row.tau), histogram_text(row.histogram),
             " ".join(marks)])
     lines = table(titles, cells, left=(len(titles) - 2, len(titles) - 1))
     return "\n".join([*lines, repeats_note(result.rows)])

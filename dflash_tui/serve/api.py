@@ -191,7 +191,8 @@ def usage(summary, prompt_tokens: int, completion_tokens: int) -> dict:
     out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
            "total_tokens": prompt_tokens + completion_tokens}
     if summary is not None:
-        out["mean_acceptance_length"] = round(summary.mean_acceptance_length, 4)
+        tau = summary.mean_acceptance_length
+        out["mean_acceptance_length"] = None if tau is None else round(tau, 4)  # None: unknown
         out["decode_tokens_per_s"] = round(summary.decode_tokens_per_s, 2)
         out["ttft_s"] = round(summary.ttft_s, 4)
     return out

@@ -22,7 +22,7 @@ from textual.screen import Screen
 from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ChatFlags, Conversation, open_conversation
 from dflash_tui.core.profiles import list_profiles
-from dflash_tui.core.settings import profile_for
+from dflash_tui.core.settings import profile_for, server_text
 from dflash_tui.engines.engine import free_memory
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.process import quiet_loaders
@@ -140,7 +140,9 @@ class DflashApp(App):
             self.show_load_error(str(exc))
             return
         draft = f" and draft {config.draft}" if config.draft else ""
-        self.loading_what = f"Loading target {config.target}{draft} ({config.engine} engine)"
+        server = server_text(config)  # the remote engine loads nothing here: it connects
+        self.loading_what = (f"Connecting to {server}" if server else
+                             f"Loading target {config.target}{draft} ({config.engine} engine)")
         self.load_started = time.perf_counter()
         self.chat.tick_loading()
         self.chat.refresh_chrome()

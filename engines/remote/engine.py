@@ -2,7 +2,9 @@
 
 Against `dflash serve` every chunk carries the engine's own step (`engines.remote.wire`), so the events
 and the Summary are exactly those of a local engine. Against other servers it shows what they report
-and lists the rest in `unknown` (and in `warnings`, which front ends show at load):
+and lists the rest in `unknown` (and in `warnings`, which front ends show at load); in the Summary each
+of those figures is None (unknown, never a made-up 0), and `reports_steps` is False: the events are the
+server's text chunks, not verify steps:
 
 - vLLM: token ids with `return_token_ids`; tau from the server-wide spec-decode counters on the root
   `/metrics` (labelled approximate when other requests ran meanwhile);
@@ -136,7 +138,7 @@ class RemoteEngine:
                                         self.info.get("stop_ids") or [], self.generation_config)
         draft = self.info.get("draft")
         self.draft_info = SimpleNamespace(path=self.info.get("draft_path") or draft) if draft else None
-        self.block_size = int(self.info.get("block_size") or 1)
+        self.block_size = int(self.info.get("block_size") or 1)  # what a request without one asks for
         self.trained_block_size = self.info.get("trained_block_size")
         self.dtype = self.info.get("dtype", "?")
         server_engine = f"{self.info.get('engine', '?')} on {self.info.get('device', '?')}" if self.info else self.kind
@@ -151,12 +153,18 @@ class RemoteEngine:
             self.unknown.append("context size (history is not trimmed)")
         if self.kind != "dflash":
             self.unknown += ["drafted and rejected tokens (text shows as the target's)", "per-step acceptance",
-                             "peak memory"]
+                             "block size", "peak memory", "prompt cache reuse"]
             if self.kind not in ("vllm", "sglang"):
                 self.unknown.append("tau (mean acceptance length)")
             self.warnings.append(f"{self.kind} server at {self.client.host}: unknown here: {'; '.join(self.unknown)}.")
         elif not max_len:
             self.warnings.append(f"The server at {self.client.host} reports no context size; history is not trimmed.")
+
+    @property
+    def reports_steps(self) -> bool:
+        """`dflash serve` streams its verify steps; other servers stream text chunks, which are not steps:
+        front ends show no live tau, acceptance, split or block size for them (docs/engine-contract.md)."""
+        return self.kind == "dflash"
 
     def _llamacpp_context(self) -> Optional[int]:
         """llama.cpp lists no context size on /v1/models; its /props has the slot's n_ctx."""
@@ -293,18 +301,23 @@ class RemoteEngine:
             return self._generate_sglang(request)
         return self._generate_openai(request)
 
-    def _summary(self, prompt_tokens: int, ids: list[int], text: str, ttft: float, decode_s: float,
-                 lengths: list[int], tau: float, block_size: int, draft_s: float, verify_s: float,
-                 finish: str, generated: Optional[int] = None) -> Summary:
+    def _summary(self, prompt_tokens: int, ids: list[int], text: str, ttft: float, decode_s: float, finish: str,
+                 generated: Optional[int] = None, lengths: Optional[list[int]] = None, tau: Optional[float] = None,
+                 block_size: Optional[int] = None, draft_s: Optional[float] = None,
+                 verify_s: Optional[float] = None) -> Summary:
+        """What this side measured (timings, counts); every figure only the server knows and did not tell is
+        None: unknown, not zero (peak memory, the prompt's cache reuse, and on a foreign server the steps,
+        block size and draft/verify split; tau where it reports no acceptance)."""
         generated = len(ids) if generated is None else generated
         return Summary(
             prompt_tokens=prompt_tokens, generated_tokens=generated, token_ids=ids, text=text, ttft_s=ttft,
             decode_s=decode_s,
             decode_tokens_per_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else 0.0,
             acceptance_lengths=lengths, mean_acceptance_length=tau,
-            histogram=acceptance_histogram(lengths, block_size) if lengths else [], draft_s=draft_s,
-            verify_s=verify_s, peak_memory_bytes=0, peak_memory_kind="unknown (remote)", block_size=block_size,
-            engine=self.name, device=self.device, dtype=self.dtype, finish_reason=finish,
+            histogram=acceptance_histogram(lengths, block_size or 1) if lengths is not None else None,
+            draft_s=draft_s, verify_s=verify_s, peak_memory_bytes=None, peak_memory_kind=None, block_size=block_size,
+            engine=self.name, device=self.device, dtype=self.dtype, finish_reason=finish, graphs=None,
+            reused_prompt_tokens=None, prefilled_prompt_tokens=None,
         )
 
     def _generate_dflash(self, request: GenerationRequest) -> Iterator[StepEvent]:
@@ -337,13 +350,15 @@ class RemoteEngine:
             server_summary.engine, server_summary.device = self.name, self.device
             self.last_summary = server_summary
             return
+        # no Summary from the server (the stream was left early): its steps are known, its memory is not
         ids = [t for e in events for t in e.emitted]
         lengths = [e.accepted + 1 for e in events if not e.is_prefill]
         now = time.perf_counter()
         self.last_summary = self._summary(
             prompt_tokens, ids, "".join(e.text for e in events), (first_at or now) - started, now - (first_at or now),
-            lengths, sum(lengths) / len(lengths) if lengths else 0.0, request.block_size or self.block_size,
-            sum(e.draft_s for e in events), sum(e.verify_s for e in events), finish)
+            finish, lengths=lengths, tau=sum(lengths) / len(lengths) if lengths else 0.0,
+            block_size=request.block_size or self.block_size, draft_s=sum(e.draft_s for e in events),
+            verify_s=sum(e.verify_s for e in events))
 
     def _vllm_counters(self) -> Optional[dict]:
         text = self.client.get_text("/metrics", root=True) if self.kind == "vllm" else None
@@ -388,7 +403,7 @@ class RemoteEngine:
                 if request.cancel.is_set() and finish == "cancelled":
                     break
         now = time.perf_counter()
-        tau = 0.0
+        tau = None
         after = self._vllm_counters() if before is not None else None
         generated = usage.get("completion_tokens") or len(ids)
         if before and after and after["drafts"] > before["drafts"]:
@@ -400,7 +415,7 @@ class RemoteEngine:
             self.last_notes.append("tau unknown: the server does not report acceptance")
         self.last_summary = self._summary(
             usage.get("prompt_tokens") or len(self.prepare(request)), ids, "".join(text_parts),
-            (first_at or now) - started, now - (first_at or now), [], tau, 1, 0.0, 0.0, finish, generated)
+            (first_at or now) - started, now - (first_at or now), finish, generated, tau=tau)
 
     def _generate_sglang(self, request: GenerationRequest) -> Iterator[StepEvent]:
         """SGLang's native /generate: prompt ids in, `meta_info.spec_verify_ct` out (tau)."""
@@ -439,12 +454,13 @@ class RemoteEngine:
         now = time.perf_counter()
         generated = meta.get("completion_tokens") or len(ids)
         verify = meta.get("spec_verify_ct") or 0
-        tau = generated / verify if verify else float(meta.get("spec_accept_length") or 0.0)
-        if not tau:
+        tau = generated / verify if verify else (float(meta["spec_accept_length"]) if meta.get("spec_accept_length")
+                                                 else None)
+        if tau is None:
             self.last_notes.append("tau unknown: the server reported no spec_verify_ct")
         self.last_summary = self._summary(
             meta.get("prompt_tokens") or len(prompt), ids, text, (first_at or now) - started,
-            now - (first_at or now), [], tau, 1, 0.0, 0.0, finish, generated)
+            now - (first_at or now), finish, generated, tau=tau)
 
     def close(self) -> None:
         self.client.close()

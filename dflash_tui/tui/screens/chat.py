@@ -32,7 +32,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, LoadingIndicator, Static
 
 from dflash_tui.core import sessions
-from dflash_tui.core.conversation import ActiveTurn, Conversation, resume
+from dflash_tui.core.conversation import ActiveTurn, Conversation, reports_steps, resume
+from dflash_tui.core.figures import fixed, known
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.events import Summary
 from dflash_tui.tui.screens.replay import ReplayScreen
@@ -213,30 +214,37 @@ class ChatScreen(Screen):
         if engine is None:
             header.show(name, "?", "?", "?", "?", thinking, self.ghosts, loading=app.loading, temperature=temperature)
         else:
-            header.show(name, engine.name, engine.device, engine.dtype,
-                        conv.settings.block_size if conv else engine.block_size, thinking, self.ghosts,
+            # the block size the next turn runs with; unknown ("–") on a server that runs its own and does not
+            # say which (never the profile's, which it does not use)
+            block = (conv.settings.block_size if conv else engine.block_size) if reports_steps(engine) else None
+            header.show(name, engine.name, engine.device, engine.dtype, block, thinking, self.ghosts,
                         temperature=temperature)
         self._show_stats(self._stats_data())
 
     def _stats_data(self) -> StatsData:
         d = StatsData()
         conv, engine = self.conversation, self.app.engine
+        known_steps = engine is None or reports_steps(engine)  # False: a server's text chunks, not steps
         if engine is not None:
             d.engine, d.device, d.dtype = engine.name, engine.device, engine.dtype
-            d.block_size = engine.block_size
+            d.block_size = engine.block_size if known_steps else None
+        if not known_steps:  # nor will a turn tell its acceptance, split, memory or cache reuse
+            d.histogram = d.draft_s = d.verify_s = d.peak_bytes = d.reused_tokens = d.prefilled_tokens = None
         d.ghosts = self.ghosts
         if conv is None:
             d.thinking = self.thinking_before_load()
             return d
         d.thinking = conv.settings.thinking
-        d.block_size = turn_block = conv.settings.block_size  # the next turn's, except while one runs
+        # the next turn's block size, except while one runs (unknown where the server runs its own)
+        d.block_size = turn_block = conv.settings.block_size if known_steps else None
         d.session_tau = conv.session_tau()
         d.context_limit = conv.context_limit() if engine is not None else None  # None while switching engines
         steps = 0
         if self.active is not None:
             s = self.active.stats
             d.tokens_per_s, d.tokens, d.tau, d.histogram = s.tokens_per_s, s.tokens, s.tau, s.histogram()
-            d.draft_s, d.verify_s, steps = s.draft_s, s.verify_s, len(s.lengths)
+            d.draft_s, d.verify_s = (s.draft_s, s.verify_s) if s.steps_known else (None, None)
+            steps = len(s.lengths)
             d.context_tokens = s.prompt_tokens + s.tokens
             d.block_size = turn_block = self.active.block_size
             d.peak_bytes, d.peak_kind = self._last_stats.peak_bytes, self._last_stats.peak_kind
@@ -245,7 +253,7 @@ class ChatScreen(Screen):
             m = conv.turns[-1].summary
             d.tokens_per_s, d.tokens, d.tau, d.histogram = m.decode_tokens_per_s, m.generated_tokens, \
                 m.mean_acceptance_length, m.histogram
-            d.draft_s, d.verify_s, steps = m.draft_s, m.verify_s, len(m.acceptance_lengths)
+            d.draft_s, d.verify_s, steps = m.draft_s, m.verify_s, len(m.acceptance_lengths or [])
             d.context_tokens = m.prompt_tokens + m.generated_tokens
             d.peak_bytes, d.peak_kind = m.peak_memory_bytes, m.peak_memory_kind
             d.reused_tokens, d.prefilled_tokens = m.reused_prompt_tokens, m.prefilled_prompt_tokens
@@ -409,7 +417,11 @@ class ChatScreen(Screen):
     def action_cycle_block(self) -> None:
         if self.conversation is None:
             return
-        block = self.conversation.cycle_block()
+        try:
+            block = self.conversation.cycle_block()
+        except UserError as exc:  # a server that runs its own block size
+            self.toast("block", str(exc), timeout=6)
+            return
         self.toast("block", f"Block size {block} from the next turn.")
         self.refresh_chrome()
 
@@ -573,6 +585,6 @@ def footer_for(summary: Optional[Summary], save_error: Optional[str] = None) -> 
     if summary is None:
         return save_error
     parts = [f"{summary.generated_tokens} tokens", f"{summary.decode_tokens_per_s:.1f} tok/s",
-             f"tau {summary.mean_acceptance_length:.2f}", f"block {summary.block_size}"]
+             f"tau {fixed(summary.mean_acceptance_length)}", f"block {known(summary.block_size)}"]
     parts += [note for note in (summary.stopped_by, save_error) if note]
     return " · ".join(parts)

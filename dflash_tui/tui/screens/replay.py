@@ -28,6 +28,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, ProgressBar, Static
 
 from dflash_tui.core import sessions
+from dflash_tui.core.figures import fixed
+from dflash_tui.core.settings import server_text
 from dflash_tui.core.terminal import printable
 from dflash_tui.measure import replay
 from dflash_tui.measure.report import repeats_note
@@ -175,7 +177,9 @@ class ReplayScreen(ModalScreen):
                 engine = self._own_engine
                 if engine is None or not replay.same_target(session, engine):
                     config = replay.engine_config_for(session)
-                    app.call_from_thread(self._status, f"loading {config.target} on the {config.engine} engine ...")
+                    server = server_text(config)  # the remote engine loads nothing here
+                    app.call_from_thread(self._status, f"connecting to {server} ..." if server else
+                                         f"loading {config.target} on the {config.engine} engine ...")
                     engine = self._own_engine = load_engine(config)
                 comparison = compare(engine)
             path = replay.save_comparison(comparison, session.path)
@@ -259,12 +263,12 @@ class ReplayScreen(ModalScreen):
             turn = next((t for n, t in enumerate(row["turns"]) if t.get("index", n) == index), None)
             if turn is None:
                 continue
-            lengths = turn["acceptance_lengths"]
-            tau = sum(lengths) / len(lengths) if lengths else 0.0
+            lengths = turn["acceptance_lengths"]  # None: the server did not report its steps
+            tau = None if lengths is None else sum(lengths) / len(lengths) if lengths else 0.0
             drafted = sum(len(p[0]) for p in turn["pieces"] if p[1] == "draft")
             chars = sum(len(p[0]) for p in turn["pieces"]) or 1
             body = Text()
-            body.append(f"block {row['block_size']} · tau {tau:.2f} · {turn['decode_tokens_per_s']:.0f} tok/s\n",
+            body.append(f"block {row['block_size']} · tau {fixed(tau)} · {turn['decode_tokens_per_s']:.0f} tok/s\n",
                         style="bold")
             body.append(f"{100 * drafted / chars:.0f}% of the text from the draft\n", style="dim")
             for d in self.comparison["differences"]:

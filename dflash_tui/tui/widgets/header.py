@@ -12,6 +12,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Static
 
+from dflash_tui.core.figures import known
+
 
 def temperature_text(value: Optional[float]) -> str:
     """0 is greedy; None leaves it to the target's generation_config."""
@@ -33,7 +35,7 @@ class ChatHeader(Horizontal):
         if loading:
             text.append(" · loading…", style="italic")
         else:
-            text.append(f" · block {block_size}")
+            text.append(f" · block {known(block_size)}")  # None: a server that does not say which it runs
             if temperature is not None:
                 text.append(f" · temp {temperature}")
         if ghosts:

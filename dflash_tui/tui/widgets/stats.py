@@ -1,7 +1,8 @@
 """The live stats: a side panel, folded into one line under the header on small terminals.
 
 The speedup is measured, never estimated: the turn's rate against the block-1 step timed at the same
-context length; until that is measured it shows "–".
+context length; until that is measured it shows "–". So does every figure the engine cannot know (None:
+a server other than `dflash serve` reports no steps, block size, memory or cache reuse).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Optional
 from rich.text import Text
 from textual.widgets import Static
 
+from dflash_tui.core.figures import UNKNOWN, fixed, known
 from dflash_tui.tui.widgets.answer import origin_styles, theme_background
 
 BAR = " ▏▎▍▌▋▊▉█"
@@ -19,22 +21,24 @@ BAR = " ▏▎▍▌▋▊▉█"
 
 @dataclass
 class StatsData:
+    """The figures on show; None is unknown (shown "–"), never zero."""
+
     tokens_per_s: float = 0.0
     tokens: int = 0
-    tau: float = 0.0
-    session_tau: float = 0.0
-    histogram: list = field(default_factory=list)
-    block_size: int = 1
-    draft_s: float = 0.0
-    verify_s: float = 0.0
+    tau: Optional[float] = None  # None: no turn yet, or the server does not report acceptance
+    session_tau: Optional[float] = None  # over the turns whose tau is known
+    histogram: Optional[list] = field(default_factory=list)  # None: the server does not report its steps
+    block_size: Optional[int] = 1  # None: the server runs a block size it does not tell
+    draft_s: Optional[float] = 0.0
+    verify_s: Optional[float] = 0.0
     speedup: Optional[float] = None  # measured against block 1; None until measured
     speedup_kind: str = ""  # "measured", or "block 1" for a block-1 turn (1.0 by definition)
-    peak_bytes: int = 0
-    peak_kind: str = "device"
+    peak_bytes: Optional[int] = 0
+    peak_kind: Optional[str] = "device"
     context_tokens: int = 0
     context_limit: Optional[int] = None
-    reused_tokens: int = 0  # the last turn's prompt tokens taken from the engine's kept caches
-    prefilled_tokens: int = 0  # and those its prefill ran
+    reused_tokens: Optional[int] = 0  # the last turn's prompt tokens taken from the engine's kept caches
+    prefilled_tokens: Optional[int] = 0  # and those its prefill ran
     engine: str = "?"
     device: str = "?"
     dtype: str = "?"
@@ -43,9 +47,9 @@ class StatsData:
     state: str = "idle"  # idle, loading, generating, done, cancelled
 
 
-def human_bytes(n: int) -> str:
-    if not n:
-        return "–"
+def human_bytes(n: Optional[int]) -> str:
+    if not n:  # None: unknown; 0: nothing measured yet
+        return UNKNOWN
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1024 or unit == "TB":
             return f"{n:.0f} {unit}" if unit in ("B", "KB", "MB") else f"{n:.1f} {unit}"
@@ -60,9 +64,19 @@ def bar(fraction: float, width: int) -> str:
     return ("█" * full + (BAR[part] if part and full < width else "")).ljust(width)
 
 
-def split(d: StatsData) -> tuple[float, float]:
+def split(d: StatsData) -> Optional[tuple[float, float]]:
+    """The draft's and the verify's shares of the step time; None when unknown."""
+    if d.draft_s is None or d.verify_s is None:
+        return None
     total = d.draft_s + d.verify_s
     return (d.draft_s / total, d.verify_s / total) if total > 0 else (0.0, 0.0)
+
+
+def split_text(d: StatsData) -> str:
+    shares = split(d)
+    if shares is None:
+        return f"draft {UNKNOWN} · verify {UNKNOWN}"
+    return f"draft {shares[0] * 100:.0f}% · verify {shares[1] * 100:.0f}%"
 
 
 def speedup_text(d: StatsData) -> str:
@@ -74,7 +88,7 @@ def context_text(d: StatsData) -> str:
 
 
 def memory_text(d: StatsData) -> str:
-    label = "peak" if d.peak_kind == "device" else "peak RSS"
+    label = "peak RSS" if d.peak_kind == "process-lifetime-rss" else "peak"
     return f"{label} {human_bytes(d.peak_bytes)}"
 
 
@@ -97,23 +111,25 @@ class StatsPanel(Static):
         t.append(f"{d.tokens_per_s:7.1f} tok/s", style="bold")
         t.append(f"  {d.tokens} tok\n")
         t.append(f"speedup {speedup_text(d)} vs block 1\n" if d.speedup is not None else "speedup – (not yet measured)\n")
-        t.append(f"tau {d.tau:.2f}", style="bold")
-        t.append(f"   (session {d.session_tau:.2f})\n\n")
+        t.append(f"tau {fixed(d.tau)}", style="bold")
+        t.append(f"   (session {fixed(d.session_tau)})\n\n")
         t.append("acceptance length\n", style="underline")
-        hist = d.histogram or [0] * max(d.block_size, 1)
-        total = sum(hist) or 1
-        rows = [i for i, c in enumerate(hist) if c or i in (0, len(hist) - 1)]
-        for i in rows:
-            share = hist[i] / total
-            t.append(f"{i + 1:>3} ")
-            t.append(bar(share, 12), style=self.origin["draft" if i else "target"])
-            t.append(f" {share * 100:4.0f}%\n")
-        draft, verify = split(d)
-        t.append(f"\ndraft {draft * 100:.0f}% · verify {verify * 100:.0f}%\n")
+        if d.histogram is None:
+            t.append(f"  {UNKNOWN} (not reported)\n")
+        else:
+            hist = d.histogram or [0] * max(d.block_size or 1, 1)
+            total = sum(hist) or 1
+            rows = [i for i, c in enumerate(hist) if c or i in (0, len(hist) - 1)]
+            for i in rows:
+                share = hist[i] / total
+                t.append(f"{i + 1:>3} ")
+                t.append(bar(share, 12), style=self.origin["draft" if i else "target"])
+                t.append(f" {share * 100:4.0f}%\n")
+        t.append(f"\n{split_text(d)}\n")
         t.append(f"{memory_text(d)} · context {context_text(d)}\n")
-        t.append(f"prompt {d.reused_tokens} reused · {d.prefilled_tokens} prefilled\n\n")
+        t.append(f"prompt {known(d.reused_tokens)} reused · {known(d.prefilled_tokens)} prefilled\n\n")
         t.append(f"{d.engine} · {d.device} · {d.dtype}\n")
-        t.append(f"block {d.block_size} · thinking ")
+        t.append(f"block {known(d.block_size)} · thinking ")
         t.append("ON" if d.thinking else "OFF", style="bold")
         t.append("\n\n")
         t.append("■", style=self.origin["draft"])
@@ -130,9 +146,11 @@ class StatsLine(Static):
     but the last two; the colour legend is in help (F1)."""
 
     def show(self, d: StatsData) -> None:
-        draft, _ = split(d)
+        shares = split(d)
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(f"{d.tokens_per_s:.0f} tok/s", style="bold")
-        t.append(f" · speedup {speedup_text(d)} · tau {d.tau:.2f} ({d.session_tau:.2f}) · block {d.block_size}")
-        t.append(f" · ctx {context_text(d)} · draft {draft * 100:.0f}% · {memory_text(d).replace(' RSS', '')}")
+        t.append(f" · speedup {speedup_text(d)} · tau {fixed(d.tau)} ({fixed(d.session_tau)}) · "
+                 f"block {known(d.block_size)}")
+        draft = UNKNOWN if shares is None else f"{shares[0] * 100:.0f}%"
+        t.append(f" · ctx {context_text(d)} · draft {draft} · {memory_text(d).replace(' RSS', '')}")
         self.update(t, layout=False)  # fixed size: no layout pass per frame
