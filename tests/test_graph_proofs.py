@@ -22,7 +22,7 @@ import torch
 
 from dflash_tui.engines import GenerationRequest
 from dflash_tui.engines.cuda import cache as cache_module
-from dflash_tui.engines.cuda.cache import bucket_layers
+from dflash_tui.engines.cuda.cache import TIER, bucket_layers, tier
 from dflash_tui.engines.cuda.graphs import PROMPT_ROOM, StepGraphs, capture_for_request
 from dflash_tui.engines.cuda.loop import HOST_SYNC
 
@@ -87,12 +87,13 @@ class LeakyGraphs(StepGraphs):
     """A deliberately broken verify step: its positions come from a Python int read when it runs (the live
     length), not from the device buffer. Eagerly that is right; captured, the value is frozen."""
 
-    def _verify_fn(self, b):
+    def _verify_fn(self, b, reach):
         s = self._static_for(b)
 
         def verify():
             positions = torch.arange(b) + bucket_layers(self.cache)[0].length
-            logits, features = self.target.static_forward(s["block"], positions, self.cache, features=b > 1)
+            logits, features = self.target.static_forward(s["block"], positions, self.cache, features=b > 1,
+                                                          reach=reach)
             if b > 1:
                 self.draft_cache.write_static(features, positions)
             return logits
@@ -179,7 +180,8 @@ def test_load_time_captures_cover_the_profiles_request(engine):
     graphs = StepGraphs(engine.target, engine.draft, mode="trace")
     assert capture_for_request(graphs, engine.pool, 16, NEW)
     built = graphs.captures
-    assert built == 3  # block 1's verify, block 16's draft and verify
+    tiers = len(range(TIER, tier(PROMPT_ROOM + NEW + 16, bucket_layers(engine.pool.target_cache(0))[0].capacity) + 1, TIER))
+    assert built == 3 * tiers  # per tier: block 1's verify, block 16's draft and verify
     # the bucket a request of PROMPT_ROOM prompt tokens (more than the tiny target's context) would ask for
     assert all(layer.capacity >= cache_module.bucket(PROMPT_ROOM + NEW + 16) for layer in bucket_layers(engine.pool.target_cache(0)))
     with on(engine, graphs):
@@ -201,3 +203,39 @@ def test_every_step_replays_a_shrunk_last_block_included(engine):
     assert graphs.replays - replays == len(events) - 1  # every verify step, none eager
     assert engine.last_summary.generated_tokens == NEW and engine.last_summary.graphs
     engine.new_context()
+
+
+def test_a_step_attends_over_at_most_one_tier_past_the_live_context(engine, monkeypatch):
+    """A recorder of the attention calls of every graph step (the static functions run uncaptured, with
+    the shapes a capture fixes): target and draft read the caches up to the step's tier, never the bucket."""
+    from transformers import AttentionInterface
+
+    from dflash_tui.engines.cuda import attention, draft
+
+    monkeypatch.setattr(cache_module, "BUCKET", 256)
+    monkeypatch.setattr(cache_module, "TIER", 32)
+    monkeypatch.setattr("dflash_tui.engines.cuda.graphs.TIER", 32)
+    engine.pool = cache_module.CachePool(engine.target, engine.draft)
+    seen = []  # (who, attended, live)
+
+    def target_attention(module, query, key, value, attention_mask, **kwargs):
+        layer = bucket_layers(engine.turn.cache)[0]
+        if layer.write_at is not None:
+            seen.append(("target", key.shape[2], layer.length + query.shape[2]))
+        return attention.attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    def draft_attention(q, k, v, mask, scale=None):
+        if mask is not None and mask.dtype == torch.bool and engine.pool._draft_cache is not None:
+            seen.append(("draft", k.shape[2], engine.pool._draft_cache.length + q.shape[2]))
+        return attention.packed_gqa(q, k, v, mask, scale)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, attention.NAME, target_attention)
+    monkeypatch.setattr(draft, "packed_gqa", draft_attention)
+    with on(engine, StepGraphs(engine.target, engine.draft, mode="off")):
+        chat(engine, [4, 16, 4], fresh=False)
+    engine.pool = cache_module.CachePool(engine.target, engine.draft)
+    engine.new_context()
+    assert {who for who, _, _ in seen} == {"target", "draft"}
+    assert all(live <= attended < live + 32 for _, attended, live in seen), seen
+    assert max(live for _, _, live in seen) > 64  # the context grew past two tiers
+    assert min(attended for _, attended, _ in seen) < 128  # short contexts never paid for the 256 bucket

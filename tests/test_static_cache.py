@@ -139,7 +139,7 @@ def test_static_features_are_the_hooked_features(pairs):
         cache = target.new_cache(64)
         target.forward(ids[:, :1], 0, cache, last_only=True, capture=False)  # allocate the buffers
         cache.crop(-1)
-        logits, explicit = target.static_forward(ids, torch.arange(6), cache, features=True)
+        logits, explicit = target.static_forward(ids, torch.arange(6), cache, features=True, reach=64)
     torch.testing.assert_close(explicit, hooked, rtol=1e-5, atol=1e-5)
 
 

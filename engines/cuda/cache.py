@@ -4,7 +4,9 @@ A bucket is prompt + max_new_tokens + one block, rounded up to `BUCKET` position
 allocates the next bucket (and, on the graph path, means new captures). Committing or cropping moves a
 length: rejected positions stay in the buffer and are overwritten by the next verify. On the eager path
 attention reads only up to the live length (a view of the buffer); on the graph path (`write_at` set) K/V
-are written at device positions and attention reads the whole bucket under an explicit mask.
+are written at device positions and attention reads the buffer up to `read_to`, the end of the step's
+tier (the live length rounded up to `TIER` positions, a fixed shape per captured graph), under an
+explicit mask: a step attends over at most one tier more than the live context, never the whole bucket.
 
 Buffers start zeroed, so masked positions never hold NaN bit patterns (NaN x 0 is NaN in attention).
 Hybrid (gated-delta) targets keep transformers' own linear-attention layers; only their full-attention
@@ -20,11 +22,17 @@ from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer, LinearAttentionCacheLayerMixin
 
 BUCKET = 1024
+TIER = 256  # the graph path's attention reads the caches in steps of this many positions
 
 
 def bucket(tokens: int) -> int:
     """Positions allocated for `tokens`: the next multiple of BUCKET (at least one bucket)."""
     return max(BUCKET, -(-tokens // BUCKET) * BUCKET)
+
+
+def tier(tokens: int, capacity: int) -> int:
+    """Positions a graph step reads to cover `tokens`: the next multiple of TIER, at most `capacity`."""
+    return min(capacity, max(TIER, -(-tokens // TIER) * TIER))
 
 
 def _live(buffer: str) -> property:
@@ -53,6 +61,7 @@ class BucketLayer(CacheLayerMixin):
         self.capacity = capacity
         self.length = 0
         self.write_at: Optional[torch.Tensor] = None  # graph path: device positions of the tokens fed
+        self.read_to = 0  # graph path: attention reads positions [0, read_to)
 
     # transformers reads `keys` / `values` as the cached states: here, views of the buffers' live part
     keys = _live("k_buf")
@@ -82,7 +91,7 @@ class BucketLayer(CacheLayerMixin):
         if self.write_at is not None:  # graph path: fixed shapes, positions on the device
             self.k_buf.index_copy_(2, self.write_at, key_states)
             self.v_buf.index_copy_(2, self.write_at, value_states)
-            return self.k_buf, self.v_buf
+            return self.k_buf[:, :, : self.read_to], self.v_buf[:, :, : self.read_to]
         end = self.length + key_states.shape[2]
         self.reserve(end)
         self.k_buf[:, :, self.length: end] = key_states

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_tui.engines.checkpoints import DraftInfo
+from dflash_tui.engines.cuda.attention import packed_gqa
 from dflash_tui.engines.errors import CheckpointError
 
 
@@ -73,7 +74,7 @@ class DraftAttention(nn.Module):
         return self._attend(x, q, k, v, mask)
 
     def _attend(self, x, q, k, v, mask):
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        out = packed_gqa(q, k, v, mask)  # no K/V copies, the kernel every decode step uses (attention.py)
         return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
 
     def forward_buffered(self, x, k_buf, v_buf, cos, sin, span: "Span") -> torch.Tensor:
@@ -200,11 +201,11 @@ class Span:
     """Where a block sits in a draft layer's buffer and what it attends to.
 
     Eager: python ints; the block is written at [start, start + n) and attention reads [lo, start + n).
-    Graph path (`positions` set): the block is written at device positions and attention reads the whole
-    buffer under a mask (lo <= slot < start + n), so shapes never change from step to step."""
+    Graph path (`positions` set): the block is written at device positions and attention reads the buffer
+    up to `reach` (the step's tier) under a mask (lo <= slot < start + n), so shapes stay fixed per graph."""
 
-    def __init__(self, lo=0, start=0, n=0, positions: Optional[torch.Tensor] = None, mask=None):
-        self.lo, self.start, self.n, self.positions, self.mask = lo, start, n, positions, mask
+    def __init__(self, lo=0, start=0, n=0, positions: Optional[torch.Tensor] = None, mask=None, reach: int = 0):
+        self.lo, self.start, self.n, self.positions, self.mask, self.reach = lo, start, n, positions, mask, reach
 
     def write(self, buf: torch.Tensor, x: torch.Tensor) -> None:
         if self.positions is not None:
@@ -213,7 +214,7 @@ class Span:
             buf[:, :, self.start: self.start + self.n] = x
 
     def read(self, buf: torch.Tensor) -> torch.Tensor:
-        return buf if self.positions is not None else buf[:, :, self.lo: self.start + self.n]
+        return buf[:, :, : self.reach] if self.positions is not None else buf[:, :, self.lo: self.start + self.n]
 
 
 class DraftCache:
@@ -303,9 +304,9 @@ class DraftCache:
         spans = [Span(self._lo(i), start, n) for i in range(len(self.draft.layers))]
         return self.draft.block_hidden_buffered(block_embeds, self, positions, spans)
 
-    def static_hidden(self, block_embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Graph path: the same at device `positions` [n] (= start..start+n-1), over the whole buffer."""
-        slots = torch.arange(self.capacity, device=positions.device)
+    def static_hidden(self, block_embeds: torch.Tensor, positions: torch.Tensor, reach: int) -> torch.Tensor:
+        """Graph path: the same at device `positions` [n] (= start..start+n-1), over the buffer up to `reach`."""
+        slots = torch.arange(reach, device=positions.device)
         end = positions[-1]
         masks = {}
         spans = []
@@ -313,7 +314,7 @@ class DraftCache:
             if w not in masks:
                 lo = (positions[0] - w).clamp(min=0) if w else 0
                 masks[w] = ((slots >= lo) & (slots <= end))[None, None, None]
-            spans.append(Span(positions=positions, mask=masks[w]))
+            spans.append(Span(positions=positions, mask=masks[w], reach=reach))
         return self.draft.block_hidden_buffered(block_embeds, self, positions[None], spans)
 
     def propose(self, block: torch.Tensor, embed: nn.Module, lm_head: nn.Module) -> torch.Tensor:

@@ -5,9 +5,11 @@ Enabled by `EngineConfig.cuda_graphs` (or `DFLASH_CUDA_GRAPHS=1` when that is le
 runs no Python, so everything a step depends on lives in static device buffers the host fills with
 device-side copies before replaying (the last token, the block positions): no host sync is added, the
 step keeps its one sync. Context features are explicit outputs of the captured verify (transformers'
-hidden_states), never hooks. Attention reads the whole bucket under a mask (cache.py); a new bucket or a
-new block size means new captures, made before the prefill of the request that needs them (and at load
-for the engine's defaults), never while a step runs. A shrunk last block runs eager.
+hidden_states), never hooks. Attention reads the caches up to the step's tier under a mask (cache.py):
+one graph set per (block size, tier), so a step attends over at most one tier more than the live context.
+A new bucket, block size or tier means new captures, made before the prefill of the request that needs
+them (at load for the profile's request), never while a step runs. A shrunk last block is padded to the
+captured size.
 
 Where capture is impossible the engine runs eager and says why (`why_eager`): the CPU, hybrid
 (gated-delta) targets whose conv states transformers reassigns and whose rollback re-runs mixers, MoE
@@ -30,7 +32,7 @@ from typing import Callable, Optional
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from dflash_tui.engines.cuda.cache import bucket_layers
+from dflash_tui.engines.cuda.cache import TIER, bucket_layers, tier
 
 
 def why_eager(target, device: torch.device) -> Optional[str]:
@@ -62,7 +64,7 @@ class StepGraphs:
             raise ValueError(f"mode {mode!r} is not one of {MODES}")
         self.target, self.draft, self.mode = target, draft, mode
         self.cache = self.draft_cache = None
-        self.graphs: dict[tuple[str, int], Callable[[], torch.Tensor]] = {}
+        self.graphs: dict[tuple[str, int, int], Callable[[], torch.Tensor]] = {}  # (kind, block, reach)
         self.captures = 0  # step functions captured (or, with mode "off", built) so far, failed ones included
         self.replays = 0  # captured steps replayed (verify passes; mode "off": static functions run)
         self.compiles = 0  # mode "compile": graphs dynamo handed to the backend (one per step function)
@@ -71,14 +73,18 @@ class StepGraphs:
         self._buffers = self._draft_buffers = None
         self._pool = None
         self._static: dict[int, dict[str, torch.Tensor]] = {}
+        self._capacity = self._reach = 0
 
     # -- set-up, between requests --------------------------------------------------------------
-    def ready(self, cache, draft_cache, block_size: int) -> Optional["StepGraphs"]:
-        """Capture what `block_size` needs on these caches (before any prefill); None if it failed."""
+    def ready(self, cache, draft_cache, block_size: int, first: int = 0, room: int = 0) -> Optional["StepGraphs"]:
+        """Capture what `block_size` needs on these caches (before any prefill) for steps starting at
+        `first` or later in a request of `room` positions: one graph set per tier of the attention reads
+        those steps reach. None if a capture failed."""
         if self.failed:
             return None
         self.cache, self.draft_cache = cache, draft_cache
         self._allocate(cache, draft_cache)
+        self._capacity = bucket_layers(cache)[0].capacity
         # a new bucket means new buffers: graphs that point at the old ones are dropped
         target_buffers = tuple(layer.k_buf.data_ptr() for layer in bucket_layers(cache))
         if target_buffers != self._buffers:
@@ -92,10 +98,11 @@ class StepGraphs:
         started = time.perf_counter()
         try:
             with torch.inference_mode():
-                if block_size > 1 and ("draft", block_size) not in self.graphs:
-                    self._build("draft", block_size, self._draft_fn(block_size))
-                if ("verify", block_size) not in self.graphs:
-                    self._build("verify", block_size, self._verify_fn(block_size))
+                for reach in self._reaches(first + block_size, max(room, first + block_size)):
+                    if block_size > 1 and ("draft", block_size, reach) not in self.graphs:
+                        self._build(("draft", block_size, reach), self._draft_fn(block_size, reach))
+                    if ("verify", block_size, reach) not in self.graphs:
+                        self._build(("verify", block_size, reach), self._verify_fn(block_size, reach))
         except Exception as exc:  # capture impossible here: eager from now on, and said so
             self.failed = f"capture failed ({type(exc).__name__}: {exc})"
             self.graphs.clear()
@@ -129,37 +136,43 @@ class StepGraphs:
             }
         return self._static[b]
 
-    def _draft_fn(self, b: int) -> Callable:
+    def _reaches(self, lo: int, hi: int) -> range:
+        """The tiers steps whose blocks end between `lo` and `hi` positions read up to."""
+        return range(tier(lo, self._capacity), tier(hi, self._capacity) + 1, TIER)
+
+    def _draft_fn(self, b: int, reach: int) -> Callable:
         s = self._static_for(b)
 
         def draft_block():
             ids = torch.cat([s["block"][:, :1], s["masks"]], dim=1)
-            hidden = self.draft_cache.static_hidden(self.target.embed(ids), s["positions"])
+            hidden = self.draft_cache.static_hidden(self.target.embed(ids), s["positions"], reach)
             proposals = self.target.lm_head(hidden[0, 1:].to(self.target.lm_head.weight.device)).argmax(dim=-1)
             s["block"][0, 1:].copy_(proposals)
             return s["block"]
 
         return draft_block
 
-    def _verify_fn(self, b: int) -> Callable:
+    def _verify_fn(self, b: int, reach: int) -> Callable:
         s = self._static_for(b)
 
         def verify():
-            logits, features = self.target.static_forward(s["block"], s["positions"], self.cache, features=b > 1)
+            logits, features = self.target.static_forward(s["block"], s["positions"], self.cache, features=b > 1,
+                                                          reach=reach)
             if b > 1:
                 self.draft_cache.write_static(features, s["positions"])
             return logits
 
         return verify
 
-    def _build(self, kind: str, b: int, fn: Callable) -> None:
-        """Capture `fn`. Every mode but "off" first runs it twice over the live caches (positions 0..b-1),
-        so whatever they held is gone once this is called, whether or not the capture succeeds."""
+    def _build(self, key: tuple[str, int, int], fn: Callable) -> None:
+        """Capture `fn` as graphs[key] (kind, block size, reach). Every mode but "off" first runs it twice
+        over the live caches (positions 0..b-1), so whatever they held is gone once this is called,
+        whether or not the capture succeeds."""
         self.captures += 1
         if self.mode == "off":
-            self.graphs[(kind, b)] = fn
+            self.graphs[key] = fn
             return
-        s = self._static_for(b)
+        s = self._static_for(key[1])
         s["positions"].copy_(s["arange"])
         if self.mode in ("trace", "compile"):
             for _ in range(2):
@@ -167,11 +180,11 @@ class StepGraphs:
             if self.mode == "trace":
                 from torch.fx.experimental.proxy_tensor import make_fx
 
-                self.graphs[(kind, b)] = make_fx(fn)()  # the buffers it reads and writes are baked in, as in a graph
+                self.graphs[key] = make_fx(fn)()  # the buffers it reads and writes are baked in, as in a graph
                 return
             compiled = torch.compile(fn, fullgraph=True, backend=self._compiled)  # a graph break raises
             compiled()
-            self.graphs[(kind, b)] = compiled
+            self.graphs[key] = compiled
             return
         with torch.cuda.device(self.target.device):  # the capture stream on the target's own GPU
             stream = torch.cuda.Stream()
@@ -190,37 +203,40 @@ class StepGraphs:
             graph.replay()
             return out
 
-        self.graphs[(kind, b)] = replay
+        self.graphs[key] = replay
 
     def _compiled(self, gm, example_inputs):
         """The compile mode's backend: counts what dynamo compiles, then runs it as traced."""
         self.compiles += 1
         return gm.forward
 
-    def _run(self, kind: str, b: int):
-        return self.graphs[(kind, b)]()
-
     # -- one step -----------------------------------------------------------------------------
-    def has(self, b: int) -> bool:
-        return ("verify", b) in self.graphs
+    def reach(self, start: int, b: int) -> int:
+        """How far a block of `b` at `start` reads the caches: the tier its last position falls in."""
+        return tier(start + b, self._capacity)
 
-    def replayable(self, cache, b: int) -> bool:
-        """Whether the verify step for block `b` runs on `cache` as it is: built for this very cache and
-        its buffers (making one would run passes over them and lose what they keep)."""
+    def covers(self, start: int, b: int) -> bool:
+        """Whether a block of `b` at `start` has its captured step (else that step runs eager)."""
+        return ("verify", b, self.reach(start, b)) in self.graphs
+
+    def replayable(self, cache, b: int, start: int) -> bool:
+        """Whether the verify step for block `b` at `start` runs on `cache` as it is: built for this very
+        cache and its buffers (making one would run passes over them and lose what they keep)."""
         buffers = tuple(layer.k_buf.data_ptr() if layer.k_buf is not None else 0 for layer in bucket_layers(cache))
-        return self.has(b) and self.cache is cache and buffers == self._buffers
+        return self.cache is cache and buffers == self._buffers and self.covers(start, b)
 
     def draft_step(self, last: torch.Tensor, start: int, b: int) -> torch.Tensor:
         """Fill the static inputs (device-side copies, no sync) and run the draft: the block [1, b]."""
         s = self._static[b]
         torch.add(s["arange"], start, out=s["positions"])
         s["block"][:, :1].copy_(last.view(1, 1))
-        return self._run("draft", b) if b > 1 else s["block"]
+        self._reach = self.reach(start, b)
+        return self.graphs[("draft", b, self._reach)]() if b > 1 else s["block"]
 
     def verify_step(self, b: int) -> torch.Tensor:
-        """Verify the block in place: logits [1, b, vocab]; the draft's K/V for the block are written."""
+        """Verify the block drafted last, in place: logits [1, b, vocab]; the draft's K/V are written."""
         self.replays += 1
-        return self._run("verify", b)
+        return self.graphs[("verify", b, self._reach)]()
 
     def commit(self, start: int, keep: int) -> None:
         """Keep the first `keep` block tokens in both caches: lengths move, nothing is copied."""
@@ -239,6 +255,6 @@ def capture_for_request(graphs: StepGraphs, pool, block_size: int, max_new_token
         room = PROMPT_ROOM + max_new_tokens + block_size  # the loop's room at the profile's block size
         cache = pool.target_cache(room)
         draft_cache = pool.draft_cache(window, room) if block > 1 else None
-        if graphs.ready(cache, draft_cache, block) is None:
+        if graphs.ready(cache, draft_cache, block, 0, room) is None:
             return False
     return True

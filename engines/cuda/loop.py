@@ -131,7 +131,8 @@ def speculative_decode(
         draft_cache.reserve(room)
     if graphs is not None:
         captures = graphs.captures
-        ready = graphs.ready(cache, draft_cache if use_draft else None, block_size)  # None: failed, run eager
+        # None: a capture failed, run eager
+        ready = graphs.ready(cache, draft_cache if use_draft else None, block_size, prompt_len - 1, room)
         if graphs.captures != captures:
             # a capture ran its warm-up passes over these buffers, whether or not it then succeeded:
             # nothing they kept survives it
@@ -169,10 +170,10 @@ def speculative_decode(
     last_id = first
     mask_id = draft_cache.draft.mask_token_id if use_draft else 0
     mask_block = torch.full((1, block_size), mask_id, dtype=torch.long, device=device)
-    on_graphs = graphs is not None
     while generated < max_new_tokens:
         b = min(block_size, max_new_tokens - generated)  # the last block shrinks: never more than asked
         start = prompt_len + generated - 1
+        on_graphs = graphs is not None and graphs.covers(start, block_size)
         if tracked:
             turn.ids = None
         t_draft = clock.mark()

@@ -23,7 +23,7 @@ def block1_step(target: Target, turn: TurnCache, graphs: Optional[StepGraphs]) -
     layers = bucket_layers(cache)
     states = linear_states(cache)  # {} unless the target is hybrid
     token = torch.tensor([[turn.ids[-1]]], device=target.device)  # any id: the cost does not depend on it
-    on_graphs = graphs is not None and graphs.replayable(cache, 1)
+    on_graphs = graphs is not None and graphs.replayable(cache, 1, length)
 
     @torch.inference_mode()
     def run() -> None:

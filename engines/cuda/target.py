@@ -11,6 +11,7 @@ import inspect
 import torch
 
 from dflash_tui.engines.checkpoints import TargetInfo
+from dflash_tui.engines.cuda.attention import use_for
 from dflash_tui.engines.cuda.cache import BUCKET, bucket, bucket_cache, bucket_layers
 from dflash_tui.engines.cuda.hybrid import LinearStateRollback
 from dflash_tui.engines.errors import CheckpointError, UserError, describe
@@ -69,7 +70,9 @@ class Target:
         return target
 
     def _attach(self, layer_ids: list[int]) -> None:
-        """Embeddings, lm_head, the cache keyword and the context-feature hooks of the loaded model."""
+        """Embeddings, lm_head, the cache keyword, the attention function (attention.py) and the
+        context-feature hooks of the loaded model."""
+        use_for(self.model)
         self.embed = self.model.get_input_embeddings()
         self.device = self.embed.weight.device
         self.lm_head = self.model.get_output_embeddings()
@@ -126,18 +129,18 @@ class Target:
         features = torch.cat([self._features.pop(i).to(self.device) for i in self.layer_ids], dim=-1) if capture else None
         return out.logits, features
 
-    def static_forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, features: bool):
+    def static_forward(self, ids: torch.Tensor, positions: torch.Tensor, cache, features: bool, reach: int):
         """The graph path's pass: fixed shapes, every input on the device. `ids` [1, n] at `positions` [n]
         are written into the bucket buffers at those positions and attend to every position at or before
-        their own (the whole bucket is read under a mask; positions beyond are stale or zero). Returns
-        logits [1, n, vocab] and, if asked, the context features as explicit outputs: transformers'
-        hidden_states[i + 1] (post-norm for the last layer), no hooks involved."""
+        their own, reading the buffers up to `reach` (the step's tier, fixed per captured graph) under a
+        mask; positions past the live ones are stale or zero. Returns logits [1, n, vocab] and, if asked,
+        the context features as explicit outputs: transformers' hidden_states[i + 1] (post-norm for the
+        last layer), no hooks involved."""
         layers = bucket_layers(cache)
-        capacity = layers[0].capacity
-        slots = torch.arange(capacity, device=ids.device)
+        slots = torch.arange(reach, device=ids.device)
         mask = (slots[None, :] <= positions[:, None])[None, None]
         for layer in layers:
-            layer.write_at = positions
+            layer.write_at, layer.read_to = positions, reach
         try:
             out = self.model(
                 input_ids=ids, position_ids=positions[None], attention_mask=mask, use_cache=True,
