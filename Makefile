@@ -20,7 +20,7 @@ else
 endif
 EXTRAS := cuda,mlx,dev
 
-.PHONY: install chat lint test test-min bench demo-models smoke-pythons clean
+.PHONY: install chat lint test test-min bench demo-models gpu-check smoke-pythons clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ bench: $(STAMP)
 
 demo-models: $(STAMP)
 	$(PY) scripts/make_demo_models.py
+
+# The prepared GPU check (scripts/gpu_check.sh): CUDA-only tests, gpu_speed at three bucket sizes, bf16
+# graph-vs-eager ids on the demo pair; one JSON and one Markdown table under GPU_CHECK_OUT. About 5 minutes.
+GPU_CHECK_OUT ?= gpu-check
+gpu-check: $(STAMP)
+	sh scripts/gpu_check.sh "$(PY)" "$(GPU_CHECK_OUT)"
 
 # The lowest versions pyproject.toml admits (uv's lowest-direct resolution) in .venv-min, then a smoke
 # subset. TORCH_MIN: a torch requirement to use (default: the CPU wheel this machine class keeps on disk).
