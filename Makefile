@@ -49,11 +49,11 @@ bench: $(STAMP)
 demo-models: $(STAMP)
 	$(PY) scripts/make_demo_models.py
 
-# The prepared GPU check (scripts/gpu_check.sh): CUDA-only tests, gpu_speed at three bucket sizes, bf16
+# The prepared GPU check (scripts/gpu_check.py): CUDA-only tests, gpu_speed at three bucket sizes, bf16
 # graph-vs-eager ids on the demo pair; one JSON and one Markdown table under GPU_CHECK_OUT. About 5 minutes.
 GPU_CHECK_OUT ?= gpu-check
 gpu-check: $(STAMP)
-	sh scripts/gpu_check.sh "$(PY)" "$(GPU_CHECK_OUT)"
+	$(PY) scripts/gpu_check.py --out $(GPU_CHECK_OUT)
 
 # The lowest versions pyproject.toml admits (uv's lowest-direct resolution) in .venv-min, then a smoke
 # subset. TORCH_MIN: a torch requirement to use (default: the CPU wheel this machine class keeps on disk).

@@ -3,21 +3,25 @@
     python benchmarks/gpu_speed.py --shape qwen3-8b              # on a GPU, bf16
     OMP_NUM_THREADS=1 python benchmarks/gpu_speed.py             # on a CPU: the small shape, float32
     OMP_NUM_THREADS=1 python benchmarks/gpu_speed.py --section long --contexts 200,4000
+    OMP_NUM_THREADS=1 python benchmarks/gpu_speed.py --section long --baseline /tmp/old   # side by side
     OMP_NUM_THREADS=1 python benchmarks/gpu_speed.py --section demo   # the demo pair, per-step time
 
 Section `main` (one run, one process): transformers `generate` (eager; on a GPU also with its static cache
 and torch.compile), the engine at block 1 and the engine's block-B draft+verify step, eager and (GPU only)
-with CUDA graphs. It prints ms/token, ms/step, verify(B)/step(1), step(B)/step(1) and the speedup projected
-at a mean acceptance length tau: tau x t(1) / t(B), and tau x t(generate) / t(B).
+with CUDA graphs, for each prompt length of --prompts (choose them to land in different buckets). It
+prints ms/token, ms/step, the K/V length a step attends over next to the live context length (a graph
+step reads up to its tier), verify(B)/step(1), step(B)/step(1) and the speedup projected at a mean
+acceptance length tau: tau x t(1) / t(B), and tau x t(generate) / t(B).
 
 Sections `long` and `demo` report ms per step after the prefill, wall clock and this process's CPU time
 (on a shared machine CPU time is what other processes leave unchanged), through the public engine API
-only, so the same script times an older commit too: `long` on the small shape at several context
-lengths (saved as checkpoints), `demo` on the demo pair with engine_speed.py's prompts.
+only: `long` on the small shape at several context lengths (saved as checkpoints), with --baseline DIR
+also an older checkout's engine, interleaved in the same run; `demo` on the demo pair with
+engine_speed.py's prompts.
 
 A random draft is almost never right, so every step keeps one token: a step's time is the cost of one
 draft pass plus one verify pass, which is what tau multiplies. Only full-size blocks are timed (the last
-blocks of an answer shrink, and on the graph path run eager). Times are the best of --repeats runs.
+block of an answer shrinks). Times are the best of --repeats runs.
 """
 
 from __future__ import annotations
@@ -135,14 +139,15 @@ def time_generate(model, prompt: list[int], new: int, static: bool, repeats: int
 
 
 def time_steps(target, draft, prompt: list[int], block: int, new: int, graphs, pool, repeats: int):
-    """(ms per full-size step wall-clock, draft ms, verify ms), best of `repeats` answers."""
+    """(ms per full-size step wall-clock, draft ms, verify ms, mean live K/V length, mean K/V length
+    attended), best of `repeats` answers."""
     from dflash_tui.engines.cuda.loop import Sampler, speculative_decode
     from dflash_tui.engines.sampling import SamplingParams
 
     best = None
     for _ in range(repeats + 1):  # the first answer warms up
-        walls, drafts, verifies = [], [], []
-        last = None
+        walls, drafts, verifies, live, read = [], [], [], [], []
+        last, done = None, 0
         for step in speculative_decode(target, draft if block > 1 else None, prompt, block, new,
                                        Sampler(SamplingParams(), target.device), pool=pool, graphs=graphs):
             now = time.perf_counter()
@@ -150,68 +155,85 @@ def time_steps(target, draft, prompt: list[int], block: int, new: int, graphs, p
                 walls.append(now - last)
                 drafts.append(step.draft_s)
                 verifies.append(step.verify_s)
+                start = len(prompt) + done - 1
+                live.append(start + block)
+                read.append(graphs.reach(start, block) if graphs is not None and graphs.covers(start, block) else start + block)
+            done += len(step.emitted)
             last = time.perf_counter()
         n = len(walls)
-        result = (1000 * sum(walls) / n, 1000 * sum(drafts) / n, 1000 * sum(verifies) / n)
+        result = (1000 * sum(walls) / n, 1000 * sum(drafts) / n, 1000 * sum(verifies) / n, sum(live) / n, sum(read) / n)
         best = result if best is None or result[0] < best[0] else best
     return best
 
 
-def main_section(args, shape: dict, device: torch.device, dtype: torch.dtype) -> None:
-    from dflash_tui.engines.cuda.cache import CachePool
+def main_section(args, shape: dict, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    """Prints the tables; returns their rows (for --json)."""
+    from dflash_tui.engines.cuda.cache import CachePool, bucket_layers
     from dflash_tui.engines.cuda.graphs import StepGraphs
 
     target, draft = build_in_process(shape, device, dtype, args.block)
-    prompt = torch.randint(0, shape["vocab"] - 1, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
-    rows = []  # (name, ms, draft ms, verify ms)
-    t_gen = {"eager": time_generate(target.model, prompt, args.new, False, args.repeats)}
-    rows.append(("transformers generate, eager", t_gen["eager"], None, None))
-    if device.type == "cuda":
-        t_gen["static+compile"] = time_generate(target.model, prompt, args.new, True, args.repeats)
-        rows.append(("transformers generate, static cache + torch.compile", t_gen["static+compile"], None, None))
-    modes = [("eager", None)]
-    capture_s = None
-    if device.type == "cuda":
-        graphs = StepGraphs(target, draft)
-        modes.append(("graphs", graphs))
-    steps = {}
-    for mode, graphs in modes:
-        pool = CachePool(target, draft)
-        for block in (1, args.block):
-            steps[(mode, block)] = time_steps(target, draft, prompt, block, args.new, graphs, pool, args.repeats)
-            name = f"engine block {block}, {mode}" + (" (ms/token)" if block == 1 else " (draft+verify step)")
-            rows.append((name, *steps[(mode, block)]))
-        if graphs is not None:
-            capture_s = graphs.capture_s
-            if graphs.failed:
-                print(f"graphs: {graphs.failed}")
-    print(f"shape {args.shape} on {device} in {str(dtype).removeprefix('torch.')}: prompt {args.prompt}, "
-          f"{args.new} new tokens, block {args.block}, best of {args.repeats}")
-    print("| run | ms | draft ms | verify ms |\n|---|---:|---:|---:|")
-    for name, ms, d, v in rows:
-        print(f"| {name} | {ms:.2f} | {'' if d is None else f'{d:.2f}'} | {'' if v is None else f'{v:.2f}'} |")
-    if capture_s is not None:
-        print(f"graph capture: {capture_s:.1f} s")
-    print()
-    print(f"| mode | verify({args.block})/step(1) | step({args.block})/step(1) | tok/s block 1 | "
-          f"projected at tau {args.tau}: vs block 1 | " + " | ".join(f"vs generate {k}" for k in t_gen) + " |")
-    print("|---|---:|---:|---:|---:|" + "---:|" * len(t_gen))
-    for mode, _ in modes:
-        one, full = steps[(mode, 1)][0], steps[(mode, args.block)]
-        gen = " | ".join(f"{args.tau * t / full[0]:.2f}x" for t in t_gen.values())
-        print(f"| {mode} | {full[2] / one:.2f} | {full[0] / one:.2f} | {1000 / one:.1f} | "
-              f"{args.tau * one / full[0]:.2f}x | {gen} |")
+    out = []
+    for length in [int(p) for p in str(args.prompts).split(",")]:
+        prompt = torch.randint(0, shape["vocab"] - 1, (length,), generator=torch.Generator().manual_seed(1)).tolist()
+        rows = []  # (name, ms, draft ms, verify ms, live, attended)
+        t_gen = {}
+        if args.generate != "none":
+            t_gen["eager"] = time_generate(target.model, prompt, args.new, False, args.repeats)
+            rows.append(("transformers generate, eager", t_gen["eager"], None, None, None, None))
+        if device.type == "cuda" and args.generate == "all":
+            t_gen["static+compile"] = time_generate(target.model, prompt, args.new, True, args.repeats)
+            rows.append(("transformers generate, static cache + torch.compile", t_gen["static+compile"], None, None,
+                         None, None))
+        modes = [("eager", None)]
+        capture_s = None
+        if device.type == "cuda":
+            modes.append(("graphs", StepGraphs(target, draft)))
+        steps = {}
+        for mode, graphs in modes:
+            pool = CachePool(target, draft)
+            for block in (1, args.block):
+                steps[(mode, block)] = time_steps(target, draft, prompt, block, args.new, graphs, pool, args.repeats)
+                name = f"engine block {block}, {mode}" + (" (ms/token)" if block == 1 else " (draft+verify step)")
+                rows.append((name, *steps[(mode, block)]))
+            if graphs is not None:
+                capture_s = graphs.capture_s
+                if graphs.failed:
+                    print(f"graphs: {graphs.failed}")
+        bucket = max(layer.capacity for layer in bucket_layers(pool.target_cache(0)))
+        print(f"shape {args.shape} on {device} in {str(dtype).removeprefix('torch.')}: prompt {length} (bucket {bucket}), "
+              f"{args.new} new tokens, block {args.block}, best of {args.repeats}")
+        print("| run | ms | draft ms | verify ms | live K/V | K/V read |\n|---|---:|---:|---:|---:|---:|")
+        for name, ms, d, v, live, read in rows:
+            cells = [f"{ms:.2f}"] + ["" if x is None else f"{x:.2f}" for x in (d, v)] + \
+                    ["" if x is None else f"{x:.0f}" for x in (live, read)]
+            print(f"| {name} | " + " | ".join(cells) + " |")
+            out.append({"prompt": length, "bucket": bucket, "run": name, "ms": ms, "draft_ms": d, "verify_ms": v,
+                        "live_kv": live, "kv_read": read})
+        if capture_s is not None:
+            print(f"graph capture: {capture_s:.1f} s")
+        print()
+        print(f"| mode | verify({args.block})/step(1) | step({args.block})/step(1) | tok/s block 1 | "
+              f"projected at tau {args.tau}: vs block 1 | " + " | ".join(f"vs generate {k}" for k in t_gen) + " |")
+        print("|---|---:|---:|---:|---:|" + "---:|" * len(t_gen))
+        for mode, _ in modes:
+            one, full = steps[(mode, 1)][0], steps[(mode, args.block)]
+            gen = " | ".join(f"{args.tau * t / full[0]:.2f}x" for t in t_gen.values())
+            print(f"| {mode} | {full[2] / one:.2f} | {full[0] / one:.2f} | {1000 / one:.1f} | "
+                  f"{args.tau * one / full[0]:.2f}x | {gen} |")
+        print()
+    return out
 
 
-def step_times(engine, request_kw: dict, repeats: int) -> tuple[float, float]:
+def step_times(engine, request_kw: dict, repeats: int, api=None) -> tuple[float, float]:
     """(wall ms, this process's CPU ms) per step after the prefill, each the best of `repeats` answers
     (single-threaded, CPU time is what contention from other processes leaves unchanged)."""
-    from dflash_tui.engines import GenerationRequest
+    from dflash_tui import engines
 
+    api = api or engines
     best = [float("inf"), float("inf")]
     for rep in range(repeats + 1):  # the first answer warms up
         steps = 0
-        for event in engine.generate(GenerationRequest(**request_kw)):
+        for event in engine.generate(api.GenerationRequest(**request_kw)):
             if event.is_prefill:
                 wall, cpu = time.perf_counter(), time.process_time()
             else:
@@ -222,26 +244,43 @@ def step_times(engine, request_kw: dict, repeats: int) -> tuple[float, float]:
     return best[0], best[1]
 
 
-def long_section(args, shape: dict) -> None:
-    """ms per block-B step at each context length, through load_engine (works on older commits too)."""
-    from dflash_tui.engines import EngineConfig, load_engine
+def engine_packages(baseline):
+    """[(label, the engine package)]: this checkout's, and with `baseline` (a folder holding an older
+    checkout) that one's too: its top-level `engines` package, the layout before the engines moved into
+    dflash_tui. Both load in this process under different names, so their steps are timed side by side."""
+    import importlib
 
+    from dflash_tui import engines
+
+    found = [("this checkout", engines)]
+    if baseline:
+        sys.path.insert(0, str(Path(baseline).resolve()))
+        name = "engines"  # the older layout's package name, imported by name from that folder only
+        found.append((f"baseline {Path(baseline).name}", importlib.import_module(name)))
+    return found
+
+
+def long_section(args, shape: dict) -> None:
+    """ms per block-B step at each context length, through load_engine, for this checkout's engine and a
+    --baseline checkout's, interleaved context by context."""
     with tempfile.TemporaryDirectory() as tmp:
         target_dir, draft_dir = save_pair(shape, Path(tmp), args.block)
-        engine = load_engine(EngineConfig(target=str(target_dir), draft=str(draft_dir), engine="cuda", device="cpu",
-                                          dtype="float32"))
+        loaded = [(label, api, api.load_engine(api.EngineConfig(target=str(target_dir), draft=str(draft_dir),
+                                                                engine="cuda", device="cpu", dtype="float32")))
+                  for label, api in engine_packages(args.baseline)]
         gen = torch.Generator().manual_seed(2)
         print(f"long context: small shape, cpu float32, {args.new} new tokens, best of {args.repeats}, "
               f"threads {torch.get_num_threads()}; ms per step after the prefill, wall clock and this process's CPU time")
-        print(f"| context | block {args.block} wall | block {args.block} cpu | block 1 wall | block 1 cpu |\n"
-              "|---:|---:|---:|---:|---:|")
+        print(f"| context | engine | block {args.block} wall | block {args.block} cpu | block 1 wall | block 1 cpu |\n"
+              "|---:|---|---:|---:|---:|---:|")
         for context in [int(c) for c in args.contexts.split(",")]:
             prompt = torch.randint(10, shape["vocab"] - 1, (context,), generator=gen).tolist()
-            cells = []
-            for block in (args.block, 1):
-                cells += step_times(engine, dict(prompt_ids=prompt, max_new_tokens=args.new, temperature=0,
-                                                 block_size=block, stop_ids=[]), args.repeats)
-            print(f"| {context} | " + " | ".join(f"{c:.2f}" for c in cells) + " |", flush=True)
+            for label, api, engine in loaded:
+                cells = []
+                for block in (args.block, 1):
+                    cells += step_times(engine, dict(prompt_ids=prompt, max_new_tokens=args.new, temperature=0,
+                                                     block_size=block, stop_ids=[]), args.repeats, api)
+                print(f"| {context} | {label} | " + " | ".join(f"{c:.2f}" for c in cells) + " |", flush=True)
 
 
 def demo_section(args) -> None:
@@ -271,7 +310,12 @@ def main() -> None:
     parser.add_argument("--section", choices=["main", "long", "demo", "all"], default="main")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--block", type=int, default=16)
-    parser.add_argument("--prompt", type=int, default=536, help="prompt tokens (random ids)")
+    parser.add_argument("--prompts", default="536", help="prompt lengths in tokens (random ids), comma-separated")
+    parser.add_argument("--generate", choices=["none", "eager", "all"], default="all",
+                        help="transformers generate baselines to time (all: also static cache + compile on a GPU)")
+    parser.add_argument("--baseline", default=None, metavar="DIR",
+                        help="section long: also time the engine of an older checkout in DIR (layout with engines/ at its root)")
+    parser.add_argument("--output", default=None, metavar="FILE", help="section main: also write its rows as JSON here")
     parser.add_argument("--new", type=int, default=128, help="new tokens per answer")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tau", type=float, default=6.5)
@@ -282,8 +326,11 @@ def main() -> None:
     args.shape = args.shape or ("qwen3-8b" if device.type == "cuda" else "small")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if args.section in ("main", "all"):
-        main_section(args, SHAPES[args.shape], device, dtype)
-        print()
+        rows = main_section(args, SHAPES[args.shape], device, dtype)
+        if args.output:
+            import json
+
+            Path(args.output).write_text(json.dumps({"shape": args.shape, "device": str(device), "rows": rows}, indent=2))
     if args.section in ("long", "all"):
         long_section(args, SHAPES["small"])
     if args.section in ("demo", "all"):

@@ -31,3 +31,18 @@ def test_benchmark_runs_and_prints_its_table(script, data_dir):
                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=waiting.limit(600))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert table in result.stdout, result.stdout[-2000:]
+
+
+def test_the_prepared_gpu_check_runs_its_plumbing_on_the_cpu(tmp_path, data_dir):
+    """`make gpu-check` runs where no GPU is (its tests skip there): a quick CPU run writes both reports,
+    with the K/V columns and the demo comparison, so the script is ready when a GPU machine is."""
+    import json
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(tmp_path), "--quick"],
+                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=waiting.limit(600))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert report["demo"]["agree"] == len(report["demo"]["answers"]) == 2
+    assert {"live_kv", "kv_read", "bucket"} <= set(report["speed"]["rows"][0])
+    assert "| prompt | bucket | run | ms | live K/V | K/V read |" in (tmp_path / "gpu-check.md").read_text()
