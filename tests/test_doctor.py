@@ -1,10 +1,12 @@
-"""`dflash --version`, `dflash doctor` and shell completion: facts for a bug report, names to complete."""
+"""`dflash --version`, `dflash doctor` and shell completion: facts for a bug report, names to complete, and
+whether the `dflash` on PATH is this package's (z-lab's `dflash` package installs a command of that name)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import textwrap
 from importlib import metadata
 from pathlib import Path
 
@@ -15,10 +17,10 @@ from dflash_tui.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_version_names_the_frameworks_and_what_auto_picks():
-    result = CliRunner().invoke(main, ["--version"])
+def test_doctor_names_the_frameworks_and_what_auto_picks():
+    result = CliRunner().invoke(main, ["doctor"])
     assert result.exit_code == 0, result.output
-    lines = dict(line.split(None, 1) for line in result.output.splitlines())
+    lines = {line[:16].strip(): line[16:].strip() for line in result.output.splitlines()}
     assert lines["dflash-tui"] == metadata.version("dflash-tui")
     assert lines["torch"] == metadata.version("torch") and lines["transformers"] == metadata.version("transformers")
     assert "mlx" in lines and "mlx-lm" in lines
@@ -55,3 +57,73 @@ def test_shell_completion_offers_profile_names_and_session_ids(data_dir):
 
     assert "qwen3.5-27b" in complete("dflash generate --profile qwen3.5")
     assert complete("dflash sessions show 2026") == ["20260101-120000-comp"]
+
+
+# Run in a fresh interpreter: `--version` must answer without loading any framework (torch alone is 1.8 s).
+VERSION_ONLY = """
+import sys
+from dflash_tui.cli import main
+code = main(["--version"], standalone_mode=False)
+loaded = sorted(m for m in ("torch", "transformers", "mlx", "mlx_lm", "textual") if m in sys.modules)
+print("LOADED", loaded, "CODE", code)
+"""
+
+
+def test_version_is_one_line_and_imports_no_framework():
+    run = subprocess.run([sys.executable, "-c", VERSION_ONLY], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr
+    version, verdict = run.stdout.splitlines()
+    assert version == f"dflash-tui {metadata.version('dflash-tui')}"
+    assert verdict == "LOADED [] CODE 0"
+
+
+def _launcher(folder: Path, module: str, python: str = sys.executable) -> Path:
+    """A console script as pip writes one, for `module:main`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "dflash"
+    script.write_text(textwrap.dedent(f"""\
+        #!{python}
+        # -*- coding: utf-8 -*-
+        import re
+        import sys
+        from {module} import main
+        if __name__ == "__main__":
+            sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
+            sys.exit(main())
+        """))
+    script.chmod(0o755)
+    return script
+
+
+def test_doctor_says_when_the_dflash_on_path_is_not_ours(tmp_path):
+    foreign = _launcher(tmp_path / "bin", "dflash.cli")  # what another package's `dflash` script looks like
+    env = {**os.environ, "PATH": f"{foreign.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    run = subprocess.run([sys.executable, "-m", "dflash_tui", "doctor"], env=env, capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr
+    (line,) = [x for x in run.stdout.splitlines() if x.startswith("dflash command")]
+    assert f"{foreign} is NOT this package's (it runs dflash.cli:main;" in line
+    assert "run `dflash-tui` instead, or install the two in separate venvs" in line
+
+
+def test_doctor_knows_its_own_command_and_another_installation_of_it(tmp_path):
+    ours = _launcher(tmp_path / "ours" / "bin", "dflash_tui.cli")
+    other = _launcher(tmp_path / "other" / "bin", "dflash_tui.cli", python=str(tmp_path / "other" / "bin" / "python"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = {"PATH": f"{ours.parent}{os.pathsep}{other.parent}"}
+    assert CliRunner().invoke(main, ["doctor"], env=env).output.splitlines()[-1] == \
+        f"dflash command   {ours}: this package's"
+    assert CliRunner().invoke(main, ["doctor"], env={"PATH": str(other.parent)}).output.splitlines()[-1].endswith(
+        f"another installation of it (its Python: {other.parent / 'python'})")
+    assert "no `dflash` on PATH" in CliRunner().invoke(main, ["doctor"], env={"PATH": str(empty)}).output
+
+
+def test_dflash_tui_is_a_second_name_for_the_command():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"dflash": "dflash_tui.cli:main", "dflash-tui": "dflash_tui.cli:main"}

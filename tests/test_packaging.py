@@ -50,7 +50,7 @@ def test_torch_install_falls_back_to_pips_own_configuration_when_the_cpu_index_i
 
 # A subset that touches every package and the fixtures (tiny models, profiles, the demo pair).
 SDIST_SMOKE = ["tests/test_profiles.py", "tests/test_cli_generate.py::test_json_ids_equal_transformers_greedy",
-               "tests/test_doctor.py::test_version_names_the_frameworks_and_what_auto_picks"]
+               "tests/test_doctor.py::test_doctor_names_the_frameworks_and_what_auto_picks"]
 # Import from the unpacked sdist, not from this checkout's editable install.
 ISOLATED = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in repr(f)]; "
             "import pytest; sys.exit(pytest.main(sys.argv[1:]))")

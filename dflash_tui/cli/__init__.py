@@ -24,11 +24,33 @@ def _quiet_broken_pipe() -> None:
     sys.exit(0)
 
 
+def _no_progress_bars_off_a_terminal() -> None:
+    """transformers' "Loading weights" bar (tqdm) is noise in a pipe or a log file: off when stderr is no
+    terminal. transformers takes the switch from huggingface_hub's HF_HUB_DISABLE_PROGRESS_BARS when it
+    is imported (so is an engine process started from here); a library already imported (a host program,
+    the tests) is switched directly. Imports neither, and a setting of the user's own wins."""
+    try:
+        if sys.stderr is None or sys.stderr.isatty() or "HF_HUB_DISABLE_PROGRESS_BARS" in os.environ:
+            return
+    except (AttributeError, ValueError):  # a stderr without isatty, or a closed one
+        return
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # huggingface_hub's bars too
+    elif "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+
+
 class Group(click.Group):
     """Turns bad input into one sentence on stderr and exit code 2, never a traceback; click's own
     usage errors (a wrong type, a missing argument) read the same way."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
+        _no_progress_bars_off_a_terminal()
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except click.UsageError as exc:
@@ -69,7 +91,7 @@ class Group(click.Group):
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=print_version,
-              help="Versions of dflash, its frameworks, and the engine `auto` picks here.")
+              help="Print dflash-tui's version (`dflash doctor` adds the frameworks and the engine `auto` picks).")
 def main() -> None:
     """dflash: DFlash speculative decoding in your terminal.
 

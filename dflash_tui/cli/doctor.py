@@ -1,9 +1,12 @@
-"""`dflash doctor` and `dflash --version`: what is installed, what `auto` would pick, and whether a
-profile's pair is here and fits, in a form to paste into a bug report."""
+"""`dflash doctor`: what is installed, what `auto` would pick, whether the `dflash` on PATH is this
+package's, and whether a profile's pair is here and fits, in a form to paste into a bug report.
+`dflash --version` is the first of those lines only, and imports no framework."""
 
 from __future__ import annotations
 
 import platform
+import re
+import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -35,12 +38,63 @@ def environment() -> list[tuple[str, str]]:
 
 
 def print_version(ctx: click.Context, _param, value: bool) -> None:
-    """The `--version` flag: the package, its frameworks and the engine `auto` would pick."""
+    """The `--version` flag: one line, `dflash-tui 0.1.0`, without importing torch or mlx (doctor has the rest)."""
     if not value or ctx.resilient_parsing:
         return
-    for name, value in environment():
-        click.echo(f"{name:<16} {value}")
+    click.echo(f"dflash-tui {_version('dflash-tui')}")
     ctx.exit(0)
+
+
+# What a console script runs: pip's, uv's and distlib's launchers say `from MODULE import FUNC`; setuptools'
+# older ones `load_entry_point('DIST==VERSION', 'console_scripts', 'NAME')`.
+_FROM_IMPORT = re.compile(r"^from\s+([\w.]+)\s+import\s+(\w+)", re.M)
+_LOAD_ENTRY_POINT = re.compile(r"load_entry_point\(\s*['\"]([^'\"=<>~! ]+)")
+OURS = "dflash_tui"
+
+
+def script_runs(path: Path) -> Optional[str]:
+    """`module:function` (or `distribution dist`) that the console script at `path` runs; None when it
+    cannot be told (a compiled launcher, an unreadable file)."""
+    try:
+        head = path.read_bytes()[:65536].decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    found = _FROM_IMPORT.search(head)
+    if found:
+        return f"{found.group(1)}:{found.group(2)}"
+    found = _LOAD_ENTRY_POINT.search(head)
+    if found:
+        return f"distribution {found.group(1)}"
+    return OURS if OURS in head else None
+
+
+def command_check(command: str = "dflash") -> str:
+    """One line on the `dflash` that PATH finds: this package's, another install of it, or not ours at all
+    (z-lab's `dflash` package installs a command of the same name; pip lets the last install win)."""
+    found = shutil.which(command)
+    if found is None:
+        return f"no `{command}` on PATH: activate the venv that installed dflash-tui, or run `python -m dflash_tui`"
+    runs = script_runs(Path(found))
+    if runs is None:
+        return f"{found}: cannot tell what it runs; if `{command} --version` does not say dflash-tui, run `dflash-tui`"
+    if runs.split(":")[0].split(".")[0] != OURS and runs != "distribution dflash-tui":
+        return (f"{found} is NOT this package's (it runs {runs}; z-lab's `dflash` package has a command of the "
+                f"same name): run `dflash-tui` instead, or install the two in separate venvs")
+    python = _shebang(Path(found))
+    if python and Path(python).parent.parent.resolve() != Path(sys.prefix).resolve():
+        return f"{found}: dflash-tui, but another installation of it (its Python: {python})"
+    return f"{found}: this package's"
+
+
+def _shebang(path: Path) -> Optional[str]:
+    """The Python a launcher names on its first line (None for `env python`, a shell wrapper, a binary)."""
+    try:
+        with path.open("rb") as f:
+            first = f.readline(4096).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    words = first[2:].split() if first.startswith("#!") else []
+    return words[0] if words and Path(words[0]).name.startswith("python") else None
 
 
 def where(name: Optional[str]) -> tuple[str, Optional[Path]]:
@@ -58,9 +112,11 @@ def where(name: Optional[str]) -> tuple[str, Optional[Path]]:
 @click.option("--profile", "-p", metavar="NAME|PATH", shell_complete=complete.profile_names,
               help="Also check this profile's pair: is it here, does it fit.")
 def doctor(profile: Optional[str]) -> None:
-    """What is installed and what `auto` picks; with --profile, whether that pair is here and fits."""
+    """What is installed, what `auto` picks and whether the `dflash` on PATH is this package's; with
+    --profile, whether that pair is here and fits."""
     for name, value in environment():
         click.echo(f"{name:<16} {value}")
+    click.echo(f"{'dflash command':<16} {command_check()}")
     if not profile:
         return
     from dflash_tui.core.profiles import load_profile
