@@ -103,7 +103,9 @@ def sessions_group() -> None:
 
 
 @sessions_group.command("list")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per session.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document: an array with an object per session (id, created, profile, turns, "
+                   "engine, title, path), newest first.")
 def sessions_list(as_json: bool) -> None:
     """Sessions, newest first (a damaged file is skipped with a warning naming it)."""
     skipped: list[UserError] = []
