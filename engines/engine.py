@@ -179,6 +179,12 @@ class Engine:
         """Forget the caches kept from earlier requests: the next one prefills its whole prompt."""
         self._forget_turns()
 
+    def prepare_steps(self, block_size: int) -> bool:
+        """Make ready, between requests, what a request at `block_size` will need, so that sending it does
+        not wait for it (the cuda engine's graph captures); True when something was done. Doing it drops
+        the caches a chat kept, as doing it at the start of that request would."""
+        return False
+
     def measure_block1(self, steps: int = 4) -> Optional[Block1Probe]:
         """The cost of one block-1 step at the kept context, measured on top of the kept caches and rolled
         back (docs/engine-contract.md, "The block-1 probe"); None when no context is kept."""

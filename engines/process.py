@@ -29,7 +29,8 @@ from dflash_tui.engines.prompting import load_tokenizer, prompt_ids
 ERRORS = {"UserError": UserError, "CheckpointError": CheckpointError, "EngineUnavailable": EngineUnavailable}
 BATCH_S = 0.05  # events travel in batches: one wake-up of the UI process per 50 ms, not one per step
 REQUEST_FIELDS = [f.name for f in fields(GenerationRequest) if f.name != "cancel"]
-CALLS = ("top2_margin", "baseline_generate", "new_context", "measure_block1")  # engine methods the child answers with one value
+# engine methods the child answers with one value
+CALLS = ("top2_margin", "baseline_generate", "new_context", "measure_block1", "prepare_steps")
 
 
 def _error(exc: BaseException) -> tuple:
@@ -193,6 +194,10 @@ class ProcessEngine:
 
     def baseline_generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float) -> BaselineRun:
         return self._call("baseline_generate", list(prompt_ids), max_new_tokens, temperature)
+
+    def prepare_steps(self, block_size: int) -> bool:
+        """The child's Engine.prepare_steps (its graph captures, between requests)."""
+        return self._call("prepare_steps", block_size)
 
     def measure_block1(self, steps: int = 4) -> Optional[Block1Probe]:
         """The child's probe over the caches it keeps (Engine.measure_block1). Like every call it shares

@@ -23,7 +23,7 @@ import torch
 from dflash_tui.engines import GenerationRequest
 from dflash_tui.engines.cuda import cache as cache_module
 from dflash_tui.engines.cuda.cache import TIER, bucket_layers, tier
-from dflash_tui.engines.cuda.graphs import PROMPT_ROOM, StepGraphs, capture_for_request
+from dflash_tui.engines.cuda.graphs import StepGraphs, capture_for_request
 from dflash_tui.engines.cuda.loop import HOST_SYNC
 
 QUESTIONS = ["What is 48 + 75?", "And 12 * 3?", "Hello world, again", "Sort 5 3 9 1"]
@@ -176,14 +176,23 @@ def test_a_failed_capture_during_a_reused_turn_gives_the_eager_ids(engine):
     engine.new_context()
 
 
-def test_load_time_captures_cover_the_profiles_request(engine):
+@pytest.fixture
+def short_requests(monkeypatch):
+    """The profile's request made short (64 prompt tokens): fewer tiers to trace, the same rule."""
+    from dflash_tui.engines.cuda import graphs
+
+    monkeypatch.setattr(graphs, "PROMPT_ROOM", 64)
+    return 64
+
+
+def test_load_time_captures_cover_the_profiles_request(engine, short_requests):
     graphs = StepGraphs(engine.target, engine.draft, mode="trace")
     assert capture_for_request(graphs, engine.pool, 16, NEW)
     built = graphs.captures
-    tiers = len(range(TIER, tier(PROMPT_ROOM + NEW + 16, bucket_layers(engine.pool.target_cache(0))[0].capacity) + 1, TIER))
+    tiers = len(range(TIER, tier(short_requests + NEW + 16, bucket_layers(engine.pool.target_cache(0))[0].capacity) + 1, TIER))
     assert built == 3 * tiers  # per tier: block 1's verify, block 16's draft and verify
-    # the bucket a request of PROMPT_ROOM prompt tokens (more than the tiny target's context) would ask for
-    assert all(layer.capacity >= cache_module.bucket(PROMPT_ROOM + NEW + 16) for layer in bucket_layers(engine.pool.target_cache(0)))
+    # the bucket a request of the longest prompt would ask for
+    assert all(layer.capacity >= cache_module.bucket(short_requests + NEW + 16) for layer in bucket_layers(engine.pool.target_cache(0)))
     with on(engine, graphs):
         for block in (16, 1):
             list(engine.generate(GenerationRequest(prompt="What is 48 + 75?", max_new_tokens=NEW, temperature=0,
@@ -239,3 +248,31 @@ def test_a_step_attends_over_at_most_one_tier_past_the_live_context(engine, monk
     assert all(live <= attended < live + 32 for _, attended, live in seen), seen
     assert max(live for _, _, live in seen) > 64  # the context grew past two tiers
     assert min(attended for _, attended, _ in seen) < 128  # short contexts never paid for the 256 bucket
+
+
+def converse(engine, prepared: bool):
+    """Two chat turns, the block size changed between them (block 4, then 8), as the TUI's block key does."""
+    from dflash_tui.core.conversation import ChatSettings, Conversation
+
+    engine.new_context()
+    conv = Conversation(engine, ChatSettings(max_new_tokens=NEW, temperature=0.0, block_size=4), record=False)
+    conv.reuse_cache = True
+    list(conv.stream(conv.begin(QUESTIONS[0])))
+    conv.set_block(8)
+    did = conv.prepare_steps() if prepared else None
+    captured = getattr(engine.graphs, "captures", None)
+    list(conv.stream(conv.begin(QUESTIONS[1])))
+    return conv, did, captured
+
+
+def test_a_new_block_size_is_captured_between_turns_not_when_sent(engine, short_requests):
+    """After the block key the idle chat captures what the new size needs (the TUI does it in a worker),
+    so the next turn builds nothing, and its ids are the eager ones."""
+    eager, _, _ = converse(engine, prepared=False)
+    graphs = StepGraphs(engine.target, engine.draft, mode="trace")
+    with on(engine, graphs):
+        conv, did, captured = converse(engine, prepared=True)
+        assert did and not conv.prepare_steps()  # nothing left to capture for block 8
+    assert graphs.captures == captured  # the second turn captured nothing
+    assert [t.summary.token_ids for t in conv.turns] == [t.summary.token_ids for t in eager.turns]
+    engine.new_context()

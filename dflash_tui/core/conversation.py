@@ -570,6 +570,18 @@ class Conversation:
         self.probes.append(probe)
         return True
 
+    def prepare_steps(self) -> bool:
+        """Between turns, after the block size changed: let the engine make ready what the next turn at
+        that size needs (the cuda engine captures its graphs), so that sending does not wait for it; True
+        when it did something. An engine without the method (a remote server) has nothing to prepare."""
+        prepare = getattr(self.engine, "prepare_steps", None)
+        if prepare is None:
+            return False
+        with self._engine_use:
+            if self._running:
+                return False
+            return prepare(self.settings.block_size)
+
     @contextmanager
     def lend_engine(self) -> Iterator[Optional[EngineLike]]:
         """The engine for other work on it (a replay of a session), or None while a turn runs on it. Held

@@ -82,6 +82,18 @@ class CudaEngine(Engine):
             return None, f"eager ({graphs.failed})"
         return graphs, f"graphs ({graphs.captures} captured in {graphs.capture_s:.1f} s)"
 
+    def prepare_steps(self, block_size: int) -> bool:
+        """The graphs a request of the profile's size at `block_size` needs, captured now (between requests)."""
+        if self.graphs is None or self.graphs.failed:
+            return False
+        before = self.graphs.captures
+        capture_for_request(self.graphs, self.pool, block_size if self.draft else 1,
+                            self.config.max_new_tokens or GenerationRequest.max_new_tokens, self.config.draft_window)
+        if self.graphs.captures == before:
+            return False
+        self._forget_turns()  # the captures' warm-up passes overwrote what the caches kept
+        return True
+
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
                 max_new_tokens: int, reuse: bool = False, split=None) -> Iterator[RawStep]:
         self._replays = self.graphs.replays if self.graphs else 0

@@ -424,6 +424,7 @@ class ChatScreen(Screen):
             return
         self.toast("block", f"Block size {block} from the next turn.")
         self.refresh_chrome()
+        self._prepare(self.conversation)
 
     def set_block(self, block: int) -> None:
         try:
@@ -431,6 +432,15 @@ class ChatScreen(Screen):
         except UserError as exc:
             self.notify(str(exc), severity="error")
         self.refresh_chrome()
+        self._prepare(self.conversation)
+
+    @work(thread=True, group="prepare", exclusive=True)
+    def _prepare(self, conversation: Conversation) -> None:
+        """Capture what the new block size needs while idle (CUDA graphs on a GPU), so the next send does
+        not wait for it; a toast says so when it happened."""
+        block = conversation.settings.block_size
+        if conversation.prepare_steps():
+            self.app.call_from_thread(self.toast, "block", f"Block {block} is ready (CUDA graphs captured).")
 
     def action_cancel(self) -> None:
         if self.active is not None:
