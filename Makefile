@@ -18,7 +18,7 @@ else ifeq ($(HAS_NVIDIA),yes)
 else
   TORCH_INSTALL := sh scripts/install_torch.sh "$(PIP)" torch==2.13.0
 endif
-EXTRAS := cuda,mlx,dev
+EXTRAS := cuda,mlx,serve,dev
 
 .PHONY: install chat lint test test-min bench demo-models gpu-check smoke-pythons clean
 
@@ -56,13 +56,15 @@ gpu-check: $(STAMP)
 	$(PY) scripts/gpu_check.py --out $(GPU_CHECK_OUT)
 
 # The lowest versions pyproject.toml admits (uv's lowest-direct resolution) in .venv-min, then a smoke
-# subset. TORCH_MIN: a torch requirement to use (default: the CPU wheel this machine class keeps on disk).
-TORCH_MIN ?= $(if $(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),torch @ file://$(wildcard /opt/wheels/torch-2.13.0+cpu-*.whl),torch)
+# subset. TORCH_MIN: the torch requirement to install (default `torch`, resolved like the rest: from PyPI
+# that is the multi-GB CUDA build). On a CPU machine pass a wheel you have, e.g.
+#   make test-min TORCH_MIN="torch @ file:///path/to/torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl"
+TORCH_MIN ?= torch
 SMOKE_MIN := tests/test_cli_generate.py tests/test_engine_contract.py tests/test_profiles.py tests/test_sessions.py tests/test_hardening.py
 test-min:
 	$(PYTHON) -m venv .venv-min
 	.venv-min/bin/pip install -q uv
-	.venv-min/bin/uv pip install -q --python .venv-min/bin/python --resolution lowest-direct "$(TORCH_MIN)" ".[cuda,dev]"
+	.venv-min/bin/uv pip install -q --python .venv-min/bin/python --resolution lowest-direct "$(TORCH_MIN)" ".[cuda,serve,dev]"
 	OMP_NUM_THREADS=1 .venv-min/bin/python -m pytest -q -p no:cacheprovider $(SMOKE_MIN)
 
 # The Pythons the classifiers claim, each in a fresh venv with the MLX engine only (give full paths,

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,3 +94,90 @@ def test_the_sdist_carries_its_tests_and_they_pass_from_it_and_its_wheel_install
         [sys.executable, "-c", "import sys; sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in "
          "repr(f)]; import dflash_tui; print(dflash_tui.__file__)"], cwd=root, env=env, capture_output=True,
         text=True, timeout=120).stdout
+
+
+# -- dependencies: the base install is what the package imports; the rest sits in the extra that uses it --
+
+def _pyproject() -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _name(requirement: str) -> str:
+    import re
+
+    return re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0].lower()
+
+
+def _imports(folder: Path) -> dict[str, set[str]]:
+    """Top-level module name -> the files under `folder` that import it (absolute imports only)."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for file in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            for name in names:
+                found.setdefault(name.split(".")[0], set()).add(str(file.relative_to(ROOT)))
+    return found
+
+
+MODULE = {"prompt-toolkit": "prompt_toolkit", "huggingface-hub": "huggingface_hub"}
+
+
+def test_every_base_requirement_is_imported_and_the_frameworks_sit_in_their_extras():
+    project = _pyproject()["project"]
+    base = {_name(r) for r in project["dependencies"]}
+    imported = _imports(ROOT / "dflash_tui") | _imports(ROOT / "engines")
+    unused = {d for d in base if MODULE.get(d, d.replace("-", "_")) not in imported}
+    assert not unused, f"base requirements nothing imports: {unused}"
+    assert not base & {"numpy", "jinja2", "tokenizers", "safetensors", "starlette", "uvicorn", "torch", "transformers"}
+    assert imported["safetensors"] <= {"engines/cuda/draft.py"}  # the torch engine's, so the cuda extra's
+    extras = {name: {_name(r) for r in reqs} for name, reqs in project["optional-dependencies"].items()}
+    assert {"safetensors", "jinja2"} <= extras["cuda"] and "jinja2" in extras["mlx"]
+    assert extras["serve"] == {"starlette", "uvicorn"}
+    assert all(f.startswith("dflash_tui/serve/") for f in imported["starlette"] | imported["uvicorn"])
+
+
+def test_rich_is_bounded_by_what_textual_needs():
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    ours = next(Requirement(r) for r in _pyproject()["project"]["dependencies"] if _name(r) == "rich")
+    needed = next(Requirement(r) for r in metadata.requires("textual") if _name(r) == "rich")
+    def floor(requirement: Requirement) -> Version:
+        return max(Version(s.version) for s in requirement.specifier if s.operator == ">=")
+
+    assert floor(ours) >= floor(needed), f"rich{ours.specifier}, but textual {metadata.version('textual')} needs {needed}"
+
+
+def test_make_installs_every_extra_and_test_min_names_no_machine_path():
+    makefile = (ROOT / "Makefile").read_text()
+    extras = next(line for line in makefile.splitlines() if line.startswith("EXTRAS :="))
+    assert set(extras.split(":=")[1].strip().split(",")) == set(_pyproject()["project"]["optional-dependencies"])
+    assert "/opt/" not in makefile and "TORCH_MIN ?= torch\n" in makefile
+
+
+# starlette and uvicorn refused as if the [serve] extra were not installed
+WITHOUT_SERVE = """
+import sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("starlette", "uvicorn"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Refuse())
+from dflash_tui.cli import main
+main(["serve", "--port", "0"])
+"""
+
+
+def test_serve_without_its_extra_is_one_sentence_naming_it(tmp_path):
+    run = subprocess.run([sys.executable, "-c", WITHOUT_SERVE], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                         env=dict(os.environ, DFLASH_CONFIG_DIR=str(tmp_path)))
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == ("error: `dflash serve` needs the serve extra (starlette is not installed): "
+                          "pip install 'dflash-tui[serve]'\n")

@@ -6,7 +6,19 @@ from typing import Optional
 
 import click
 
+from dflash_tui.engines.errors import UserError
+
 ENGINE_CHOICES = ["auto", "cuda", "mlx"]
+
+
+def require_serve_extra() -> None:
+    """starlette and uvicorn come with the [serve] extra only: without them, one sentence and exit 2."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise UserError(f"`dflash serve` needs the serve extra ({exc.name or 'starlette'} is not installed): "
+                        "pip install 'dflash-tui[serve]'") from None
 
 
 def _settings(profile: Optional[str], engine: Optional[str], block_size: Optional[int]):
@@ -40,6 +52,7 @@ def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning
     Each streamed chunk carries the DFlash step (drafted, accepted, origins) in a `dflash` field that
     standard clients ignore; `dflash chat --engine remote --url http://HOST:PORT/v1` shows it all.
     """
+    require_serve_extra()
     from .run import check_host, check_port
     from .run import serve as run_server
 
