@@ -1,5 +1,6 @@
 """Installing: the CPU torch install falls back quickly where PyTorch's CPU index is unreachable; the sdist
-carries its tests, and the wheel built from it installs one top-level import name."""
+carries its tests and every file once, and the wheel built from it installs one top-level import name; the
+base requirements are what the package imports, the rest sits in the extra that uses it."""
 
 from __future__ import annotations
 
@@ -76,13 +77,23 @@ def test_the_sdist_carries_its_tests_and_they_pass_from_it_and_its_wheel_install
     (wheel,) = tmp_path.glob("dflash_tui-*.whl")
     assert wheel_top_level(wheel) == ({"dflash_tui"}, {"dflash_tui"})
     with zipfile.ZipFile(wheel) as z:
-        assert {"dflash_tui/engines/__init__.py", "dflash_tui/engines/cuda/loop.py",
-                "dflash_tui/profiles_data/demo.toml"} <= set(z.namelist())
+        assert {"dflash_tui/engines/__init__.py", "dflash_tui/engines/cuda/loop.py", "dflash_tui/profiles_data/demo.toml",
+                "dflash_tui/profiles_data/demo/target/model.safetensors"} <= set(z.namelist())
+        info = next(n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/RECORD"))
+        assert "dflash-tui = dflash_tui.cli:main" in z.read(f"{info}/entry_points.txt").decode()
     (archive,) = tmp_path.glob("dflash_tui-*.tar.gz")
     with tarfile.open(archive) as tar:
+        members = tar.getmembers()
         names = tar.getnames()
         tar.extractall(tmp_path, filter="data")
     root = tmp_path / archive.name.removesuffix(".tar.gz")
+    # every file once: engines/ and profiles/ at their repository paths, the package's links as links (setup.py)
+    inside = {m.name.removeprefix(f"{root.name}/"): m for m in members}
+    assert {name: m.linkname for name, m in inside.items() if m.issym()} == {
+        "dflash_tui/engines": "../engines", "dflash_tui/profiles_data": "../profiles"}
+    assert not [name for name in inside if name.startswith(("dflash_tui/engines/", "dflash_tui/profiles_data/"))]
+    assert {"engines/cuda/loop.py", "profiles/demo/target/model.safetensors", "profiles/demo.toml"} <= set(inside)
+    assert archive.stat().st_size < wheel.stat().st_size + 2**20  # the demo weights once (19.3 MB when twice)
     for needed in ("tests/conftest.py", "tests/tiny.py", "tests/oracles.py", "Makefile", "scripts/install_torch.sh",
                    "tests/__snapshots__/test_tui/test_snapshot_main_screen.svg", "LICENSE", ".ci/run"):
         assert f"{root.name}/{needed}" in names, needed
