@@ -4,6 +4,7 @@ base requirements are what the package imports, the rest sits in the extra that 
 
 from __future__ import annotations
 
+import email
 import os
 import socket
 import subprocess
@@ -81,6 +82,8 @@ def test_the_sdist_carries_its_tests_and_they_pass_from_it_and_its_wheel_install
                 "dflash_tui/profiles_data/demo/target/model.safetensors"} <= set(z.namelist())
         info = next(n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/RECORD"))
         assert "dflash-tui = dflash_tui.cli:main" in z.read(f"{info}/entry_points.txt").decode()
+        long_description = email.message_from_bytes(z.read(f"{info}/METADATA")).get_payload()
+    assert long_description.strip() == (ROOT / _pyproject()["project"]["readme"]["file"]).read_text().strip()
     (archive,) = tmp_path.glob("dflash_tui-*.tar.gz")
     with tarfile.open(archive) as tar:
         members = tar.getmembers()
@@ -192,3 +195,16 @@ def test_serve_without_its_extra_is_one_sentence_naming_it(tmp_path):
     assert run.returncode == 2, run.stderr
     assert run.stderr == ("error: `dflash serve` needs the serve extra (starlette is not installed): "
                           "pip install 'dflash-tui[serve]'\n")
+
+
+def test_the_pypi_page_says_pip_install_and_links_nothing_relative():
+    import re
+
+    readme = _pyproject()["project"]["readme"]
+    text = (ROOT / readme["file"]).read_text()
+    assert readme["content-type"] == "text/markdown"
+    assert "make " not in text and "pip install 'dflash-tui[cuda]'" in text and "dflash-tui" in text
+    targets = re.findall(r"\]\(([^)]*)\)", text) + re.findall(r"<(?:img|a)[^>]+(?:src|href)=\"([^\"]+)", text)
+    assert all(t.startswith(("https://", "http://", "#")) for t in targets), targets
+    first = (ROOT / "README.md").read_text().split("```sh\n", 1)[1].splitlines()[:2]
+    assert [line.split()[:2] for line in first] == [["make", "chat"], ["make", "test"]]  # the repository's README
