@@ -1,5 +1,5 @@
 """Gated-delta-net rollback: after a verify pass that keeps k of b tokens, every layer's state equals
-the state reached by feeding only those k tokens (Qwen3.5 layout, dense and MoE), up to float32
+the state reached by feeding only those k tokens (Qwen3.5 layout, dense and MoE, and Qwen3-Next), up to float32
 rounding: a pass over b tokens and one over k round differently in earlier layers (about 1e-5)."""
 
 import pytest
@@ -9,7 +9,7 @@ from dflash_tui.engines.checkpoints import TargetInfo
 from dflash_tui.engines.cuda.target import Target
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe", "qwen3_next"])
 def target(pairs, request):
     path, _ = pairs(request.param)
     return Target(TargetInfo.read(str(path)), torch.device("cpu"), torch.float32, [0, 2])

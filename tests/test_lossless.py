@@ -11,7 +11,7 @@ PROMPTS = ["What is 48 + 75?", "The quick brown fox", "Hello world, speculative 
 BLOCKS = [1, 2, 4, 8, 16]
 NEW = 40
 FAMILIES = [("qwen3", False), ("qwen3_moe", False), ("llama", False), ("qwen3", True), ("qwen3_5", False),
-            ("qwen3_5_moe", False), ("qwen3_5", True)]  # True: the draft reads the target's last layer
+            ("qwen3_5_moe", False), ("qwen3_5", True), ("qwen3_next", False)]  # True: the draft reads the last layer
 
 
 @pytest.mark.parametrize("engine_name", ENGINES)

@@ -141,7 +141,7 @@ def reference(pairs, engine_for_pair):
     return get
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "qwen3_next"])
 @pytest.mark.parametrize("block", [2, 4, 8, 16])
 @pytest.mark.parametrize("window", [None, 6])
 def test_oracle_draft_cuts_blocks_and_caches_stay_exact(engine_for_pair, reference, family, block, window):
@@ -196,7 +196,7 @@ def steps(engine, ids, block):
     return [(e.drafted, e.accepted, e.emitted) for e in events], engine.last_summary.token_ids
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "qwen3_next"])
 def test_cuda_and_mlx_agree_step_by_step(both, family):
     cuda, mlx = both(family)
     for prompt in PROMPTS[:2]:

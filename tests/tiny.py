@@ -63,10 +63,34 @@ def make_target(out: Path, family: str = "qwen3", layers: int = 4, hidden: int =
         config = transformers.LlamaConfig(**{k: v for k, v in common.items()})
     elif family in ("qwen3_5", "qwen3_5_moe"):
         return make_qwen3_5(out, tok, family, common, seed)
+    elif family == "qwen3_next":
+        return make_qwen3_next(out, tok, common, seed)
     else:
         raise ValueError(family)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(str(out))
+    write_generation_config(out, tok)
+    return out
+
+
+def make_qwen3_next(out: Path, tok, common: dict, seed: int) -> Path:
+    """A Qwen3-Next target (Qwen3-Coder-Next's type): gated DeltaNet layers, then gated attention, every
+    layer's MLP a mixture of experts with a shared expert; saved by transformers 5 as published (text only)."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen3NextConfig(
+        **common, layer_types=["linear_attention"] * 3 + ["full_attention"], linear_conv_kernel_dim=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=common["hidden_size"],
+        shared_expert_intermediate_size=common["hidden_size"], decoder_sparse_step=1)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # gated-delta-net parameters are not covered by initializer_range
+        for name, p in model.named_parameters():
+            if "linear_attn" in name and p.dim() > 1:
+                p.normal_(0, 0.2)
     model.save_pretrained(str(out))
     write_generation_config(out, tok)
     return out

@@ -17,7 +17,8 @@ from dflash_tui.engines.cuda.hybrid import LinearStateRollback
 from dflash_tui.engines.errors import CheckpointError, UserError, describe
 
 FAMILIES = {"qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "llama": "Llama-3.x", "qwen3_5": "Qwen3.5/3.6",
-            "qwen3_5_moe": "Qwen3.5/3.6-MoE", "qwen3_5_text": "Qwen3.5/3.6", "qwen3_5_moe_text": "Qwen3.5/3.6-MoE"}
+            "qwen3_5_moe": "Qwen3.5/3.6-MoE", "qwen3_5_text": "Qwen3.5/3.6", "qwen3_5_moe_text": "Qwen3.5/3.6-MoE",
+            "qwen3_next": "Qwen3-Next"}
 
 
 def check_family(info: TargetInfo) -> None:

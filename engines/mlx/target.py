@@ -96,6 +96,8 @@ def legacy_keys(config: dict) -> dict:
             extra["rope_theta"] = rope["rope_theta"]
         if config.get("rope_scaling") is None and rope.get("rope_type", "default") != "default":
             extra["rope_scaling"] = rope
+        if config.get("partial_rotary_factor") is None and rope.get("partial_rotary_factor") is not None:
+            extra["partial_rotary_factor"] = rope["partial_rotary_factor"]  # qwen3_next reads it at the top
     if config.get("num_experts") is None and config.get("num_local_experts") is not None:
         extra["num_experts"] = config["num_local_experts"]
     return extra
