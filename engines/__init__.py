@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import platform
 import sys
+from pathlib import Path
 
 from dflash_tui.engines.config import EngineConfig, GenerationRequest
 from dflash_tui.engines.engine import EngineLike
@@ -24,9 +25,12 @@ __all__ = [
 # On a CPU without CUDA or Metal, the PyTorch engine decodes faster than MLX's CPU backend
 # (benchmarks/engine_speed.py; README, "Engines").
 CPU_DEFAULT = "cuda"
+# In a checkout (the Makefile beside the package's folder, reached through the link) `make install` is
+# the other way in; an installed wheel has no Makefile to run.
+_CHECKOUT = (Path(__file__).resolve().parents[1] / "Makefile").is_file()
 INSTALL_HINT = {
-    "cuda": "install it with `pip install 'dflash-tui[cuda]'` (or `make install`)",
-    "mlx": "install it with `pip install 'dflash-tui[mlx]'` (mlx[cpu] on Linux; or `make install`)",
+    "cuda": "install it with `pip install 'dflash-tui[cuda]'`" + (" (or `make install`)" if _CHECKOUT else ""),
+    "mlx": "install it with `pip install 'dflash-tui[mlx]'` (mlx[cpu] on Linux" + ("; or `make install`)" if _CHECKOUT else ")"),
 }
 
 
