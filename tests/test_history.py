@@ -181,16 +181,23 @@ def test_a_resumed_session_skips_its_stopped_turn_and_can_continue_it(engine, da
     resumed.close()
 
 
+def step_figures(summary):
+    """(the tokens its steps committed, their draft + verify seconds) of a recorded turn."""
+    return sum(summary.acceptance_lengths), summary.draft_s + summary.verify_s
+
+
 def test_speedup_is_measured_or_unknown(engine):
     engine.new_context()
     conv = chat(engine)
     first = ask(conv, QUESTION).turn.summary
     context = first.prompt_tokens + first.generated_tokens
-    assert conv.speedup(first.decode_tokens_per_s, 4, context) == (None, "")  # no estimate from tau
-    assert conv.speedup(first.decode_tokens_per_s, 1, context) == (1.0, "block 1")
+    steps = step_figures(first)
+    assert conv.speedup(first.decode_tokens_per_s, 4, context, *steps) == (None, "")  # no estimate from tau
+    assert conv.speedup(first.decode_tokens_per_s, 1, context, *steps) == (1.0, "block 1")
     assert conv.measure_block1() is True
-    speed, kind = conv.speedup(first.decode_tokens_per_s, 4, context)
+    speed, kind = conv.speedup(first.decode_tokens_per_s, 4, context, *steps)
     assert kind == "measured" and speed > 0
+    assert conv.summary_speedup(first) == (speed, kind)
     assert conv.measure_block1() is False  # a probe stands for this context already
     second = ask(conv, "And 12 * 3?")
     assert second.turn.summary.reused_prompt_tokens > 0  # the probe left the kept caches as they were
@@ -199,7 +206,87 @@ def test_speedup_is_measured_or_unknown(engine):
     ask(unprobed, QUESTION)
     assert ask(unprobed, "And 12 * 3?").emitted == second.emitted
     conv.engine = engine  # another loaded pair (a reload): its speed is not measured yet
-    assert conv.speedup(first.decode_tokens_per_s, 4, context) == (None, "")
+    assert conv.speedup(first.decode_tokens_per_s, 4, context, *steps) == (None, "")
+
+
+def test_speedup_is_the_steps_against_the_probe_on_recorded_times():
+    """Issue 32, defect 1: the figure is the turn's own steps (tokens committed over draft + verify time)
+    against the probe's block-1 step, whatever the end-to-end rate; stale ("–") past 25% of context growth."""
+    from dflash_tui.core.conversation import LiveStats, step_speedup
+    from dflash_tui.engines.events import StepEvent
+    from dflash_tui.engines.probe import Block1Probe
+
+    conv = Conversation.__new__(Conversation)  # no engine: the computation alone
+    conv.turns, conv.probes = [], [Block1Probe(seconds_per_token=0.004, context_tokens=100, steps=4)]
+    stats = LiveStats(block_size=16)
+    recorded = [StepEvent(drafted=[], accepted=0, emitted=[1], pieces=[], is_prefill=True)]
+    recorded += [StepEvent(drafted=[2] * 15, accepted=a, emitted=[2] * (a + 1), pieces=[],
+                           draft_s=d, verify_s=v)
+                 for a, d, v in [(15, 0.002, 0.010), (11, 0.003, 0.011), (7, 0.002, 0.009)]]
+    for event in recorded:
+        stats.add(event)
+    tokens, seconds = sum(stats.lengths), stats.draft_s + stats.verify_s
+    assert (tokens, round(seconds, 6)) == (16 + 12 + 8, 0.037)
+    expected = (16 + 12 + 8) / 0.037 * 0.004  # block B's tokens/s over block 1's (one token per 4 ms step)
+    slow_ui_rate = 20.0  # the end-to-end rate a loaded UI saw: it plays no part
+    speed, kind = conv.speedup(slow_ui_rate, 16, 110, tokens, seconds)
+    assert kind == "measured" and speed == pytest.approx(expected) == step_speedup(tokens, seconds, 0.004)
+    assert conv.speedup(slow_ui_rate, 16, 125, tokens, seconds)[0] == pytest.approx(expected)  # within 25%
+    assert conv.speedup(slow_ui_rate, 16, 125, tokens, seconds)[0] > 1 > slow_ui_rate * 0.004
+    assert conv.speedup(slow_ui_rate, 16, 125, None, None) == (None, "")  # step times unknown: "–"
+    assert conv.speedup(slow_ui_rate, 16, 125, tokens, 0.0) == (None, "")
+    assert conv.speedup(slow_ui_rate, 16, 125, tokens, None) == (None, "")
+    assert conv.speedup(slow_ui_rate, 16, 126, tokens, seconds) == (None, "")  # grew > 25%: stale
+    assert conv.speedup(slow_ui_rate, None, 110, tokens, seconds) == (None, "")  # a server that does not say
+
+
+def demo_engine():
+    from dflash_tui.core.profiles import load_profile
+
+    try:
+        profile = load_profile("demo")
+        config = profile.engine_config("cuda")
+    except Exception as exc:  # noqa: BLE001 - any reason the demo is missing is a skip
+        pytest.skip(f"no demo profile here ({exc})")
+    from pathlib import Path
+
+    if not (Path(config.target) / "model.safetensors").exists():
+        pytest.skip("the demo pair is not built (make demo-models)")
+    return profile, load_engine(config)
+
+
+def test_speedup_agrees_with_replay_on_the_demo_pair_at_block_16():
+    """Issue 32, defect 1: 'What is 48 + 75?' at block 16 showed 1.0x (0.5x, 0.1x on other turns) while a
+    replay gave 5.25x. The figure is taken while the consumer is slow (the UI, the pipe, a loaded machine
+    between the events): it must agree with replay in direction and roughly in size all the same."""
+    import time
+
+    from dflash_tui.core.conversation import ChatFlags, open_conversation
+
+    profile, engine = demo_engine()
+    conv, _ = open_conversation(engine, profile, ChatFlags(block_size=16), record=False)
+    active = conv.begin(QUESTION)
+    for _ in conv.stream(active):
+        time.sleep(0.2)  # models a busy consumer between events (not a wait for an event)
+    summary = active.turn.summary
+    assert conv.measure_block1() is True
+    live, kind = conv.summary_speedup(summary)
+    assert kind == "measured"
+
+    rates = {}
+    for block in (1, 16):  # a replay: the same prompt at blocks 1 and 16, best of three, read as fast as it comes
+        best = 0.0
+        for _ in range(3):
+            request = GenerationRequest(prompt_ids=active.prompt_ids, thinking=True, max_new_tokens=256,
+                                        temperature=0.0, block_size=block, reuse_cache=False)
+            list(engine.generate(request))
+            best = max(best, engine.last_summary.decode_tokens_per_s)
+        rates[block] = best
+    replay = rates[16] / rates[1]
+    assert replay > 1, rates
+    assert live > 1, (live, replay)  # the end-to-end rate over the probe step showed < 1 here
+    assert replay / 3 < live < replay * 3, (live, replay)  # roughly in size (a loose bound: a loaded machine)
+    engine.close()
 
 
 class Logged:

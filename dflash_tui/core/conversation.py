@@ -595,19 +595,45 @@ class Conversation:
                 if max(p.context_tokens, context_tokens) <= PROBE_SPAN * max(1, min(p.context_tokens, context_tokens))]
         return min(near, key=lambda p: abs(p.context_tokens - context_tokens), default=None)
 
-    def speedup(self, tokens_per_s: float, block_size: int, context_tokens: int) -> tuple[Optional[float], str]:
-        """A decode rate over block 1's at about the same context: measured, never estimated.
+    def speedup(self, tokens_per_s: float, block_size: Optional[int], context_tokens: int,
+                step_tokens: Optional[int] = None, step_s: Optional[float] = None) -> tuple[Optional[float], str]:
+        """Block B's decode steps against block 1's, both timed inside the engine: measured, never estimated.
 
-        Block 1's rate is one over a probe's time per single-token step (`measure_block1`); (None, "")
-        until a probe stands for this context length, and the UI shows "–"."""
+        The block-B side is this turn's own steps: the tokens they committed (`step_tokens`, the sum of the
+        acceptance lengths: tau times the steps) over their measured draft + verify time (`step_s`). The
+        block-1 side is a probe's single-token target step (`measure_block1`), timed on the same engine at
+        about the same context (within PROBE_SPAN). Neither side holds the UI, the pipe or the detokenizer,
+        so the figure agrees with a replay at blocks 1 and B (issue 32) where the turn's end-to-end rate
+        over the bare probe step (`tokens_per_s`, no longer used for it) did not. (None, "") while no
+        probe stands for this context or the steps' times are unknown: the UI shows "–"."""
+        del tokens_per_s  # kept in the signature for older callers: an end-to-end rate is not comparable
+        if step_tokens is None and step_s is None and self.turns and self.turns[-1].summary is not None:
+            last = self.turns[-1].summary  # an older caller asking about the last turn (the REPL's /stats)
+            if last.prompt_tokens + last.generated_tokens == context_tokens and last.block_size == block_size:
+                return self.summary_speedup(last)
         if block_size is None:  # the server did not say which block size it ran
             return None, ""
         if block_size <= 1:
             return 1.0, "block 1"
         probe = self.probe_near(context_tokens)
-        if probe is None or not tokens_per_s:
-            return None, ""
-        return tokens_per_s * probe.seconds_per_token, "measured"
+        figure = step_speedup(step_tokens, step_s, probe.seconds_per_token) if probe is not None else None
+        return (figure, "measured") if figure is not None else (None, "")
+
+    def summary_speedup(self, summary: Summary) -> tuple[Optional[float], str]:
+        """`speedup` for a finished turn, from its Summary (the REPL's /stats and the TUI share it)."""
+        lengths = summary.acceptance_lengths
+        step_s = None if summary.draft_s is None or summary.verify_s is None else summary.draft_s + summary.verify_s
+        return self.speedup(summary.decode_tokens_per_s, summary.block_size, summary.prompt_tokens
+                            + summary.generated_tokens, sum(lengths) if lengths else None, step_s)
+
+
+def step_speedup(step_tokens: Optional[int], step_s: Optional[float],
+                 block1_seconds_per_token: Optional[float]) -> Optional[float]:
+    """Tokens per second of the speculative steps over tokens per second of block-1 steps:
+    (step_tokens / step_s) / (1 / block1_seconds_per_token). None when a side is unknown or empty."""
+    if not step_tokens or not step_s or step_s <= 0 or not block1_seconds_per_token:
+        return None
+    return step_tokens * block1_seconds_per_token / step_s
 
 
 def reports_steps(engine) -> bool:

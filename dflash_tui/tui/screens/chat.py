@@ -239,12 +239,13 @@ class ChatScreen(Screen):
         d.block_size = turn_block = conv.settings.block_size if known_steps else None
         d.session_tau = conv.session_tau()
         d.context_limit = conv.context_limit() if engine is not None else None  # None while switching engines
-        steps = 0
+        steps, step_tokens, step_s = 0, None, None
         if self.active is not None:
             s = self.active.stats
             d.tokens_per_s, d.tokens, d.tau, d.histogram = s.tokens_per_s, s.tokens, s.tau, s.histogram()
             d.draft_s, d.verify_s = (s.draft_s, s.verify_s) if s.steps_known else (None, None)
             steps = len(s.lengths)
+            step_tokens, step_s = sum(s.lengths), s.draft_s + s.verify_s
             d.context_tokens = s.prompt_tokens + s.tokens
             d.block_size = turn_block = self.active.block_size
             d.peak_bytes, d.peak_kind = self._last_stats.peak_bytes, self._last_stats.peak_kind
@@ -254,13 +255,15 @@ class ChatScreen(Screen):
             d.tokens_per_s, d.tokens, d.tau, d.histogram = m.decode_tokens_per_s, m.generated_tokens, \
                 m.mean_acceptance_length, m.histogram
             d.draft_s, d.verify_s, steps = m.draft_s, m.verify_s, len(m.acceptance_lengths or [])
+            step_tokens = sum(m.acceptance_lengths or [])
+            step_s = None if m.draft_s is None or m.verify_s is None else m.draft_s + m.verify_s
             d.context_tokens = m.prompt_tokens + m.generated_tokens
             d.peak_bytes, d.peak_kind = m.peak_memory_bytes, m.peak_memory_kind
             d.reused_tokens, d.prefilled_tokens = m.reused_prompt_tokens, m.prefilled_prompt_tokens
             turn_block = m.block_size or turn_block
             d.state = "done"
         if steps:
-            d.speedup, d.speedup_kind = conv.speedup(d.tokens_per_s, turn_block, d.context_tokens)
+            d.speedup, d.speedup_kind = conv.speedup(d.tokens_per_s, turn_block, d.context_tokens, step_tokens, step_s)
         return d
 
     def _show_stats(self, d: StatsData) -> None:

@@ -38,8 +38,9 @@ KEY_HELP = [
 
 FIGURES = [
     ("tok/s", "generated tokens per second of decoding (prefill not counted)"),
-    ("speedup", "this turn's rate over block 1's, measured: the block-1 step timed at the same context "
-                "length; \"–\" until that is measured"),
+    ("speedup", "≈ measured: this turn's tokens per second of draft + verify steps over block 1's, a plain "
+                "target step timed on the same engine at about the same context (both inside the engine, as a "
+                "replay compares them); \"–\" until that is measured, or once the context grew 25% past it"),
     ("tau", "mean tokens each verify pass commits (the session's in brackets)"),
     ("block", "block size: each step the draft proposes a block and the target verifies it; 1 is the target alone"),
     ("temp", "temperature from the next turn (ctrl+p, type temp); 0 is greedy"),

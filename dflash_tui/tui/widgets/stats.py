@@ -1,7 +1,8 @@
 """The live stats: a side panel, folded into one line under the header on small terminals.
 
-The speedup is measured, never estimated: the turn's rate against the block-1 step timed at the same
-context length; until that is measured it shows "–". So does every figure the engine cannot know (None:
+The speedup is measured, never estimated: the turn's draft + verify steps against the block-1 step timed
+on the same engine at about the same context length (`Conversation.speedup`); until that is measured, or
+once the context has grown 25% past the probe, it shows "–". So does every figure the engine cannot know (None:
 a server other than `dflash serve` reports no steps, block size, memory or cache reuse).
 """
 
@@ -80,7 +81,10 @@ def split_text(d: StatsData) -> str:
 
 
 def speedup_text(d: StatsData) -> str:
-    return "–" if d.speedup is None else f"{d.speedup:.1f}x"
+    """'≈5.2x' measured (a block-1 turn is 1.0x by definition), '–' until measured or once stale."""
+    if d.speedup is None:
+        return "–"
+    return f"{d.speedup:.1f}x" if d.speedup_kind == "block 1" else f"≈{d.speedup:.1f}x"
 
 
 def context_text(d: StatsData) -> str:
@@ -110,7 +114,8 @@ class StatsPanel(Static):
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(f"{d.tokens_per_s:7.1f} tok/s", style="bold")
         t.append(f"  {d.tokens} tok\n")
-        t.append(f"speedup {speedup_text(d)} vs block 1\n" if d.speedup is not None else "speedup – (not yet measured)\n")
+        t.append(f"speedup {speedup_text(d)} (measured)\n" if d.speedup_kind == "measured" else
+                 f"speedup {speedup_text(d)} (block 1)\n" if d.speedup is not None else "speedup – (not yet measured)\n")
         t.append(f"tau {fixed(d.tau)}", style="bold")
         t.append(f"   (session {fixed(d.session_tau)})\n\n")
         t.append("acceptance length\n", style="underline")
