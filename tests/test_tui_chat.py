@@ -302,3 +302,25 @@ async def test_speedup_is_measured_off_the_ui_thread(profile, engine, data_dir):
         await pilot.pause()
         stats = app._last_stats
         assert stats.speedup_kind == "measured" and stats.speedup > 0
+
+
+# -- issue 32: no lost keystrokes, no lost place ------------------------------------------------------
+
+
+def notified(app, words: str) -> bool:
+    return any(words in str(n.message) for n in app._notifications)
+
+
+@pytest.mark.asyncio
+async def test_a_prompt_refused_as_too_long_stays_in_the_box(profile, engine, data_dir):
+    """Defect 4: a paste over the context was refused and the box emptied; only up brought it back."""
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        prompt = app.screen.query_one("#prompt")
+        pasted = "word " * 700 + "end"  # well past the tiny target's 512 positions
+        prompt.load_text(pasted)
+        await pilot.press("enter")
+        await waiting.until(pilot, lambda: notified(app, "shorten it"))
+        assert prompt.text == pasted and app.focused is prompt
+        assert app.turns_done == 0 and app.active is None

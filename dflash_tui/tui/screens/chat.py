@@ -314,16 +314,19 @@ class ChatScreen(Screen):
             self._prompt.load_text(text)
             self.notify("Still answering; escape stops it.", severity="warning")
             return
-        self.send(text)
+        if not self.send(text) and not self._prompt.text:
+            self.fill_prompt(message.text)  # refused (too long for the context): the text stays to be shortened
 
-    def send(self, text: str) -> None:
+    def send(self, text: str) -> bool:
+        """Start a turn on `text`; False when it was refused (the person is told why)."""
         try:
             active = self.conversation.begin(text)
         except UserError as exc:
             self.notify(str(exc), severity="error", timeout=8)
-            return
+            return False
         answer = AnswerView(thinking=active.request.thinking, ghosts=self.ghosts)
         self._start(active, answer, UserMessage(text))
+        return True
 
     def _start(self, active: ActiveTurn, answer: AnswerView, *before) -> None:
         view = self._view
