@@ -224,24 +224,27 @@ def main_section(args, shape: dict, device: torch.device, dtype: torch.dtype) ->
     return out
 
 
-def step_times(engine, request_kw: dict, repeats: int, api=None) -> tuple[float, float]:
-    """(wall ms, this process's CPU ms) per step after the prefill, each the best of `repeats` answers
-    (single-threaded, CPU time is what contention from other processes leaves unchanged)."""
+def one_answer(engine, request_kw: dict, api=None) -> tuple[float, float]:
+    """(wall ms, this process's CPU ms) per step after the prefill of one answer (single-threaded, CPU
+    time is what contention from other processes leaves unchanged)."""
     from dflash_tui import engines
 
     api = api or engines
-    best = [float("inf"), float("inf")]
-    for rep in range(repeats + 1):  # the first answer warms up
-        steps = 0
-        for event in engine.generate(api.GenerationRequest(**request_kw)):
-            if event.is_prefill:
-                wall, cpu = time.perf_counter(), time.process_time()
-            else:
-                steps += 1
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        if rep and steps:
-            best = [min(best[0], 1000 * wall / steps), min(best[1], 1000 * cpu / steps)]
-    return best[0], best[1]
+    steps = 0
+    for event in engine.generate(api.GenerationRequest(**request_kw)):
+        if event.is_prefill:
+            wall, cpu = time.perf_counter(), time.process_time()
+        else:
+            steps += 1
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return 1000 * wall / max(steps, 1), 1000 * cpu / max(steps, 1)
+
+
+def step_times(engine, request_kw: dict, repeats: int, api=None) -> tuple[float, float]:
+    """The best (wall, CPU) ms per step of `repeats` answers after a warm-up answer."""
+    one_answer(engine, request_kw, api)
+    runs = [one_answer(engine, request_kw, api) for _ in range(repeats)]
+    return min(r[0] for r in runs), min(r[1] for r in runs)
 
 
 def engine_packages(baseline):
@@ -262,7 +265,7 @@ def engine_packages(baseline):
 
 def long_section(args, shape: dict) -> None:
     """ms per block-B step at each context length, through load_engine, for this checkout's engine and a
-    --baseline checkout's, interleaved context by context."""
+    --baseline checkout's, taking turns answer by answer."""
     with tempfile.TemporaryDirectory() as tmp:
         target_dir, draft_dir = save_pair(shape, Path(tmp), args.block)
         loaded = [(label, api, api.load_engine(api.EngineConfig(target=str(target_dir), draft=str(draft_dir),
@@ -275,12 +278,19 @@ def long_section(args, shape: dict) -> None:
               "|---:|---|---:|---:|---:|---:|")
         for context in [int(c) for c in args.contexts.split(",")]:
             prompt = torch.randint(10, shape["vocab"] - 1, (context,), generator=gen).tolist()
-            for label, api, engine in loaded:
-                cells = []
-                for block in (args.block, 1):
-                    cells += step_times(engine, dict(prompt_ids=prompt, max_new_tokens=args.new, temperature=0,
-                                                     block_size=block, stop_ids=[]), args.repeats, api)
-                print(f"| {context} | {label} | " + " | ".join(f"{c:.2f}" for c in cells) + " |", flush=True)
+            cells: dict[str, list[float]] = {label: [] for label, _, _ in loaded}
+            for block in (args.block, 1):
+                kw = dict(prompt_ids=prompt, max_new_tokens=args.new, temperature=0, block_size=block, stop_ids=[])
+                for _, api, engine in loaded:  # warm-up answers
+                    one_answer(engine, kw, api)
+                runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in loaded}
+                for _ in range(args.repeats):  # the engines take turns, answer by answer: load drifts hit both
+                    for label, api, engine in loaded:
+                        runs[label].append(one_answer(engine, kw, api))
+                for label, timed in runs.items():
+                    cells[label] += [min(r[0] for r in timed), min(r[1] for r in timed)]
+            for label, values in cells.items():
+                print(f"| {context} | {label} | " + " | ".join(f"{c:.2f}" for c in values) + " |", flush=True)
 
 
 def demo_section(args) -> None:
