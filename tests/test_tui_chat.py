@@ -324,3 +324,58 @@ async def test_a_prompt_refused_as_too_long_stays_in_the_box(profile, engine, da
         await waiting.until(pilot, lambda: notified(app, "shorten it"))
         assert prompt.text == pasted and app.focused is prompt
         assert app.turns_done == 0 and app.active is None
+
+
+@pytest.mark.asyncio
+async def test_typing_while_the_conversation_has_focus_goes_to_the_message_box(profile, engine, data_dir):
+    """Defect 6: after clicking an answer, a question typed and sent was lost; escape did not bring the
+    focus back; tab stopped on every thinking header; PageUp did not scroll the chat from the box."""
+    from textual.widgets._collapsible import CollapsibleTitle
+
+    from dflash_tui.tui.widgets import AnswerView
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        prompt, view = app.screen.query_one("#prompt"), app.chat._view
+        await pilot.click(last_answer(app).query_one(".answer-footer"))
+        view.focus()  # where a click on the conversation leaves the focus
+        await pilot.pause()
+        assert app.focused is view
+        await pilot.press(*"second", "enter")
+        await waiting.until(pilot, lambda: app.turns_done == 2)
+        assert app.finished[-1].user == "second" and prompt.text == "" and app.focused is prompt
+        view.focus()
+        await pilot.press("escape")  # escape brings the focus back to the message box
+        assert app.focused is prompt
+        for answer in app.screen.query(AnswerView):  # thinking headers on show, as after a thinking answer
+            answer.query_one(".thinking").display = True
+        await pilot.pause()
+        assert not any(isinstance(w, CollapsibleTitle) for w in app.screen.focus_chain)
+        await pilot.press("tab")
+        assert app.focused is view
+        await pilot.press("tab")
+        assert app.focused is prompt
+
+
+@pytest.mark.asyncio
+async def test_page_keys_scroll_the_conversation_from_the_message_box(profile, engine, data_dir):
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        view, prompt = app.chat._view, app.screen.query_one("#prompt")
+        for n in range(80):
+            app.chat.notice(f"line {n}")
+        await waiting.until(pilot, lambda: view.max_scroll_y > 20 and view.scroll_y == view.max_scroll_y)
+        assert app.focused is prompt
+        bottom = view.max_scroll_y
+        await pilot.press("pageup")
+        await waiting.until(pilot, lambda: view.scroll_y < bottom)
+        await pilot.press("pagedown")
+        await waiting.until(pilot, lambda: view.scroll_y == bottom)
+        await pilot.press("ctrl+home")
+        await waiting.until(pilot, lambda: view.scroll_y == 0)
+        await pilot.press("ctrl+end")
+        await waiting.until(pilot, lambda: view.scroll_y == bottom)
+        assert app.focused is prompt

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Optional
 
-from textual import work
+from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
@@ -55,6 +55,11 @@ KEYS = [
     Binding("ctrl+g", "toggle_ghosts", "ghosts", show=False, priority=True),
     Binding("ctrl+k", "cycle_block", "block", priority=True),
     Binding("escape", "cancel", "stop", priority=True),
+    # the conversation scrolls from the message box (whose own page keys would only move its cursor)
+    Binding("pageup", "scroll_chat('page_up')", "scroll up", show=False, priority=True),
+    Binding("pagedown", "scroll_chat('page_down')", "scroll down", show=False, priority=True),
+    Binding("ctrl+home", "scroll_chat('home')", "top", show=False, priority=True),
+    Binding("ctrl+end", "scroll_chat('end')", "bottom", show=False, priority=True),
     Binding("ctrl+n", "new_session", "new", priority=True),
     Binding("ctrl+l", "new_context", "new context", show=False, priority=True),
     Binding("ctrl+o", "sessions", "sessions", priority=True),
@@ -449,8 +454,24 @@ class ChatScreen(Screen):
             self.app.call_from_thread(self.toast, "block", f"Block {block} is ready (CUDA graphs captured).")
 
     def action_cancel(self) -> None:
+        """Escape: stop a running answer, and bring the focus back to the message box."""
         if self.active is not None:
             self.active.cancel()
+        self._prompt.focus()
+
+    def action_scroll_chat(self, how: str) -> None:
+        getattr(self._view, f"scroll_{how}")(animate=False)
+
+    def on_key(self, event: events.Key) -> None:
+        """A printable key typed while the conversation (or an example button) has the focus goes to the
+        message box, as in chat apps: nothing typed is lost, and the next enter sends it."""
+        prompt = self._prompt
+        if self.focused is prompt or not event.is_printable or not event.character or not prompt.display:
+            return
+        event.stop()
+        event.prevent_default()
+        prompt.focus()
+        prompt.insert(event.character)
 
     def busy(self) -> bool:
         """A turn is streaming (and the person is told so)."""

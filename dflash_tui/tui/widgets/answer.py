@@ -20,6 +20,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.theme import Theme
 from textual.widgets import Button, Collapsible, Markdown, Static
+from textual.widgets._collapsible import CollapsibleTitle
 
 from dflash_tui.core.conversation import THINK_CLOSE, thinking_layout
 from dflash_tui.core.terminal import printable
@@ -170,7 +171,10 @@ class AnswerView(Vertical):
         yield Static(classes="answer-footer")
 
     def on_mount(self) -> None:
-        self.query_one(Collapsible).display = False
+        thinking = self.query_one(Collapsible)
+        thinking.display = False
+        for title in thinking.query(CollapsibleTitle):  # a click folds it; tab does not stop on every answer
+            title.can_focus = False
         self.watch(self.app, "theme", self._theme_changed)  # init: styles for the theme in use, then render
 
     def _theme_changed(self) -> None:
