@@ -379,3 +379,59 @@ async def test_page_keys_scroll_the_conversation_from_the_message_box(profile, e
         await pilot.press("ctrl+end")
         await waiting.until(pilot, lambda: view.scroll_y == bottom)
         assert app.focused is prompt
+
+
+def write_sessions(count: int) -> list[str]:
+    """`count` one-turn session files; their ids in the order the picker lists them."""
+    from dflash_tui.core import sessions
+
+    for n in range(count):
+        writer = sessions.SessionWriter({"created": f"2026-01-0{n + 1}T10:00:00+00:00", "profile": {"name": "tiny"},
+                                         "engine": "cuda"}, session_id=f"2026010{n + 1}-100000-000{n}")
+        writer.append_turn({"index": 0, "status": "completed", "user": f"question {n}", "answer": "…",
+                            "settings": {}, "prompt_ids": [], "emitted_ids": [], "steps": [], "summary": None})
+        writer.close()
+    return [s.id for s in sessions.list_sessions()]
+
+
+def burst(app, *keys: str) -> None:
+    """Keys queued at once, as a terminal delivers a fast burst (the pilot's press lets the app settle
+    between keys, which hid the defect)."""
+    from textual import events
+
+    for key in keys:
+        app.post_message(events.Key(key, key if len(key) == 1 else None))
+
+
+@pytest.mark.asyncio
+async def test_the_session_picker_acts_on_the_row_fast_keys_reached(profile, engine, data_dir):
+    """Defect 3: ctrl+o then down down enter in one burst opened the first row."""
+    from dflash_tui.tui.screens.chat import ChatScreen
+
+    ids = write_sessions(4)
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        burst(app, "ctrl+o", "down", "down", "enter")
+        await waiting.until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.conversation.turns, 60)
+        assert app.conversation.session_id == ids[2]
+
+
+@pytest.mark.asyncio
+async def test_the_session_picker_follows_a_click_and_keys_after_it(profile, engine, data_dir):
+    from dflash_tui.tui.screens import SessionsScreen
+
+    ids = write_sessions(3)
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+o")
+        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen))
+        picker = app.screen
+        await waiting.until(pilot, lambda: picker.query_one("DataTable").row_count == 3)
+        await pilot.press("end", "up")
+        assert picker._selected() == ids[1]
+        await pilot.click("DataTable", offset=(2, 1))  # the first row (under the header)
+        await waiting.until(pilot, lambda: picker._selected() == ids[0])
+        await pilot.press("down")
+        assert picker._selected() == ids[1]

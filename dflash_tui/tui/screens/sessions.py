@@ -38,8 +38,18 @@ class ConfirmDeleteScreen(ModalScreen[bool]):
 
 
 class SessionsScreen(ModalScreen[str | None]):
+    """The picker's row is its own (`row`), moved by priority keys from the moment the screen is pushed:
+    keys of a fast burst (ctrl+o, down, down, enter) can arrive before the table is mounted, focused and
+    filled, and once opened the first row; now each acts on the list read when the screen was made."""
+
     BINDINGS = [
         Binding("enter", "resume", "resume", priority=True),
+        Binding("down", "move(1)", show=False, priority=True),
+        Binding("up", "move(-1)", show=False, priority=True),
+        Binding("pagedown", "move(10)", show=False, priority=True),
+        Binding("pageup", "move(-10)", show=False, priority=True),
+        Binding("home", "move(-1000000)", show=False, priority=True),
+        Binding("end", "move(1000000)", show=False, priority=True),
         Binding("d,delete", "delete", "delete"),
         Binding("e", "export", "export md"),
         Binding("j", "export_json", "export json"),
@@ -54,27 +64,48 @@ class SessionsScreen(ModalScreen[str | None]):
             yield Static("enter resume · d delete · e export Markdown · j export JSON · escape close",
                          classes="modal-hint")
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.found = sessions.list_sessions()  # read before any key can reach the screen
+        self.row = 0
+
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_columns("id", "created", "profile", "turns", "first prompt")
-        self.reload()
+        self.reload(self.found)
         table.focus()
 
-    def reload(self) -> None:
+    def action_move(self, by: int) -> None:
+        self.row = max(0, min(self.row + by, len(self.found) - 1))
+        self._show_row()
+
+    def _show_row(self) -> None:
+        if not self.is_mounted:
+            return
+        table = self.query_one(DataTable)
+        if table.row_count:
+            table.move_cursor(row=self.row)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        table = event.data_table  # a click moved it; a highlight the keys already passed is stale
+        if table.row_count == len(self.found) and event.cursor_row == table.cursor_row:
+            self.row = event.cursor_row
+
+    def reload(self, found=None) -> None:
         table = self.query_one(DataTable)
         table.clear()
-        found = sessions.list_sessions()
+        found = sessions.list_sessions() if found is None else found
+        self.found = found
+        self.row = max(0, min(self.row, len(found) - 1))
         for s in found:
             table.add_row(s.id, s.created[:16].replace("T", " "), s.profile_name or "?", str(len(s.turns)),
                           s.title[:40], key=s.id)
         self.query_one("#sessions-status", Static).update(
             f"{len(found)} session{'s' if len(found) != 1 else ''}" if found else "No sessions yet.")
+        self._show_row()
 
     def _selected(self) -> str | None:
-        table = self.query_one(DataTable)
-        if not table.row_count:
-            return None
-        return table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return self.found[self.row].id if self.found else None
 
     def action_resume(self) -> None:
         chosen = self._selected()
