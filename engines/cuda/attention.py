@@ -8,10 +8,11 @@ becomes [b, kv, g * n, d] and the mask's rows repeat g times. That is exactly th
 each K/V head once, and runs on SDPA's memory-efficient kernel, which takes any mask and head size (the
 math fallback it would otherwise hit is the slow path at head_dim 512).
 
-Every step, eager or replayed, goes through `packed_gqa` with a boolean mask (on a GPU a decode step
-without one gets an all-true mask), so eager and graph steps take the same kernel and bf16 ids do not
-depend on the path; the CPU, which has no graph path, skips that mask (a mask-free step is faster
-there). A prefill (several queries, no mask, nothing cached) keeps SDPA's causal flash path.
+Every step, eager or replayed, goes through `packed_gqa` with a boolean mask (a decode step without one
+gets an all-true mask), so eager and graph steps take the same kernel and bf16 ids do not depend on the
+path. The CPU has no graph path to agree with, and its SDPA kernels take grouped K/V with a mask
+(`enable_gqa`), so there the call goes straight to them. A prefill (several queries, no mask, nothing
+cached) keeps SDPA's causal flash path.
 
 `use_for(model)` registers the function with transformers as "packed_gqa" and switches the model to it.
 """
@@ -30,14 +31,21 @@ def packed_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional
                scale: Optional[float] = None) -> torch.Tensor:
     """softmax(q k^T * scale, masked) v for q [b, hq, n, d], k/v [b, hkv, s, d] (hq a multiple of hkv) and a
     boolean mask broadcastable to [b, 1, n, s] (True: attend; None: attend everywhere); returns [b, hq, n, d]."""
+    if q.device.type == "cpu":  # no graph path to agree with, and the CPU kernels take GQA with a mask
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return packed_sdpa(q, k, v, mask, scale)
+
+
+def packed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                scale: Optional[float] = None) -> torch.Tensor:
+    """`packed_gqa` off the CPU: the query heads of each K/V head packed into rows, one masked SDPA call."""
     b, hq, n, d = q.shape
     groups = hq // k.shape[1]
-    if mask is None and q.device.type != "cpu":  # the CPU has no graph path to agree with: no mask is faster
+    if mask is None:
         mask = torch.ones(1, 1, 1, k.shape[2], dtype=torch.bool, device=q.device)
     if groups > 1:
         q = q.reshape(b, k.shape[1], groups * n, d)
-        if mask is not None:
-            mask = mask.expand(*mask.shape[:2], n, mask.shape[-1]).repeat(1, 1, groups, 1)
+        mask = mask.expand(*mask.shape[:2], n, mask.shape[-1]).repeat(1, 1, groups, 1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     return out.reshape(b, hq, n, v.shape[-1])
 
