@@ -108,7 +108,7 @@ async def test_block_size_change_takes_effect_on_the_next_turn(profile, engine, 
     app = make_app(profile, engine, block_size=4)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        await pilot.press(*"one", "enter", "ctrl+k")  # ctrl+k once the first turn is under way
+        await pilot.press(*"one", "enter", "f7")  # f7 (block size) once the first turn is under way
         assert app.conversation.settings.block_size == 8
         await waiting.until(pilot, lambda: app.turns_done == 1)
         second = await send(pilot, "two")

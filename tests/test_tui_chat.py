@@ -257,20 +257,20 @@ async def test_first_screen_offers_the_profiles_examples(tmp_path, pair, engine,
 
 
 @pytest.mark.asyncio
-async def test_repeated_ctrl_k_replaces_its_toast_and_drops_no_keys(profile, engine, data_dir):
+async def test_repeated_block_key_replaces_its_toast_and_drops_no_keys(profile, engine, data_dir):
     from textual.widgets._toast import Toast
 
     app = make_app(profile, engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         for _ in range(4):
-            await pilot.press("ctrl+k")
+            await pilot.press("f7")
             await pilot.pause()
         # one toast, saying the block size now chosen (a toast outlived by a slow machine is simply gone)
         toasts = [str(t.render()) for t in app.screen.query(Toast) if "Block size" in str(t.render())]
         assert len(toasts) <= 1
         assert all(f"Block size {app.conversation.settings.block_size} " in t for t in toasts)
-        await pilot.press(*"typed at once", "enter")  # right behind the last ctrl+k
+        await pilot.press(*"typed at once", "enter")  # right behind the last f7
         await waiting.until(pilot, lambda: app.turns_done == 1)
         assert app.finished[-1].user == "typed at once"
 
@@ -435,3 +435,46 @@ async def test_the_session_picker_follows_a_click_and_keys_after_it(profile, eng
         await waiting.until(pilot, lambda: picker._selected() == ids[0])
         await pilot.press("down")
         assert picker._selected() == ids[1]
+
+
+@pytest.mark.asyncio
+async def test_readline_keys_act_on_the_logical_line_of_the_message_box(profile, engine, data_dir):
+    """Defect 7: ctrl+a then ctrl+k changed the block size; ctrl+e and ctrl+u acted on the wrapped row."""
+    app = make_app(profile, engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        prompt = app.screen.query_one("#prompt")
+        block = app.conversation.settings.block_size
+        long_line = " ".join(f"word{n}" for n in range(60))  # wraps over several rows of the box
+        prompt.load_text(f"{long_line}\nsecond line")
+        prompt.move_cursor((0, 7))
+        await pilot.press("ctrl+e")
+        assert prompt.cursor_location == (0, len(long_line))
+        await pilot.press("ctrl+a")
+        assert prompt.cursor_location == (0, 0)
+        await pilot.press("ctrl+k")  # the whole logical line, however many rows it wraps over
+        assert prompt.text == "\nsecond line" and app.conversation.settings.block_size == block
+        await pilot.press("ctrl+k")  # at the end of a line: the line break
+        assert prompt.text == "second line"
+        await pilot.press("ctrl+e", "ctrl+u")
+        assert prompt.text == ""
+        await pilot.press("f7")  # the block size moved off ctrl+k
+        assert app.conversation.settings.block_size != block
+
+
+@pytest.mark.asyncio
+async def test_ctrl_c_stops_a_running_answer(tmp_path, pair, process_engine, data_dir):
+    """Defect 7: ctrl+c mid-answer asked to quit instead of stopping the answer."""
+    profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=450)
+    app = make_app(profile, process_engine, block_size=1)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press(*"tell me a long story", "enter")
+        await waiting.until(pilot, lambda: app.active is not None)
+        await pilot.press("ctrl+c")
+        await waiting.until(pilot, lambda: app.turns_done == 1)
+        assert app.finished[-1].turn.status == "cancelled" and app.is_running
+        assert not notified(app, "to quit")
+        await pilot.press("ctrl+c")  # nothing runs: it says how to quit, and the app stays
+        await waiting.until(pilot, lambda: notified(app, "to quit"))
+        assert app.is_running

@@ -291,7 +291,7 @@ class DflashApp(App):
         chat = self.chat
         yield SystemCommand("Toggle thinking", "ctrl+t: thinking on/off for the next turns", chat.action_toggle_thinking)
         yield SystemCommand("Toggle ghosts", "ctrl+g: show rejected draft tokens", chat.action_toggle_ghosts)
-        yield SystemCommand("Next block size", "ctrl+k: cycle 1, 2, 4, 8, 16 and the profile's", chat.action_cycle_block)
+        yield SystemCommand("Next block size", "f7: cycle 1, 2, 4, 8, 16 and the profile's", chat.action_cycle_block)
         if self.conversation is not None:
             for block in self.conversation.block_choices():
                 yield SystemCommand(f"Block size {block}", "use this block size from the next turn",

@@ -48,13 +48,15 @@ if TYPE_CHECKING:
 
 CONTINUING = "· continuing the stopped answer above"  # stands where a continued turn's question would
 
-# Priority bindings: the message box (a TextArea) would otherwise take ctrl+k and friends. The footer shows
+# Priority bindings: the message box (a TextArea) would otherwise take the function keys and ctrl+c. It
+# keeps readline's ctrl+a/e/k/u/w (widgets/prompt.py): the block size is on f7. The footer shows
 # only what fits 80 columns with f1 and ^q still in view; the rest are in help (f1) and the palette (ctrl+p).
 KEYS = [
     Binding("ctrl+t", "toggle_thinking", "thinking", priority=True),
     Binding("ctrl+g", "toggle_ghosts", "ghosts", show=False, priority=True),
-    Binding("ctrl+k", "cycle_block", "block", priority=True),
+    Binding("f7", "cycle_block", "block", priority=True),  # ctrl+k is readline's kill in the message box
     Binding("escape", "cancel", "stop", priority=True),
+    Binding("ctrl+c", "interrupt", "stop", show=False, priority=True),
     # the conversation scrolls from the message box (whose own page keys would only move its cursor)
     Binding("pageup", "scroll_chat('page_up')", "scroll up", show=False, priority=True),
     Binding("pagedown", "scroll_chat('page_down')", "scroll down", show=False, priority=True),
@@ -458,6 +460,17 @@ class ChatScreen(Screen):
         if self.active is not None:
             self.active.cancel()
         self._prompt.focus()
+
+    def action_interrupt(self) -> None:
+        """ctrl+c: stop a running answer; otherwise copy the message box's selection, or say how to quit."""
+        if self.active is not None:
+            self.active.cancel()
+            return
+        prompt = self._prompt
+        if self.focused is prompt and prompt.selected_text:
+            prompt.action_copy()
+            return
+        self.app.action_help_quit()
 
     def action_scroll_chat(self, how: str) -> None:
         getattr(self._view, f"scroll_{how}")(animate=False)

@@ -1,9 +1,11 @@
 """The message box: enter sends, ctrl+j (or shift+enter where reported) inserts a newline, up on the
-first line recalls earlier prompts, down walks back."""
+first line recalls earlier prompts, down walks back. ctrl+a, ctrl+e, ctrl+k and ctrl+u act as readline's
+on the logical line (not the wrapped row on screen): a long prompt clears with one ctrl+a ctrl+k."""
 
 from __future__ import annotations
 
 from textual import events
+from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
 
@@ -11,6 +13,13 @@ NEWLINE_KEYS = ("ctrl+j", "shift+enter")
 
 
 class PromptInput(TextArea):
+    BINDINGS = [
+        Binding("ctrl+a", "line_start", "line start", show=False),
+        Binding("ctrl+e", "line_end", "line end", show=False),
+        Binding("ctrl+k", "kill_to_end", "kill to end", show=False),
+        Binding("ctrl+u", "kill_to_start", "kill to start", show=False),
+    ]
+
     class Submitted(Message):
         def __init__(self, text: str) -> None:
             super().__init__()
@@ -69,3 +78,25 @@ class PromptInput(TextArea):
                 self._show(self.prompt_history[self._recall_index])
             return
         super().action_cursor_down(select)
+
+    # -- readline's keys, on the logical line ---------------------------------------------------------
+    def action_line_start(self) -> None:
+        self.move_cursor((self.cursor_location[0], 0))
+
+    def action_line_end(self) -> None:
+        row = self.cursor_location[0]
+        self.move_cursor((row, len(self.document.get_line(row))))
+
+    def action_kill_to_end(self) -> None:
+        """To the end of the line; at its end, the line break (joining the next line, as emacs does)."""
+        row, column = self.cursor_location
+        end = len(self.document.get_line(row))
+        if column < end:
+            self.delete((row, column), (row, end))
+        elif row < self.document.line_count - 1:
+            self.delete((row, column), (row + 1, 0))
+
+    def action_kill_to_start(self) -> None:
+        row, column = self.cursor_location
+        if column:
+            self.delete((row, 0), (row, column))
