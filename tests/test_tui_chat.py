@@ -478,3 +478,87 @@ async def test_ctrl_c_stops_a_running_answer(tmp_path, pair, process_engine, dat
         await pilot.press("ctrl+c")  # nothing runs: it says how to quit, and the app stays
         await waiting.until(pilot, lambda: notified(app, "to quit"))
         assert app.is_running
+
+
+def fill(app, lines: int = 60) -> None:
+    """Enough notices to make the conversation scroll."""
+    for n in range(lines):
+        app.chat.notice(f"line {n}")
+
+
+@pytest.mark.asyncio
+async def test_streaming_never_moves_a_reader_who_scrolled_up(tmp_path, pair, process_engine, data_dir):
+    """Defect 5: wheel-up while an answer streamed snapped back to the bottom when the answer ended."""
+    from textual.events import MouseScrollUp
+
+    profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=450)
+    app = make_app(profile, process_engine, block_size=1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        view = app.chat._view
+        fill(app)
+        await pilot.press(*"tell me a long story", "enter")
+        await waiting.until(pilot, lambda: app.active is not None and view.max_scroll_y > 20)
+        for _ in range(3):
+            await pilot._post_mouse_events([MouseScrollUp], "#conversation")
+        await waiting.until(pilot, lambda: view.scroll_y < view.max_scroll_y - 2)
+        assert app.active is not None, "the answer ended before the reader scrolled up: the test proves nothing"
+        place = view.scroll_y
+        await waiting.until(pilot, lambda: app.turns_done == 1)
+        await pilot.pause()
+        assert view.scroll_y == place < view.max_scroll_y
+        await pilot.press("ctrl+end")  # back to the end, which it follows again
+        await waiting.until(pilot, lambda: view.scroll_y == view.max_scroll_y)
+        app.chat.notice("one more")
+        await waiting.until(pilot, lambda: view.scroll_y == view.max_scroll_y and "one more" in str(
+            view.children[-1].render()))
+
+
+@pytest.mark.asyncio
+async def test_resize_and_a_taller_message_box_keep_the_end_in_view(profile, engine, data_dir):
+    """Defect 5: a resize or a multi-line paste hid the last answer below the fold."""
+    app = make_app(profile, engine)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        view = app.chat._view
+        fill(app)
+        await send(pilot, "first")
+        at_end = lambda: view.max_scroll_y > 0 and view.scroll_y == view.max_scroll_y  # noqa: E731
+        await waiting.until(pilot, at_end)
+        await pilot.resize_terminal(60, 24)  # narrower: the text wraps taller
+        await waiting.until(pilot, lambda: app.size == (60, 24))
+        await pilot.pause()
+        await waiting.until(pilot, at_end)
+        await pilot.resize_terminal(120, 40)
+        await waiting.until(pilot, lambda: app.size == (120, 40))
+        await pilot.pause()
+        await waiting.until(pilot, at_end)
+        app.screen.query_one("#prompt").load_text("a\nb\nc\nd\ne\nf\ng")  # a paste: the box grows
+        await pilot.pause()
+        await waiting.until(pilot, at_end)
+
+
+@pytest.mark.asyncio
+async def test_ghosts_keep_the_line_the_reader_was_on(profile, engine, data_dir):
+    """Defect 5: ctrl+g on a long chat jumped to the middle of the conversation."""
+    from dflash_tui.tui.widgets import AnswerView
+
+    app = make_app(profile, engine, block_size=4)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        view = app.chat._view
+        for n in range(4):
+            await send(pilot, f"question {n}")
+        assert any(kind == "ghost" for answer in app.screen.query(AnswerView) for _, kind in answer.segments)
+        answers = list(app.screen.query(AnswerView))
+        fill(app, 40)  # more below: the answers are well above the end
+        mark = answers[1]  # the reader scrolled up to the second answer's top
+        await waiting.until(pilot, lambda: view.max_scroll_y > mark.virtual_region.y, 30)
+        view.scroll_to(y=mark.virtual_region.y, animate=False, immediate=True)
+        await waiting.until(pilot, lambda: view.scroll_y == mark.virtual_region.y, 30)
+        for _ in range(2):  # on, then off again
+            heights = [a.virtual_region.height for a in answers]
+            await pilot.press("ctrl+g")
+            await waiting.until(pilot, lambda h=heights: [a.virtual_region.height for a in answers] != h, 30)
+            await pilot.pause()
+            assert view.scroll_y == mark.virtual_region.y, (view.scroll_y, mark.virtual_region.y)

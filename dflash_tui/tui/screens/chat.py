@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Optional
 
 from textual import events, work
@@ -143,7 +144,7 @@ class ChatScreen(Screen):
         yield StatsLine(id="stats-line")
         with Horizontal(id="body"):
             with Vertical(id="left"):
-                with VerticalScroll(id="conversation"):
+                with ConversationView(id="conversation"):
                     with Vertical(id="loading"):
                         yield LoadingIndicator()
                         yield Static("", id="loading-text")
@@ -282,8 +283,7 @@ class ChatScreen(Screen):
         if not self.is_mounted:
             return
         view = self._view
-        view.mount(NoticeLine(f"· {text}"))
-        view.scroll_end(animate=False)
+        view.mount(NoticeLine(f"· {text}"))  # the anchor shows it, unless the reader scrolled up
 
     def toast(self, kind: str, text: str, timeout: float = 2) -> None:
         """A toast that replaces the last one of its `kind` (repeated keys must not pile them up)."""
@@ -340,7 +340,7 @@ class ChatScreen(Screen):
         for welcome in self.query(Welcome):
             welcome.remove()
         view.mount(*before, answer)
-        view.scroll_end(animate=False)
+        view.follow()  # the person sent it: to the end, following the answer until they scroll up
         self.active, self.active_view = active, answer
         self.refresh_chrome()
         self._generate(active)
@@ -373,10 +373,7 @@ class ChatScreen(Screen):
         view.add_events(events)
         grew = view.render_text(cheap=True)
         self._show_stats(self._stats_data())
-        if grew:
-            conversation = self._view
-            if conversation.max_scroll_y - conversation.scroll_y < 4:
-                conversation.call_after_refresh(conversation.scroll_end, animate=False)
+        del grew  # the conversation follows new text itself, and never moves a reader who scrolled up
 
     def on_turn_finished(self, message: TurnFinished) -> None:
         active, error = message.active, message.error
@@ -393,7 +390,6 @@ class ChatScreen(Screen):
         if error:
             self.notify(error, severity="error", timeout=10)
         self.refresh_chrome()
-        self._view.scroll_end(animate=False)
         if not error and hasattr(self.conversation, "measure_block1"):
             self._measure(self.conversation)
 
@@ -423,9 +419,32 @@ class ChatScreen(Screen):
 
     def action_toggle_ghosts(self) -> None:
         self.ghosts = not self.ghosts
-        for view in self.query(AnswerView):
-            view.set_ghosts(self.ghosts)
+        with self.keeping_place():  # ghosts change the answers' heights above the reader
+            for view in self.query(AnswerView):
+                view.set_ghosts(self.ghosts)
         self.refresh_chrome()
+
+    @contextmanager
+    def keeping_place(self):
+        """Keep the line at the top of the conversation there while the block changes the heights of what
+        is shown (the anchor keeps the end for a reader who follows it)."""
+        view = self._view
+        if following(view):
+            yield
+            return
+        top = view.scroll_y
+        shown = [w for w in view.children if w.display and w.virtual_region.bottom > top]
+        if not shown:
+            yield
+            return
+        mark = shown[0]
+        offset = top - mark.virtual_region.y
+        yield
+
+        def restore() -> None:
+            view.scroll_to(y=mark.virtual_region.y + offset, animate=False, immediate=True)
+
+        view.call_after_refresh(restore)
 
     def action_cycle_block(self) -> None:
         if self.conversation is None:
@@ -551,6 +570,7 @@ class ChatScreen(Screen):
             view.mount(answer)
             answer.call_after_refresh(answer.finish, turn.status, footer_for(turn.summary))
         self.notice(f"Resumed session {session.id} ({len(session.turns)} turns).")
+        view.follow()  # its last answer in view, once laid out
         self.refresh_chrome()
 
     def action_replay(self) -> None:
@@ -628,6 +648,41 @@ class ChatScreen(Screen):
         if stopped:
             answer.segments, answer.raw = list(stopped.last().segments), stopped.last().raw
         self._start(active, answer, NoticeLine(CONTINUING))
+
+
+def following(view: VerticalScroll) -> bool:
+    """Whether the conversation follows its end (the reader has not scrolled up from it)."""
+    return getattr(view, "following", True)
+
+
+class ConversationView(VerticalScroll):
+    """The conversation, following its end through new text, a resize, a taller message box and a resume,
+    until the reader scrolls up: then nothing moves them, not even the answer ending. Scrolling back to
+    the end (the wheel, pagedown, ctrl+end) or sending follows again. (Textual's own `anchor()` pushes a
+    short conversation to the bottom of the view, under an empty top.)"""
+
+    following = True
+
+    def follow(self) -> None:
+        self.following = True
+        self.scroll_end(animate=False)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if new_value >= self.max_scroll_y - 0.5:
+            self.following = True
+        elif new_value < old_value:  # up, by the reader: a longer text below only raises max_scroll_y
+            self.following = False
+
+    def _size_updated(self, size, virtual_size, container_size, layout: bool = True) -> bool:
+        changed = super()._size_updated(size, virtual_size, container_size, layout)
+        if changed and self.following:
+            self.call_after_refresh(self._to_end)
+        return changed
+
+    def _to_end(self) -> None:
+        if self.following:
+            self.scroll_end(animate=False, immediate=True)
 
 
 def footer_for(summary: Optional[Summary], save_error: Optional[str] = None) -> Optional[str]:
