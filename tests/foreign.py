@@ -34,7 +34,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
-        if self.path == "/v1/models":
+        if self.path == "/v1/models" and self.server.models_fail:  # as mlx_lm.server's does in one set-up
+            self._json(500, {"error": {"message": "Internal Server Error"}})
+        elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "someone"}]})
         else:
             self._json(404, {"error": {"message": f"no route {self.path}"}})
@@ -71,10 +73,14 @@ class _Handler(BaseHTTPRequestHandler):
 
 class ForeignServer:
     """`with ForeignServer() as server:` serves on a free loopback port; `server.base` is its /v1 URL and
-    `server.requests` the (path, body) of every POST it was sent."""
+    `server.requests` the (path, body) of every POST it was sent. `models_fail`: /v1/models answers 500."""
+
+    def __init__(self, models_fail: bool = False):
+        self.models_fail = models_fail
 
     def __enter__(self) -> "ForeignServer":
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd.models_fail = self.models_fail
         self.httpd.daemon_threads = True
         self.httpd.requests = []
         self.requests = self.httpd.requests

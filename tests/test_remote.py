@@ -116,3 +116,21 @@ def test_a_foreign_server_leaves_what_it_cannot_know_unknown_not_zero():
     assert Summary.from_dict(json.loads(json.dumps(s.to_dict()))) == s  # None survives a session file
     assert "tau unknown" in " ".join(engine.last_notes)
     assert "dflash" not in server.requests[-1][1]  # nothing of ours is sent to a foreign server
+
+
+def test_a_failing_model_listing_is_not_needed_when_the_model_is_named():
+    """mlx_lm.server's /v1/models crashes in one common set-up while its chat completions work: with
+    --model the engine goes on (and says so); without it, the failure is one sentence."""
+    from dflash_tui.engines import EngineConfig, GenerationRequest, UserError, load_engine
+    from tests.foreign import ANSWER, MODEL, ForeignServer
+
+    with ForeignServer(models_fail=True) as server:
+        with pytest.raises(UserError, match="500"):
+            load_engine(EngineConfig(target="served", engine="remote", url=server.base))
+        engine = load_engine(EngineConfig(target="served", engine="remote", url=server.base, model=MODEL))
+        events = list(engine.generate(GenerationRequest(messages=[{"role": "user", "content": "hi"}],
+                                                        max_new_tokens=20)))
+        engine.close()
+    assert "".join(e.text for e in events) == "".join(ANSWER)
+    assert any("/v1/models failed" in w and MODEL in w for w in engine.warnings)
+    assert server.requests[-1][1]["model"] == MODEL

@@ -114,11 +114,9 @@ class RemoteEngine:
         api_key = getattr(config, "api_key", None) or os.environ.get("DFLASH_API_KEY") or os.environ.get("OPENAI_API_KEY")
         self.client = Client(url, api_key)
         self.url = self.client.base
-        listing = self.client.get_json("/models")
-        cards = [c for c in listing.get("data", []) if isinstance(c, dict) and c.get("id")]
-        if not cards:
-            raise RemoteError(f"The server at {self.url} lists no models at /v1/models.")
+        self.listing_error: Optional[str] = None
         wanted = getattr(config, "model", None)
+        cards = self._cards(wanted)
         card = next((c for c in cards if c["id"] == wanted), None) if wanted else cards[0]
         if card is None:
             names = ", ".join(c["id"] for c in cards)
@@ -159,6 +157,25 @@ class RemoteEngine:
             self.warnings.append(f"{self.kind} server at {self.client.host}: unknown here: {'; '.join(self.unknown)}.")
         elif not max_len:
             self.warnings.append(f"The server at {self.client.host} reports no context size; history is not trimmed.")
+        if self.listing_error:
+            self.warnings.append(f"/v1/models failed at {self.client.host} ({self.listing_error}); using model "
+                                 f"{self.model} as given.")
+
+    def _cards(self, wanted: Optional[str]) -> list[dict]:
+        """The served models from /v1/models. With a model named (--model), a listing that fails (it
+        crashes on some mlx_lm.server set-ups while chat completions work) is not needed: that model is
+        used as given, and what only the listing says (context size, the server's kind) stays unknown."""
+        try:
+            listing = self.client.get_json("/models")
+        except RemoteError as exc:
+            if not wanted:
+                raise
+            self.listing_error = str(exc)
+            return [{"id": wanted}]
+        cards = [c for c in listing.get("data", []) if isinstance(c, dict) and c.get("id")]
+        if not cards:
+            raise RemoteError(f"The server at {self.url} lists no models at /v1/models.")
+        return cards
 
     @property
     def reports_steps(self) -> bool:
