@@ -134,3 +134,22 @@ def test_a_failing_model_listing_is_not_needed_when_the_model_is_named():
     assert "".join(e.text for e in events) == "".join(ANSWER)
     assert any("/v1/models failed" in w and MODEL in w for w in engine.warnings)
     assert server.requests[-1][1]["model"] == MODEL
+
+
+def test_prompt_ids_reach_a_text_only_server_as_text():
+    """`dflash bench --url` sends prompt ids; mlx_lm.server and other generic servers take a completion
+    prompt as text only (404/400 on a list of ids), so the ids go as the text they stand for."""
+    from pathlib import Path
+
+    from dflash_tui.engines import EngineConfig, GenerationRequest, load_engine
+    from tests.foreign import ForeignServer
+
+    demo = str(Path(__file__).resolve().parents[1] / "profiles" / "demo" / "target")
+    with ForeignServer(models_fail=True) as server:  # the model named by the folder its tokenizer is in
+        engine = load_engine(EngineConfig(target="served", engine="remote", url=server.base, model=demo))
+        ids = engine.prepare(GenerationRequest(messages=[{"role": "user", "content": "What is 48 + 75?"}]))
+        list(engine.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=4)))
+        engine.close()
+    path, body = server.requests[-1]
+    assert path == "/v1/completions" and isinstance(body["prompt"], str)
+    assert engine.tokenizer(body["prompt"], add_special_tokens=False)["input_ids"] == ids

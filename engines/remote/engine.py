@@ -100,6 +100,9 @@ def _delta_text(previous: str, now: str) -> tuple[str, str]:
     return now, previous + now
 
 
+IDS_SERVERS = ("dflash", "vllm", "sglang", "llama.cpp")  # their completions take a prompt of token ids
+
+
 class RemoteEngine:
     """The engine contract (`prepare`, `generate`, `last_summary`, names and sizes) over HTTP."""
 
@@ -259,6 +262,18 @@ class RemoteEngine:
         except (UserError, KeyError, TypeError):
             return ""
 
+    def _prompt_text(self, ids: list[int]) -> str:
+        """Prompt ids as the text a server re-tokenizes into them: special tokens (the chat template's)
+        spelled out, through the local tokenizer or the server's /detokenize."""
+        if self.tokenizer is not None:
+            return self.tokenizer.decode(ids, skip_special_tokens=False)
+        try:
+            return self.client.post_json("/detokenize", {"model": self.model, "tokens": list(ids)}, root=True)["prompt"]
+        except (UserError, KeyError, TypeError):
+            raise UserError(f"The {self.kind} server at {self.client.host} takes a prompt as text only, and these "
+                            "token ids cannot be turned back into text here (the target's tokenizer is not in the "
+                            "local HF cache and the server has no /detokenize); fetch the tokenizer, or send text.") from None
+
     def stop_ids(self) -> list[int]:
         return self.target_info.stop_ids()
 
@@ -295,7 +310,12 @@ class RemoteEngine:
             body["chat_template_kwargs"] = {"enable_thinking": request.thinking}
         else:
             path = "/completions"
-            body["prompt"] = list(request.prompt_ids) if request.prompt_ids is not None else request.prompt
+            if request.prompt_ids is None:
+                body["prompt"] = request.prompt
+            elif self.kind in IDS_SERVERS:
+                body["prompt"] = list(request.prompt_ids)
+            else:  # mlx_lm.server and other servers take a completion prompt as text only
+                body["prompt"] = self._prompt_text(request.prompt_ids)
         if self.kind == "dflash":
             body[EXTENSION] = {"block_size": request.block_size, "stop_ids": request.stop_ids}
         elif self.kind in ("vllm", "sglang"):
