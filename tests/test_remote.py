@@ -153,3 +153,34 @@ def test_prompt_ids_reach_a_text_only_server_as_text():
     path, body = server.requests[-1]
     assert path == "/v1/completions" and isinstance(body["prompt"], str)
     assert engine.tokenizer(body["prompt"], add_special_tokens=False)["input_ids"] == ids
+
+
+BARE = """
+import sys
+class NoFrameworks:  # a bare install: pip install dflash-tui, no extras
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "transformers", "mlx", "mlx_lm", "tokenizers"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, NoFrameworks())
+from dflash_tui.cli import main
+sys.exit(main(sys.argv[1:], prog_name="dflash", standalone_mode=False))
+"""
+
+
+def test_a_bare_install_generates_through_a_server_whose_model_is_a_local_folder(tmp_path):
+    """No transformers: the target's tokenizer cannot load here, so the remote engine goes on without it
+    (ids from the server's tokenize route, text from the stream) instead of failing on the import."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.foreign import ANSWER, ForeignServer
+
+    demo = str(Path(__file__).resolve().parents[1] / "profiles" / "demo" / "target")
+    with ForeignServer(models_fail=True) as server:
+        run = subprocess.run([sys.executable, "-c", BARE, "generate", "--url", server.base, "--model", demo, "Hello"],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                             env={**os.environ, "DFLASH_DATA_DIR": str(tmp_path)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "".join(ANSWER) in run.stdout and "ModuleNotFoundError" not in run.stderr

@@ -88,7 +88,7 @@ def local_tokenizer(names: list[str]):
             continue
         try:
             return load_tokenizer(path)
-        except UserError:
+        except (UserError, ImportError):  # a bare install has no transformers: ids come from the server, or not at all
             continue
     return None
 
