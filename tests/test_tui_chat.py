@@ -562,3 +562,48 @@ async def test_ghosts_keep_the_line_the_reader_was_on(profile, engine, data_dir)
             await waiting.until(pilot, lambda h=heights: [a.virtual_region.height for a in answers] != h, 30)
             await pilot.pause()
             assert view.scroll_y == mark.virtual_region.y, (view.scroll_y, mark.virtual_region.y)
+
+
+def in_256_colours(triplet) -> tuple:
+    """A colour as a 256-colour terminal (tmux's default) shows it."""
+    from rich.color import Color as RichColor
+    from rich.color import ColorSystem
+
+    rgb = RichColor.from_rgb(*triplet).downgrade(ColorSystem.EIGHT_BIT).get_truecolor()
+    return (rgb.red, rgb.green, rgb.blue)
+
+
+@pytest.mark.asyncio
+async def test_notices_and_thinking_reach_3_to_1_on_every_builtin_theme(profile, engine, data_dir):
+    """Defect 2: notices were #FEA62B on #E0E0E0 (1.49:1) on textual-light, draft-written thinking text was
+    dimmed to 2.39:1 (about 1.9:1 in 256 colours). Checked on the real themes, in truecolor and as a
+    256-colour terminal renders them (ANSI themes use the terminal's own colours: truecolor only)."""
+    from dflash_tui.tui.widgets import NoticeLine
+
+    app = make_app(profile, engine, block_size=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "colours")
+        notice = app.screen.query(NoticeLine).first()
+        answer = last_answer(app)
+        thinking = answer.query_one(".thinking-text")
+        failures = []
+        for name in app.available_themes:
+            app.theme = name
+            await pilot.pause()
+            style = notice.rich_style
+            pairs = {"notice": (style.color.triplet, style.bgcolor.triplet)}
+            think = thinking.rich_style
+            assert not think.dim and not thinking.styles.text_style.dim, "dim thinking text blends into the background"
+            for kind in ("draft", "target"):
+                pairs[f"{kind} thinking"] = (answer.styles_by_origin[kind].color.triplet, think.bgcolor.triplet)
+            for what, (fg, bg) in pairs.items():
+                if fg is None or bg is None:  # the terminal's default colour (an ANSI theme): not ours to pick
+                    continue
+                renders = [("truecolor", fg, bg)]
+                if not name.startswith("ansi"):
+                    renders.append(("256 colours", in_256_colours(fg), in_256_colours(bg)))
+                for how, a, b in renders:
+                    if wcag(a, b) < 3:
+                        failures.append(f"{what} on {name} in {how}: {wcag(a, b):.2f}")
+        assert not failures, failures

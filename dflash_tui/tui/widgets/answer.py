@@ -12,6 +12,8 @@ import time
 from typing import Iterable, Optional
 
 from rich.cells import cell_len
+from rich.color import Color as RichColor
+from rich.color import ColorSystem
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
@@ -55,11 +57,19 @@ def theme_background(theme: Theme) -> Color:
     return background
 
 
+def in_256_colours(colour: Color) -> Color:
+    """`colour` as a 256-colour terminal (tmux's default) shows it."""
+    rgb = RichColor.from_rgb(colour.r, colour.g, colour.b).downgrade(ColorSystem.EIGHT_BIT).get_truecolor()
+    return Color(rgb.red, rgb.green, rgb.blue)
+
+
 def readable(colour: Color, background: Color) -> Color:
-    """`colour`, moved away from the background's lightness until it reaches MIN_CONTRAST."""
+    """`colour`, moved away from the background's lightness until it reaches MIN_CONTRAST, in truecolor
+    and as a 256-colour terminal renders both."""
     dark = background.brightness < 0.5
     for _ in range(40):
-        if contrast(colour, background) >= MIN_CONTRAST:
+        if contrast(colour, background) >= MIN_CONTRAST and \
+                contrast(in_256_colours(colour), in_256_colours(background)) >= MIN_CONTRAST:
             break
         colour = colour.lighten(0.03) if dark else colour.darken(0.03)
     return colour
