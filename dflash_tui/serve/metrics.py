@@ -1,4 +1,4 @@
-"""Prometheus metrics for `dflash serve` (text exposition format 0.0.4, no client library needed).
+"""Prometheus metrics for `dflash serve`: counted here, written by prometheus_client (text format 0.0.4).
 
 Names follow vLLM's where one exists (`..._time_to_first_token_seconds`, spec-decode counters as
 drafts / draft tokens / accepted tokens), with the `dflash:` prefix.
@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
 
@@ -61,51 +64,63 @@ class Metrics:
             self.prompt_tokens += prompt_tokens
 
     def render(self) -> str:
-        label = f'model_name="{self.model}"'
-        out: list[str] = []
+        """The metrics in Prometheus' text format, written by prometheus_client (labels escaped)."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(self))
+        return generate_latest(registry).decode()
 
-        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-            out.append(f"# HELP dflash:{name} {help_}")
-            out.append(f"# TYPE dflash:{name} {kind}")
-            for sample, value in samples:
-                sample = sample if "{" in sample else f"{sample}{{{label}}}"
-                out.append(f"dflash:{sample} {value:g}")
-
+    def families(self):
+        """Prometheus metric families of the current values (under the lock)."""
+        model = [self.model]
         with self.lock:
-            metric("requests_total", "counter", "HTTP requests by route and status.",
-                   [(f'requests_total{{{label},route="{r}",status="{s}"}}', n) for (r, s), n in sorted(self.requests.items())])
-            metric("request_finished_total", "counter", "Generations by finish reason.",
-                   [(f'request_finished_total{{{label},finish_reason="{k}"}}', n) for k, n in sorted(self.finished.items())])
-            metric("prompt_tokens_total", "counter", "Prompt tokens of finished generations.",
-                   [("prompt_tokens_total", self.prompt_tokens)])
-            metric("generation_tokens_total", "counter", "Generated tokens.", [("generation_tokens_total", self.generation_tokens)])
-            metric("spec_decode_num_drafts_total", "counter", "Verify steps (one drafted block each).",
-                   [("spec_decode_num_drafts_total", self.drafts)])
-            metric("spec_decode_num_draft_tokens_total", "counter", "Drafted tokens.",
-                   [("spec_decode_num_draft_tokens_total", self.draft_tokens)])
-            metric("spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens the target kept.",
-                   [("spec_decode_num_accepted_tokens_total", self.accepted_tokens)])
-            steps = sum(self.acceptance.values())
-            cumulative, samples = 0, []
+            requests = CounterMetricFamily("dflash:requests", "HTTP requests by route and status.",
+                                           labels=["model_name", "route", "status"])
+            for (route, status), n in sorted(self.requests.items()):
+                requests.add_metric([self.model, route, str(status)], n)
+            finished = CounterMetricFamily("dflash:request_finished", "Generations by finish reason.",
+                                           labels=["model_name", "finish_reason"])
+            for reason, n in sorted(self.finished.items()):
+                finished.add_metric([self.model, reason], n)
+            out = [requests, finished]
+            for name, help_, value in (
+                    ("prompt_tokens", "Prompt tokens of finished generations.", self.prompt_tokens),
+                    ("generation_tokens", "Generated tokens.", self.generation_tokens),
+                    ("spec_decode_num_drafts", "Verify steps (one drafted block each).", self.drafts),
+                    ("spec_decode_num_draft_tokens", "Drafted tokens.", self.draft_tokens),
+                    ("spec_decode_num_accepted_tokens", "Drafted tokens the target kept.", self.accepted_tokens),
+                    ("requests_rejected", "Requests refused with 429 (queue full).", self.rejected),
+                    ("requests_dropped", "Queued requests whose client went away.", self.dropped)):
+                family = CounterMetricFamily(f"dflash:{name}", help_, labels=["model_name"])
+                family.add_metric(model, value)
+                out.append(family)
+            steps, cumulative, buckets = sum(self.acceptance.values()), 0, []
             for n in range(1, max([self.block_size, *self.acceptance]) + 1):
                 cumulative += self.acceptance.get(n, 0)
-                samples.append((f'acceptance_length_bucket{{{label},le="{n}"}}', cumulative))
-            samples += [(f'acceptance_length_bucket{{{label},le="+Inf"}}', steps),
-                        (f"acceptance_length_sum{{{label}}}", sum(n * c for n, c in self.acceptance.items())),
-                        (f"acceptance_length_count{{{label}}}", steps)]
-            metric("acceptance_length", "histogram", "Tokens committed per verify step (tau is its mean).", samples)
-            cumulative, samples = 0, []
+                buckets.append((str(n), cumulative))
+            acceptance = HistogramMetricFamily("dflash:acceptance_length",
+                                               "Tokens committed per verify step (tau is its mean).", labels=["model_name"])
+            acceptance.add_metric(model, buckets + [("+Inf", steps)], sum(n * c for n, c in self.acceptance.items()))
+            cumulative, buckets = 0, []
             for bound, count in zip(TTFT_BUCKETS, self.ttft):
                 cumulative += count
-                samples.append((f'time_to_first_token_seconds_bucket{{{label},le="{bound}"}}', cumulative))
-            samples += [(f'time_to_first_token_seconds_bucket{{{label},le="+Inf"}}', self.ttft_count),
-                        (f"time_to_first_token_seconds_sum{{{label}}}", self.ttft_sum),
-                        (f"time_to_first_token_seconds_count{{{label}}}", self.ttft_count)]
-            metric("time_to_first_token_seconds", "histogram", "Time from arrival to the first token.", samples)
-            metric("num_requests_waiting", "gauge", "Requests in the queue.", [("num_requests_waiting", self.queue_depth)])
-            metric("num_requests_running", "gauge", "Requests on the engine (0 or 1).", [("num_requests_running", self.running)])
-            metric("requests_rejected_total", "counter", "Requests refused with 429 (queue full).",
-                   [("requests_rejected_total", self.rejected)])
-            metric("requests_dropped_total", "counter", "Queued requests whose client went away.",
-                   [("requests_dropped_total", self.dropped)])
-        return "\n".join(out) + "\n"
+                buckets.append((str(bound), cumulative))
+            ttft = HistogramMetricFamily("dflash:time_to_first_token_seconds", "Time from arrival to the first token.",
+                                         labels=["model_name"])
+            ttft.add_metric(model, buckets + [("+Inf", self.ttft_count)], self.ttft_sum)
+            out += [acceptance, ttft]
+            for name, help_, value in (("num_requests_waiting", "Requests in the queue.", self.queue_depth),
+                                       ("num_requests_running", "Requests on the engine (0 or 1).", self.running)):
+                family = GaugeMetricFamily(f"dflash:{name}", help_, labels=["model_name"])
+                family.add_metric(model, value)
+                out.append(family)
+        return out
+
+
+class _Collector:
+    """Hands prometheus_client the families of one Metrics."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        return self.metrics.families()

@@ -135,15 +135,15 @@ class Client:
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Sample name -> value summed over label sets (`# ` lines skipped). Enough for counters."""
+    """Sample name -> value summed over label sets, read by prometheus_client's parser (escaped labels
+    and all); a server's text it cannot parse gives what was read before it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        name = head.split("{", 1)[0].strip()
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+    except ValueError:
+        pass
     return out
