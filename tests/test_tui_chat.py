@@ -474,6 +474,8 @@ async def test_ctrl_c_stops_a_running_answer(tmp_path, pair, process_engine, dat
         await pilot.press("ctrl+c")
         await waiting.until(pilot, lambda: app.turns_done == 1)
         assert app.finished[-1].turn.status == "cancelled" and app.is_running
+        footer = str(last_answer(app).query_one(".answer-footer").render())
+        assert footer.count("cancelled") == 1, footer  # defect 9: "⏹ cancelled · … · stopped: cancelled"
         assert not notified(app, "to quit")
         await pilot.press("ctrl+c")  # nothing runs: it says how to quit, and the app stays
         await waiting.until(pilot, lambda: notified(app, "to quit"))
@@ -607,3 +609,30 @@ async def test_notices_and_thinking_reach_3_to_1_on_every_builtin_theme(profile,
                     if wcag(a, b) < 3:
                         failures.append(f"{what} on {name} in {how}: {wcag(a, b):.2f}")
         assert not failures, failures
+
+
+@pytest.mark.asyncio
+async def test_a_resumed_one_turn_session_says_turn_and_the_picker_uses_the_width(profile, engine, data_dir):
+    """Defect 9: "(1 turns)"; the picker cut the first prompt at 40 characters however wide the terminal."""
+    from dflash_tui.core import sessions
+    from dflash_tui.tui.screens import SessionsScreen
+    from dflash_tui.tui.widgets import NoticeLine
+
+    long_prompt = "a first prompt long enough to be cut at forty characters but not at 120 columns"
+    writer = sessions.SessionWriter({"created": "2026-01-01T10:00:00+00:00", "profile": {"name": "tiny"},
+                                     "engine": "cuda"}, session_id="20260101-100000-0000")
+    writer.append_turn({"index": 0, "status": "completed", "user": long_prompt, "answer": "…", "settings": {},
+                        "prompt_ids": [], "emitted_ids": [], "steps": [], "summary": None})
+    writer.close()
+    app = make_app(profile, engine, resume=sessions.load_session("20260101-100000-0000"))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await ready(pilot)
+        await waiting.until(pilot, lambda: any("Resumed session" in str(n.render())
+                                                for n in app.screen.query(NoticeLine)), 60)
+        shown = [str(n.render()) for n in app.screen.query(NoticeLine) if "Resumed session" in str(n.render())]
+        assert shown[-1].endswith("(1 turn).")
+        await pilot.press("ctrl+o")
+        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen), 60)
+        table = app.screen.query_one("DataTable")
+        await waiting.until(pilot, lambda: table.row_count == 1, 60)
+        assert str(table.get_row_at(0)[-1]) == long_prompt

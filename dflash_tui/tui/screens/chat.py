@@ -569,7 +569,8 @@ class ChatScreen(Screen):
             answer.set_recorded(turn.answer, segments)
             view.mount(answer)
             answer.call_after_refresh(answer.finish, turn.status, footer_for(turn.summary))
-        self.notice(f"Resumed session {session.id} ({len(session.turns)} turns).")
+        count = len(session.turns)
+        self.notice(f"Resumed session {session.id} ({count} turn{'' if count == 1 else 's'}).")
         view.follow()  # its last answer in view, once laid out
         self.refresh_chrome()
 
@@ -691,5 +692,6 @@ def footer_for(summary: Optional[Summary], save_error: Optional[str] = None) -> 
         return save_error
     parts = [f"{summary.generated_tokens} tokens", f"{summary.decode_tokens_per_s:.1f} tok/s",
              f"tau {fixed(summary.mean_acceptance_length)}", f"block {known(summary.block_size)}"]
-    parts += [note for note in (summary.stopped_by, save_error) if note]
+    stopped = "" if summary.finish_reason == "cancelled" else summary.stopped_by  # "⏹ cancelled" says so already
+    parts += [note for note in (stopped, save_error) if note]
     return " · ".join(parts)

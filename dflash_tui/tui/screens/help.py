@@ -51,6 +51,9 @@ FIGURES = [
     ("block", "block size: each step the draft proposes a block and the target verifies it; 1 is the target alone"),
     ("temp", "temperature from the next turn (ctrl+p, type temp); 0 is greedy"),
     ("ctx", "tokens in the context: prompt and answer, of the target's limit"),
+    ("draft N%", "the share of the decode steps' time spent drafting (the rest verifies with the target)"),
+    ("peak", "peak memory of the last turn (peak RSS: the process's, on the CPU)"),
+    ("reused", "prompt tokens taken from the caches the last turn left (the rest are prefilled)"),
 ]
 
 

@@ -97,9 +97,12 @@ class SessionsScreen(ModalScreen[str | None]):
         found = sessions.list_sessions() if found is None else found
         self.found = found
         self.row = max(0, min(self.row, len(found) - 1))
+        # the first prompt gets the width the other columns leave in the box (90% of the screen, up to 150)
+        width = max(40, min(int(self.app.size.width * 0.9), 150) - 6 - 58)
         for s in found:
+            title = s.title if len(s.title) <= width else s.title[:width - 1] + "…"
             table.add_row(s.id, s.created[:16].replace("T", " "), s.profile_name or "?", str(len(s.turns)),
-                          s.title[:40], key=s.id)
+                          title, key=s.id)
         self.query_one("#sessions-status", Static).update(
             f"{len(found)} session{'s' if len(found) != 1 else ''}" if found else "No sessions yet.")
         self._show_row()
