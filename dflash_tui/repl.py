@@ -240,13 +240,13 @@ def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optiona
     quiet_loaders()
     profile = profile_for(profile_ref)
     config = profile.engine_config(engine, block_size=block_size)
-    err.write(f"{loading_line(config)}…\n")
+    err.write(printable(f"{loading_line(config)}…\n"))
     err.flush()
     loaded = load_engine(config)
     flags = ChatFlags(block_size, thinking, max_new_tokens)
     conv, notices = open_conversation(loaded, profile, flags)
     for warning in loaded.warnings:
-        err.write(f"note: {warning}\n")
+        err.write(printable(f"note: {warning}\n"))
     repl = Repl(conv, out=out, err=err)
     conv.on_notice = repl.info
     for notice in notices:

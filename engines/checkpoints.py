@@ -9,12 +9,17 @@ both), every transformers loader gets `trust_remote_code=False`, and pickled wei
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import math
+import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from dflash_tui.core.terminal import printable
 from dflash_tui.engines import hub
 from dflash_tui.engines.config import check_block_size_value
 from dflash_tui.engines.errors import CheckpointError, UserError, describe
@@ -25,25 +30,69 @@ PICKLE_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header is JSON of names and shapes: megabytes at most
 
 
+def _is_regular(path: Path) -> bool:
+    """A regular file (links followed): a FIFO or a device named like a weights file would block or
+    stream forever when opened."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def check_checkpoint_files(directory: Path, role: str) -> None:
+    """Every file a loader may open (configs, weights, tokenizer and template files) is a regular file."""
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except OSError as exc:
+        raise CheckpointError(printable(f"The {role} folder {directory} cannot be read ({exc.strerror}); check its "
+                                        "permissions.")) from None
+    for entry in entries:
+        if not any(fnmatch.fnmatch(entry.name, pattern) for pattern in hub.CHECKPOINT_FILES):
+            continue
+        try:
+            mode = os.stat(entry.path).st_mode
+        except OSError as exc:
+            raise CheckpointError(printable(f"The {role}'s {entry.path} cannot be read ({exc.strerror}); re-download "
+                                            "the checkpoint.")) from None
+        if stat.S_ISDIR(mode):
+            continue
+        if not stat.S_ISREG(mode):
+            raise CheckpointError(printable(f"The {role}'s {entry.path} is not a regular file (a pipe or a device); "
+                                            "replace it with the checkpoint's file."))
+
+
 def resolve_checkpoint(name: str, role: str) -> Path:
     """A local directory for `name` (a path or a hub id), or a CheckpointError saying how to get it."""
     path = Path(name).expanduser()
     if path.exists():
+        if not path.is_dir():
+            raise CheckpointError(printable(f"The {role} '{name}' is a file, not a folder; point at a Hugging Face "
+                                            "model directory."))
         if not (path / "config.json").is_file():
-            raise CheckpointError(f"The {role} '{name}' has no config.json; point at a Hugging Face model directory.")
+            raise CheckpointError(printable(f"The {role} '{name}' has no config.json; point at a Hugging Face model "
+                                            "directory."))
+        check_checkpoint_files(path, role)
         return path
     if not hub.looks_like_hub_id(name):
-        raise CheckpointError(f"The {role} '{name}' is neither a directory nor a hub id like 'org/model'; check the path.")
-    return hub.resolve(name, role)
+        raise CheckpointError(printable(f"The {role} '{name}' is neither a directory nor a hub id like 'org/model'; "
+                                        "check the path."))
+    path = hub.resolve(name, role)
+    check_checkpoint_files(path, role)
+    return path
 
 
 def read_json(path: Path, role: str) -> dict:
+    if path.exists() and not _is_regular(path):
+        raise CheckpointError(printable(f"The {role}'s {path} is not a regular file; replace it with the checkpoint's "
+                                        "file."))
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"The {role}'s {path} cannot be read ({describe(exc)}); re-download the checkpoint.") from None
+        raise CheckpointError(printable(f"The {role}'s {path} cannot be read ({describe(exc)}); re-download the "
+                                        "checkpoint.")) from None
     if not isinstance(value, dict):
-        raise CheckpointError(f"The {role}'s {path} holds a JSON {type(value).__name__}, not an object; re-download the checkpoint.")
+        raise CheckpointError(printable(f"The {role}'s {path} holds a JSON {type(value).__name__}, not an object; "
+                                        "re-download the checkpoint."))
     return value
 
 
@@ -51,22 +100,93 @@ def check_weight_format(directory: Path, role: str) -> None:
     """Refuse a checkpoint whose weights are not safetensors, before any loader sees it.
 
     Pickled weights (`pytorch_model.bin`, `*.pt`) can run code when unpickled. Beside safetensors
-    files they are simply never read (loaders get `use_safetensors=True`)."""
+    files they are simply never read (loaders get `use_safetensors=True`), and a weight index
+    (`*.safetensors.index.json`, which loaders follow) may name only safetensors files of the folder."""
+    for index in sorted(directory.glob("*.safetensors.index.json")):
+        check_weight_index(index, role)
     if any(directory.glob("*.safetensors")):
         return
     pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_WEIGHTS)
     if pickles:
-        raise CheckpointError(
+        raise CheckpointError(printable(
             f"The {role} {directory} has its weights only as {', '.join(pickles[:3])} (pickle files, which can run "
             "code when loaded); dflash reads safetensors only: use a safetensors build of the model, or convert it "
             "yourself where you trust the file."
-        )
-    raise CheckpointError(f"The {role} {directory} has no *.safetensors weights; re-download it or point at the model folder.")
+        ))
+    raise CheckpointError(printable(f"The {role} {directory} has no *.safetensors weights; re-download it or point at "
+                                    "the model folder."))
 
 
-def safetensors_header(file: Path, role: str = "checkpoint") -> dict:
-    """The JSON header of one safetensors file (names, dtypes, shapes, offsets), checked for sanity."""
-    bad = f"The {role}'s {file} is not a valid safetensors file"
+def check_weight_index(index: Path, role: str) -> None:
+    """A weight index names, for every tensor, a safetensors file in its own folder: never a pickle, a
+    file elsewhere, or one that is missing."""
+    weight_map = read_json(index, role).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(printable(f"The {role}'s {index} has no weight_map of tensor names to files; "
+                                        "re-download the checkpoint."))
+    for file in sorted({str(v) for v in weight_map.values()}):
+        where = index.parent / file
+        if not file.endswith(".safetensors") or Path(file).name != file:
+            raise CheckpointError(printable(
+                f"The {role}'s {index} points its weights at {file!r}, which is not a safetensors file beside it "
+                "(pickles are never opened); re-download the checkpoint or use a safetensors build."))
+        if not _is_regular(where):
+            raise CheckpointError(printable(f"The {role}'s {index} names {file}, which is missing (or not a regular "
+                                            "file); re-download the checkpoint."))
+
+
+# Bits per element of every safetensors dtype; a draft's tensors must be floating point.
+DTYPE_BITS = {"BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16, "F16": 16,
+              "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64, "C64": 64, "F4": 4,
+              "F6_E2M3": 6, "F6_E3M2": 6}
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+
+
+def _check_tensors(header: dict, data_size: int, bad: str, floats_only: bool) -> None:
+    """What the safetensors loader checks, said first and in one sentence: known dtypes, byte spans that
+    match each shape, one after another from 0 to the end of the file, none past it."""
+    spans = []
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, offsets = entry.get("dtype"), entry.get("data_offsets")
+        if dtype not in DTYPE_BITS:
+            raise CheckpointError(f"{bad} (tensor {name!r} has the unknown dtype {dtype!r}); re-download it.")
+        if floats_only and dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"{bad} for a draft (tensor {name!r} is {dtype}, not floating point); re-export "
+                                  "the draft in float32, float16 or bfloat16.")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(
+                isinstance(o, int) and not isinstance(o, bool) for o in offsets) and 0 <= offsets[0] <= offsets[1]):
+            raise CheckpointError(f"{bad} (tensor {name!r} has no valid data_offsets); re-download it.")
+        bits = math.prod(entry["shape"]) * DTYPE_BITS[dtype]
+        if offsets[1] - offsets[0] != (bits + 7) // 8:
+            raise CheckpointError(f"{bad} (tensor {name!r} spans {offsets[1] - offsets[0]} bytes where its shape "
+                                  f"{entry['shape']} in {dtype} needs {(bits + 7) // 8}); re-download it.")
+        spans.append((offsets[0], offsets[1], name))
+    spans.sort()
+    end = 0
+    for start, stop, name in spans:
+        if start < end:
+            raise CheckpointError(f"{bad} (tensor {name!r} overlaps the one before it); re-download it.")
+        if start > end:
+            raise CheckpointError(f"{bad} ({start - end} bytes before tensor {name!r} belong to no tensor); "
+                                  "re-download it.")
+        end = stop
+    if end > data_size:
+        raise CheckpointError(f"{bad} (it is truncated: its tensors need {end - data_size} bytes more than the file "
+                              "holds); re-download it.")
+    if end < data_size:
+        raise CheckpointError(f"{bad} ({data_size - end} bytes at its end belong to no tensor); re-download it.")
+
+
+def safetensors_header(file: Path, role: str = "checkpoint", floats_only: bool = False) -> dict:
+    """The JSON header of one safetensors file (names, dtypes, shapes, offsets), checked for sanity: every
+    tensor's bytes lie within the file, none overlaps another, every dtype is known (and floating point
+    with `floats_only`), so the loader never meets a torn or hostile file."""
+    bad = printable(f"The {role}'s {file} is not a valid safetensors file")
+    if not _is_regular(file):
+        raise CheckpointError(printable(f"The {role}'s {file} is not a regular file (a pipe, a device or a broken "
+                                        "link); replace it with the checkpoint's weights."))
     try:
         size = file.stat().st_size
         with open(file, "rb") as fh:
@@ -78,23 +198,31 @@ def safetensors_header(file: Path, role: str = "checkpoint") -> dict:
                 raise CheckpointError(f"{bad} (its header claims {length} bytes in a {size}-byte file); re-download it.")
             header = json.loads(fh.read(length))
     except OSError as exc:
-        raise CheckpointError(f"The {role}'s {file} cannot be read ({exc}); check its permissions or re-download it.") from None
+        raise CheckpointError(printable(f"The {role}'s {file} cannot be read ({exc}); check its permissions or "
+                                        "re-download it.")) from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise CheckpointError(f"{bad} (its header is not JSON); re-download it.") from None
     if not isinstance(header, dict) or not all(
-            isinstance(v, dict) and isinstance(v.get("shape"), list) and all(isinstance(n, int) and n >= 0 for n in v["shape"])
+            isinstance(v, dict) and isinstance(v.get("shape"), list) and all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in v["shape"])
             for k, v in header.items() if k != "__metadata__"):
         raise CheckpointError(f"{bad} (its header does not list tensors with shapes); re-download it.")
+    _check_tensors(header, size - 8 - length, bad, floats_only)
     return header
+
+
+def safetensors_headers(directory: Path, role: str = "checkpoint", floats_only: bool = False) -> dict[str, dict]:
+    """Tensor name -> its header entry (dtype, shape, offsets) for every safetensors file in `directory`."""
+    entries: dict[str, dict] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        header = safetensors_header(file, role, floats_only)
+        entries.update({k: v for k, v in header.items() if k != "__metadata__"})
+    return entries
 
 
 def safetensors_shapes(directory: Path, role: str = "checkpoint") -> dict[str, list[int]]:
     """Tensor name -> shape for every safetensors file in `directory`, read from headers only."""
-    shapes: dict[str, list[int]] = {}
-    for file in sorted(directory.glob("*.safetensors")):
-        header = safetensors_header(file, role)
-        shapes.update({k: v["shape"] for k, v in header.items() if k != "__metadata__"})
-    return shapes
+    return {k: v["shape"] for k, v in safetensors_headers(directory, role).items()}
 
 
 # Shape fields the loaders read besides the ones kept on TargetInfo/DraftInfo: checked here so that a
@@ -111,10 +239,6 @@ def _check_shape_fields(config: dict, where: str) -> None:
         raise CheckpointError(f"{where} has eos_token_id {eos!r}, not a token id or a list of them; re-download the checkpoint.")
 
 
-DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2, "F16": 2, "I16": 2, "U16": 2,
-               "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
-
-
 def stored_bytes(directory: Path, role: str = "checkpoint") -> int:
     """Bytes of every tensor in the safetensors files of `directory`, as stored (headers only)."""
     total = 0
@@ -124,7 +248,7 @@ def stored_bytes(directory: Path, role: str = "checkpoint") -> int:
                 count = 1
                 for n in entry["shape"]:
                     count *= n
-                total += count * DTYPE_BYTES.get(str(entry.get("dtype")), 2)
+                total += (count * DTYPE_BITS.get(str(entry.get("dtype")), 16) + 7) // 8
     return total
 
 
@@ -137,6 +261,46 @@ def _int_field(config: dict, key: str, where: str, required: bool = True) -> Opt
         shown = "missing" if value is None else f"{value!r}"
         raise CheckpointError(f"{where} has {key} {shown}, not a positive integer; re-download or re-export the checkpoint.")
     return value
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _token_ids(value) -> bool:
+    ids = value if isinstance(value, list) else [value]
+    return all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+
+
+# generation_config.json values the engines read: (key, check, what it must be)
+GENERATION_FIELDS = (
+    ("temperature", lambda v: _number(v) and v >= 0, "a number of at least 0"),
+    ("top_p", lambda v: _number(v) and 0 < v <= 1, "a number above 0 and at most 1"),
+    ("top_k", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a whole number of at least 0"),
+    ("min_p", lambda v: _number(v) and 0 <= v < 1, "a number from 0 up to 1"),
+    ("do_sample", lambda v: isinstance(v, bool), "true or false"),
+    ("eos_token_id", _token_ids, "a token id or a list of them"),
+)
+
+
+def check_target_weights(info: "TargetInfo", entries: dict[str, dict]) -> None:
+    """The embedding (and an untied lm_head) in the safetensors headers have the shape config.json implies:
+    a config that disagrees with its weights is one sentence here, not transformers' mismatch table after
+    loading. Quantized checkpoints (packed integer weights) are left to their loader."""
+    config, text = info.config, text_config(info.config)
+    if config.get("quantization") or config.get("quantization_config") or text.get("quantization_config"):
+        return
+    expected = [info.vocab_size, info.hidden_size]
+    for suffix in ("embed_tokens.weight", "lm_head.weight"):
+        names = sorted((n for n in entries if n.endswith(suffix) and not n.startswith(("mtp", "visual", "model.visual"))
+                        and "vision" not in n), key=len)
+        if not names or entries[names[0]].get("dtype") not in FLOAT_DTYPES:
+            continue
+        found = list(entries[names[0]]["shape"])
+        if found != expected:
+            raise CheckpointError(printable(
+                f"The target {info.path} has {names[0]} of shape {found} where its config.json implies {expected} "
+                "(vocab_size x hidden_size); the config and the weights disagree, re-download the checkpoint."))
 
 
 def text_config(config: dict) -> dict:
@@ -159,14 +323,14 @@ class TargetInfo:
         path = resolve_checkpoint(name, "target")
         config = read_json(path / "config.json", "target")
         text = text_config(config)
-        where = f"The target {path}/config.json"
+        where = printable(f"The target {path}/config.json")
         if not isinstance(text, dict):
             raise CheckpointError(f"{where} has a text_config that is not an object; re-download the checkpoint.")
         if "hidden_size" not in text or "num_hidden_layers" not in text:
             raise CheckpointError(f"{where} has no hidden_size or num_hidden_layers; it is not a causal language model.")
         _check_shape_fields(text, where)
         model_type = config.get("model_type", text.get("model_type", "?"))
-        if not isinstance(model_type, str):
+        if not isinstance(model_type, str) or printable(model_type) != model_type or "\n" in model_type:
             raise CheckpointError(f"{where} has model_type {model_type!r}, not a name; re-download the checkpoint.")
         info = cls(
             path=path, model_type=model_type,
@@ -177,12 +341,22 @@ class TargetInfo:
             config=config,
         )
         check_weight_format(path, "target")
-        safetensors_shapes(path, "target")  # a torn or hostile header is refused before any loader reads it
+        entries = safetensors_headers(path, "target")  # a torn or hostile header is refused before any loader reads it
+        check_target_weights(info, entries)
         return info
 
     def generation_config(self) -> dict:
+        """The target's generation_config.json, its sampling values checked (a loader would fail on them later)."""
         file = self.path / "generation_config.json"
-        return read_json(file, "target") if file.is_file() else {}
+        if not file.exists():
+            return {}
+        values = read_json(file, "target")
+        for key, ok, what in GENERATION_FIELDS:
+            value = values.get(key)
+            if value is not None and not ok(value):
+                raise CheckpointError(printable(f"The target's {file} has {key} {json.dumps(value)[:40]}, not {what}; "
+                                                "fix the value or re-download the file."))
+        return values
 
     def stop_ids(self) -> list[int]:
         """Every eos id the generation_config names (falling back to config.json)."""
@@ -213,17 +387,22 @@ class DraftInfo:
         config = read_json(path / "config.json", "draft")
         dflash = config.get("dflash_config")
         if not isinstance(dflash, dict):
-            raise CheckpointError(
+            raise CheckpointError(printable(
                 f"The draft '{name}' is not a DFlash draft (its config.json has no dflash_config); "
                 "pass a DFlash draft checkpoint such as z-lab/Qwen3-8B-DFlash-b16 as the draft."
-            )
+            ))
+        where = printable(f"The draft {path}/config.json")
         ids = dflash.get("target_layer_ids")
-        if not ids or not all(isinstance(i, int) for i in ids):
-            raise CheckpointError(f"The draft {path}/config.json has no dflash_config.target_layer_ids list; re-export the draft.")
-        if not isinstance(dflash.get("mask_token_id"), int):
-            raise CheckpointError(f"The draft {path}/config.json has no dflash_config.mask_token_id; re-export the draft.")
-        where = f"The draft {path}/config.json"
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise CheckpointError(f"{where} has no dflash_config.target_layer_ids list; re-export the draft.")
+        if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+            raise CheckpointError(f"{where} has dflash_config.target_layer_ids {ids}, not distinct layer numbers of 0 "
+                                  "or more; re-export the draft.")
+        mask = dflash.get("mask_token_id")
+        if isinstance(mask, bool) or not isinstance(mask, int) or mask < 0:
+            raise CheckpointError(f"{where} has no dflash_config.mask_token_id (a token id); re-export the draft.")
         _check_shape_fields(config, where)
+        _check_rope_and_norm(config, where)
         _int_field(config, "num_key_value_heads", where)
         hidden = _int_field(config, "hidden_size", where)
         layers = _int_field(config, "num_hidden_layers", where)
@@ -235,11 +414,12 @@ class DraftInfo:
         if types and "sliding_attention" in types:
             _int_field(config, "sliding_window", where)
         check_weight_format(path, "draft")
-        shapes = {k.removeprefix("model."): v for k, v in safetensors_shapes(path, "draft").items()}
+        entries = safetensors_headers(path, "draft", floats_only=True)  # int, bool or unknown dtypes: refused here
+        shapes = {k.removeprefix("model."): v["shape"] for k, v in entries.items()}
         fc = shapes.get("fc.weight")
         if fc is None or len(fc) != 2:
-            raise CheckpointError(f"The draft '{name}' has no 2-D fc.weight in its safetensors files; it is incomplete "
-                                  "or not a DFlash draft.")
+            raise CheckpointError(printable(f"The draft '{name}' has no 2-D fc.weight in its safetensors files; it is "
+                                            "incomplete or not a DFlash draft."))
         return cls(
             path=path,
             hidden_size=hidden,
@@ -253,6 +433,49 @@ class DraftInfo:
             config=config,
             weight_shapes=shapes,
         )
+
+
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+ROPE_NUMBERS = ("factor", "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "attention_factor",
+                "mscale", "mscale_all_dim", "partial_rotary_factor", "rope_theta")
+
+
+def _check_rope_and_norm(config: dict, where: str) -> None:
+    """The draft's rope and norm settings are what the rotary embedding and RMSNorm take: positive numbers,
+    a known rope type, an integer original context. One sentence naming the key, never a loader's
+    ValueError or KeyError."""
+    def fail(key: str, value, what: str) -> CheckpointError:
+        return CheckpointError(f"{where} has {key} {json.dumps(value)[:40]}, not {what}; re-export the draft.")
+
+    for key in ("rope_theta", "rms_norm_eps"):
+        value = config.get(key)
+        if value is not None and not (_number(value) and value > 0):
+            raise fail(key, value, "a positive number")
+    eps = config.get("rms_norm_eps")
+    if eps is not None and eps >= 1:
+        raise fail("rms_norm_eps", eps, "a small positive number (such as 1e-6)")
+    for section in ("rope_scaling", "rope_parameters"):
+        scaling = config.get(section)
+        if scaling is None:
+            continue
+        if not isinstance(scaling, dict):
+            raise fail(section, scaling, "an object")
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind not in ROPE_TYPES:
+            raise fail(f"{section}.rope_type", kind, f"one of {', '.join(ROPE_TYPES)}")
+        for key in ROPE_NUMBERS:
+            value = scaling.get(key)
+            if value is not None and not (_number(value) and value > 0):
+                raise fail(f"{section}.{key}", value, "a positive number")
+        original = scaling.get("original_max_position_embeddings")
+        if original is not None and (isinstance(original, bool) or not isinstance(original, int) or original <= 0):
+            raise fail(f"{section}.original_max_position_embeddings", original, "a positive integer")
+        for key in ("short_factor", "long_factor"):
+            value = scaling.get(key)
+            if value is not None and not (isinstance(value, list) and all(_number(v) for v in value)):
+                raise fail(f"{section}.{key}", value, "a list of numbers")
+        if kind in ("linear", "dynamic", "yarn", "llama3") and scaling.get("factor") is None:
+            raise fail(f"{section}.factor", None, f"a positive number (rope type {kind} needs one)")
 
 
 def layer_windows(cfg: dict) -> list[Optional[int]]:

@@ -8,6 +8,7 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
+from dflash_tui.core.terminal import printable
 from dflash_tui.engines.errors import UserError
 
 ENGINES = ("auto", "cuda", "mlx", "remote")  # remote: an OpenAI-compatible server (engines/remote)
@@ -57,13 +58,13 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         """Every value checked before anything loads: bad input is one sentence, not a crash mid-load."""
-        where = f"in {self.source}"
+        where = printable(f"in {self.source}")  # a profile's path: the user's own words
         if self.engine not in ENGINES:
-            raise UserError(f"Engine '{self.engine}' {where} is unknown; choose auto, cuda, mlx or remote.")
+            raise UserError(f"Engine {printable(repr(self.engine))} {where} is unknown; choose auto, cuda, mlx or remote.")
         if self.dtype not in DTYPES:
-            raise UserError(f"dtype '{self.dtype}' {where} is unknown; use auto, float32, float16 or bfloat16.")
+            raise UserError(f"dtype {printable(repr(self.dtype))} {where} is unknown; use auto, float32, float16 or bfloat16.")
         if not isinstance(self.device, str) or not DEVICE_PATTERN.fullmatch(self.device):
-            raise UserError(f"Device '{self.device}' {where} is not one dflash runs on; use auto, cpu, cuda, cuda:N "
+            raise UserError(f"Device {printable(repr(self.device))} {where} is not one dflash runs on; use auto, cpu, cuda, cuda:N "
                             "(the cuda engine) or gpu (the mlx engine).")
         check_block_size_value(self.block_size, where)
         if self.draft_window is not None and (isinstance(self.draft_window, bool) or not isinstance(self.draft_window, int)

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from dflash_tui.engines.errors import CheckpointError
+from dflash_tui.core.terminal import printable
+from dflash_tui.engines.errors import CheckpointError as _CheckpointError
+
+
+def CheckpointError(message: str) -> _CheckpointError:  # noqa: N802 - reads as the exception it builds
+    """The error with the names the user typed (hub ids, folders) escaped for a terminal."""
+    return _CheckpointError(printable(message))
 
 # What a checkpoint needs: configs, safetensors weights, tokenizer and chat-template files (never code,
 # never pickles).
@@ -97,7 +103,7 @@ def plan(absent: dict[str, str]) -> list[Download]:
     return planned
 
 
-def refuse_without_terminal(absent: dict[str, str]) -> CheckpointError:
+def refuse_without_terminal(absent: dict[str, str]) -> _CheckpointError:
     """The error for a download nobody can confirm (no terminal): what to run instead."""
     return CheckpointError(
         f"{_named(absent)} {'is' if len(absent) == 1 else 'are'} not downloaded yet and there is no terminal to "

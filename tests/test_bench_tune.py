@@ -346,3 +346,33 @@ def test_bench_on_a_foreign_server_shows_unknown_tau_acceptance_and_memory_as_da
     (line,) = [x for x in result.stdout.splitlines() if x.startswith("1 ")]
     cells = line.split()  # block, tokens, tok/s, spread, runs, speedup, vs framework, tau, acceptance, TTFT...
     assert cells[5:9] == ["1.00x", "-", "–", "–"], line
+
+
+# -- checked before the work (hardening round 2) -------------------------------------------------------
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Loading an engine fails the test (exit 1, 'unexpected'): refusals must come before it."""
+    import importlib
+
+    def loaded(config):
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(importlib.import_module("dflash_tui.cli.measure"), "load_engine", loaded)
+
+
+def test_tune_refuses_a_config_folder_it_cannot_write_before_the_sweep(monkeypatch, no_weights):
+    """The built-in profile's copy would go to a read-only folder (under /proc here, which no user, root
+    included, can write): one sentence before any weight loads, as the README says."""
+    monkeypatch.setenv("DFLASH_CONFIG_DIR", "/proc/dflash-test/config")
+    result = invoke("tune", "--profile", "demo", "-B", "1,4", "--max-samples", "1", "--engine", "cuda")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert "/proc/dflash-test/config/profiles/demo.toml" in result.stderr and "--dry-run" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["bench", "tune"])
+def test_max_new_tokens_0_is_refused_before_loading(profile_file, no_weights, command):
+    result = invoke(command, "--profile", profile_file, "-B", "1", "--max-new-tokens", "0", "--engine", "cuda",
+                    *(["--dry-run"] if command == "tune" else []))
+    assert result.exit_code == 2 and "--max-new-tokens 0" in result.stderr and result.stderr.count("\n") == 1

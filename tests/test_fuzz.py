@@ -327,10 +327,378 @@ def test_replay_exits_1_and_says_where_when_outputs_differ(tiny, tmp_path, monke
 
 
 def test_tune_refuses_a_profile_it_cannot_write_before_the_sweep(tiny, tmp_path):
-    """A profile whose name is not a file name (here '../x') is refused before any model loads."""
+    """Tune writes the file it was given, whatever its `name` says ('../x' here); when that file's folder cannot
+    take the rewritten copy (/proc/self/fd: read-only even for root) it says so before any model loads."""
+    import os
+
     target, draft = tiny
     profile = tmp_path / "bad.toml"
     profile.write_text(f'name = "../x"\n[model]\ntarget = "{target}"\ndraft = "{draft}"\n')
-    result = run("tune", "--profile", profile, "--block-sizes", "1,4", "--max-samples", "1")
+    fd = os.open(profile, os.O_RDONLY)
+    try:
+        result = run("tune", "--profile", f"/proc/self/fd/{fd}", "--block-sizes", "1,4", "--max-samples", "1")
+    finally:
+        os.close(fd)
     assert_clean(result, allowed=(2,))
-    assert "not usable as a file name" in result.output and "loading" not in result.output.lower()
+    assert "cannot be written" in result.output and "loading" not in result.output.lower()
+
+
+# -- hardening round 2: generators for the classes the second probe found ---------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny):
+    """One engine on the fuzz pair, lent to every command of a test instead of loading it again."""
+    from dflash_tui.engines import EngineConfig, load_engine
+
+    target, draft = tiny
+    return load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu", dtype="float32"))
+
+
+def _lend(monkeypatch, load):
+    """Every command that would load an engine calls `load(config)` instead."""
+    import importlib
+
+    for name in ("dflash_tui.cli.generate", "dflash_tui.cli.measure", "dflash_tui.repl"):
+        monkeypatch.setattr(importlib.import_module(name), "load_engine", load)
+
+
+# hostile chat templates: loops, sizes, sandbox escapes, includes, recursion, each alone or nested
+
+_NUMBERS = st.sampled_from(["3", "100000", "10**9", "10**11", "99999999999", "-1"])
+_LEAVES = st.one_of(
+    st.just("{{ messages[0].content }}"),
+    _NUMBERS.map(lambda n: "{{ 'x' * " + n + " }}"),
+    _NUMBERS.map(lambda n: "{{ 'ab'|center(" + n + ") }}"),
+    _NUMBERS.map(lambda n: "{{ '%" + n.replace("**", "") + "d' % 1 }}"),
+    _NUMBERS.map(lambda n: "{{ '{:>" + n.replace("**", "") + "}'.format(1) }}"),
+    _NUMBERS.map(lambda n: "{{ 'x'|indent(" + n + ") }}"),
+    st.sampled_from([
+        "{% include 'x.j2' %}", "{% import 'x.j2' as x %}", "{% extends 'base.j2' %}", "{% from 'x' import y %}",
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}", "{{ cycler.__init__.__globals__ }}",
+        "{{ namespace.__init__ }}", "{{ raise_exception('no \x1b]0;x\x07') }}", "{{ self.__dict__ }}",
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        "{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "{% for x in [1] recursive %}{{ loop([1]) }}{% endfor %}",
+        "{% macro g(n) %}{% if n %}{{ g(n-1) }}{{ g(n-1) }}{% endif %}{% endmacro %}{{ g(40) }}",
+        "{{ lipsum(10**9) }}", "{{ dict.fromkeys(range(10**9)) }}", "{% for %}", "{{ 10**10**10 }}",
+        "{{ (messages|list) * 10**9 }}", "{{ 'x' ~ 'y' }}",
+    ]),
+)
+_TEMPLATES = st.recursive(_LEAVES, lambda inner: st.one_of(
+    st.tuples(_NUMBERS, inner).map(lambda t: "{% for i in range(" + t[0] + ") %}" + t[1] + "{% endfor %}"),
+    st.tuples(inner, inner).map("".join),
+    inner.map(lambda body: "{% for c in 'x' * 1000 %}" + body + "{% endfor %}"),
+), max_leaves=4)
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tiny):
+    from dflash_tui.engines.prompting import load_tokenizer
+
+    return load_tokenizer(tiny[0])
+
+
+@FUZZ
+@given(template=_TEMPLATES)
+def test_hostile_chat_templates_render_or_are_one_sentence(tiny_tokenizer, monkeypatch, template):
+    """Whatever the template, rendering ends within its budget (here a small one, so the suite stays fast):
+    prompt ids, or one UserError naming the template's file, with no escape sequence in it."""
+    import time
+
+    from dflash_tui.engines import prompting
+    from dflash_tui.engines.errors import UserError
+
+    monkeypatch.setattr(prompting, "LIMITS", prompting.RenderLimits(steps=20_000, seconds=2.0, chars=100_000))
+    monkeypatch.setattr(tiny_tokenizer, "chat_template", template)
+    started = time.monotonic()
+    try:
+        ids = prompting.chat_ids(tiny_tokenizer, [{"role": "user", "content": "hi"}], True)
+        assert isinstance(ids, list)
+    except UserError as exc:
+        assert "chat_template.jinja" in str(exc) and "\x1b" not in str(exc) and "\x07" not in str(exc), str(exc)
+    assert time.monotonic() - started < 10
+
+
+# corrupt draft weights and configs, and a target's generation_config
+
+_DTYPES = st.sampled_from(["F32", "F16", "BF16", "F64", "I32", "I64", "U8", "BOOL", "F8_E4M3", "Q7", "", None, 5])
+_header_damage = st.one_of(
+    st.tuples(st.just("truncate"), st.integers(1, 4096)),
+    st.tuples(st.just("append"), st.integers(1, 64)),
+    st.tuples(st.just("shift"), st.integers(-64, 64)),
+    st.tuples(st.just("dtype"), _DTYPES),
+    st.tuples(st.just("shape"), st.lists(st.integers(-1, 70), max_size=3)),
+    st.tuples(st.just("offsets"), weird),
+)
+_CONFIG_KEYS = st.sampled_from(["rope_theta", "rms_norm_eps", "rope_scaling", "rope_parameters", "layer_types",
+                                "sliding_window", "max_position_embeddings", "dflash_config.target_layer_ids",
+                                "dflash_config.mask_token_id", "block_size", "head_dim", "num_key_value_heads",
+                                "generation_config.temperature", "generation_config.top_p",
+                                "generation_config.top_k", "generation_config.eos_token_id",
+                                "generation_config.do_sample"])
+_CONFIG_VALUES = st.one_of(weird, st.sampled_from([
+    "ten thousand", "tiny", [1, 1], [0, 2], {"rope_type": "yarn", "factor": "x"}, {"rope_type": "yarn", "factor": 4.0},
+    {"rope_type": "nonsense"}, {"type": "linear"}, {"rope_type": "dynamic", "factor": -2}, 1e-300, 1e300, -1,
+    ["sliding_attention", "full_attention"], True, "hot"]))
+
+
+def _damage_header(file: Path, damage) -> None:
+    kind, value = damage
+    raw = file.read_bytes()
+    if kind == "truncate":
+        file.write_bytes(raw[:-value])
+        return
+    if kind == "append":
+        file.write_bytes(raw + b"\0" * value)
+        return
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    names = sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    entry = header[names[len(names) // 2]]
+    if kind == "shift":
+        entry["data_offsets"] = [o + value for o in entry["data_offsets"]]
+    else:
+        entry[{"dtype": "dtype", "shape": "shape", "offsets": "data_offsets"}[kind]] = value
+    text = json.dumps(header).encode()
+    file.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
+
+
+def _set_config(target: Path, draft: Path, key: str, value) -> None:
+    """Set a draft config key (dflash_config.x: nested), or generation_config.x in the target."""
+    first, _, rest = key.partition(".")
+    if first == "generation_config":
+        file, path = target / "generation_config.json", [rest]
+    else:
+        file, path = draft / "config.json", key.split(".")
+    config = json.loads(file.read_text())
+    holder = config
+    for part in path[:-1]:
+        holder = holder.setdefault(part, {})
+    holder[path[-1]] = value
+    file.write_text(json.dumps(config))
+
+
+@FUZZ
+@given(damage=st.none() | _header_damage, key=st.none() | _CONFIG_KEYS, value=_CONFIG_VALUES)
+def test_corrupt_draft_weights_and_configs_are_one_sentence(tiny, tmp_path_factory, monkeypatch, damage, key, value):
+    """Damaged draft headers and config values, and a target's generation_config: exit 0 or one sentence with
+    exit 2. What passes the checks then loads its draft for real (the part of loading they guard)."""
+    import click
+    import torch
+
+    from dflash_tui.engines.checkpoints import DraftInfo
+    from dflash_tui.engines.cuda.draft import DFlashDraft
+
+    def load_the_draft(config):
+        DFlashDraft.load(DraftInfo.read(config.draft), "cpu", torch.float32)
+        raise click.exceptions.Exit(0)
+
+    _lend(monkeypatch, load_the_draft)
+    target, draft = tiny
+    root = tmp_path_factory.mktemp("corrupt")
+    t, d = root / "t", root / "d"
+    shutil.copytree(target, t)
+    shutil.copytree(draft, d)
+    if damage is not None:
+        _damage_header(d / "model.safetensors", damage)
+    if key is not None:
+        _set_config(t, d, key, value)
+    assert_clean(run("generate", "--target", t, "--draft", d, "--raw", "-n", "2", "--engine", "cuda", "hi"))
+
+
+# damaged session fields, nested ones included, through every reader
+
+_SESSION_FIELDS = st.sampled_from([
+    (1, "profile.name"), (1, "profile.path"), (1, "profile.block_size"), (1, "profile.draft_window"),
+    (1, "profile.dtype"), (1, "settings.block_size"), (1, "engine"), (1, "device"), (1, "target_path"),
+    (2, "settings.max_new_tokens"), (2, "settings.block_size"), (2, "settings.temperature"), (2, "settings.top_k"),
+    (2, "settings.thinking"), (2, "settings.seed"), (2, "settings.system_prompt"), (2, "summary.decode_tokens_per_s"),
+    (2, "summary.mean_acceptance_length"), (2, "summary.block_size"), (2, "summary.generated_tokens"),
+    (2, "summary.histogram"), (2, "summary.peak_memory_bytes"), (2, "steps"), (2, "continues"), (2, "dropped_turns"),
+    (2, "prompt_ids"), (2, "emitted_ids"), (2, "messages"), (2, "summary"), (2, "settings"),
+])
+
+
+@pytest.fixture(scope="module")
+def recorded_session(tiny, tmp_path_factory):
+    """The records of a one-turn chat recorded with the real CLI (each example edits a copy)."""
+    from tests.tiny import write_profile
+
+    target, draft = tiny
+    root = tmp_path_factory.mktemp("rec")
+    profile = write_profile(root / "p.toml", target, draft, max_new_tokens=4)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DFLASH_DATA_DIR", str(root / "data"))
+        assert run("chat", "--plain", "--profile", profile, input="hello\n").exit_code == 0
+    (path,) = (root / "data" / "sessions").glob("*.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _write_records(folder: Path, session_id: str, created: str, records: list) -> Path:
+    records = json.loads(json.dumps(records))
+    records[0].update(id=session_id, created=created)
+    path = folder / f"{session_id}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@settings(parent=FUZZ, max_examples=30)
+@given(where=_SESSION_FIELDS, value=st.sampled_from(["fast", "abc", "x", -3, 10**30, [-1], "\x1b]0;x\x07", 5]) | weird)
+def test_damaged_session_fields_never_break_a_reader(recorded_session, tiny_engine, tmp_path_factory, monkeypatch,
+                                                     where, value):
+    """A nested field of a recorded session set to anything: `sessions list` still lists the others, and
+    show, export, replay and --resume answer, or refuse in one sentence naming the file, line and field."""
+    _lend(monkeypatch, lambda config: tiny_engine)
+    data = tmp_path_factory.mktemp("sessions")
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(data))
+    folder = data / "sessions"
+    folder.mkdir()
+    _write_records(folder, "20260101-110000-good", "2026-01-01T11:00:00+00:00", recorded_session)
+    records = json.loads(json.dumps(recorded_session))
+    line, field = where
+    *outer, key = field.split(".")
+    holder = records[line - 1]
+    for part in outer:
+        if not isinstance(holder.get(part), dict):
+            holder[part] = {}
+        holder = holder[part]
+    holder[key] = value
+    _write_records(folder, "20260101-120000-badd", "2026-01-01T12:00:00+00:00", records)
+    listed = run("sessions", "list")
+    assert_clean(listed, allowed=(0,))
+    assert "20260101-110000-good" in listed.stdout
+    for args in (["sessions", "show"], ["sessions", "export", "--format", "json"],
+                 ["replay", "--block-sizes", "1", "--repeats", "1", "--no-save"], ["chat", "--plain", "--resume"]):
+        result = run(*args, "20260101-120000-badd")
+        assert_clean(result, allowed=(0, 1, 2) if args[0] == "replay" else (0, 2))  # replay: 1 = outputs differ
+        assert "\x1b" not in result.output
+
+
+# escape sequences in every string that can reach the terminal
+
+CORPUS = ["\x1b]0;pwned\x07", "\x1b]52;c;ZXZpbCBjbGlwYm9hcmQ=\x07", "\x9b2J", "\x1b[2J\x1b[H", "\x07", "\x1bP+q\x1b\\",
+          "\x90evil\x9c", "\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\", "\r\x1b[K", "\x00\x7f\x85", "\x9d0;t\x9c"]
+HOSTILE = "".join(CORPUS)
+
+
+def _scanned(result) -> str:
+    """Everything a command wrote, checked: no ESC, BEL or raw C1 control, no traceback."""
+    text = result.output + (result.stdout or "") + (result.stderr or "")
+    for bad in ("\x1b", "\x07", "\x9b", "\x9d", "\x90", "\x9c"):
+        assert bad not in text, (bad, text[-600:])
+    assert "unexpected" not in text and "Traceback" not in text, text[-600:]
+    return text
+
+
+def _hostile_profile(folder: Path, target_path, draft_path, file: str = "hostile", **strings) -> Path:
+    """A profile whose strings hold `strings` (written as TOML escapes)."""
+    import tomlkit
+
+    doc = {"name": strings.get("name", "tiny"), "description": strings.get("description", ""),
+           "model": {"target": strings.get("target", str(target_path)), "draft": str(draft_path)},
+           "engine": {"default": "cuda", "dtype": "float32"},
+           "generation": {"max_new_tokens": 4, "system_prompt": strings.get("system_prompt", "")}}
+    path = folder / f"{file}.toml"
+    path.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    return path
+
+
+def test_no_command_writes_an_escape_sequence_to_the_terminal(tiny, tiny_engine, tmp_path, monkeypatch, config_dir):
+    """The output-safety layer over a corpus of escape sequences (OSC 0 titles, OSC 52 clipboard writes, CSI,
+    DCS, OSC 8 links, 8-bit C1): model output (a tokenizer that decodes to them), files (profiles, sessions,
+    configs, templates) and values typed on the command line, through every command. stdout and stderr
+    carry no ESC, BEL or C1 control; newlines in model output stay newlines."""
+    from dflash_tui.engines.engine import Engine
+    from tests.tiny import write_profile
+
+    target, draft = tiny
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(Engine, "decode", lambda self, ids, **kw: "".join(f"{HOSTILE}{i}\n" for i in ids))
+    _lend(monkeypatch, lambda config: tiny_engine)
+    profile = write_profile(tmp_path / "tiny.toml", target, draft, max_new_tokens=4)
+    pair = ["--target", target, "--draft", draft, "-n", "4", "--engine", "cuda"]
+
+    # model output
+    out = _scanned(run("generate", *pair, "hi"))
+    assert "␛]0;pwned␇" in out and "\n" in out.strip()
+    _scanned(run("generate", *pair, "--hide-thinking", "hi"))
+    _scanned(run("generate", *pair, "--json", "hi"))
+    _scanned(run("generate", *pair, "--raw", "-", input=HOSTILE))
+    _scanned(run("chat", "--plain", "--profile", profile, input=f"{HOSTILE}\n/help\n"))
+    (session,) = (tmp_path / "data" / "sessions").glob("*.jsonl")
+    sid = session.stem
+    for args in (["sessions", "list"], ["sessions", "list", "--json"], ["sessions", "show", sid],
+                 ["sessions", "export", sid], ["sessions", "export", sid, "--format", "json"],
+                 ["replay", sid, "-B", "1", "--repeats", "1", "--no-save"],
+                 ["replay", sid, "-B", "1", "--repeats", "1", "--no-save", "--json"]):
+        _scanned(run(*args))
+    # session files: hostile header fields, a hostile file name
+    lines = session.read_text().splitlines()
+    header = json.loads(lines[0])
+    header.update(id="20260101-120000-host", engine=HOSTILE, device=HOSTILE, profile={"name": HOSTILE})
+    (session.parent / "20260101-120000-host.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    (session.parent / f"20260101-130000-{HOSTILE[:12]}.jsonl").write_text(HOSTILE)
+    for args in (["sessions", "list"], ["sessions", "show", "20260101-120000-host"],
+                 ["replay", "20260101-120000-host", "-B", "1", "--no-save"], ["sessions", "delete", sid, "--yes"]):
+        _scanned(run(*args))
+    # profiles: names, descriptions, targets, system prompts; listing, checking, launching, running
+    users = config_dir / "profiles"
+    users.mkdir(parents=True)
+    for field in ("name", "description", "target", "system_prompt"):
+        path = _hostile_profile(users, target, draft, file=f"h-{field}", **{field: HOSTILE})
+        for args in (["profile", "validate", path], ["profile", "show", path], ["doctor", "--profile", path],
+                     ["profile", "serve-command", path, "--for", "vllm"], ["generate", "--profile", path, "hi"],
+                     ["bench", "--profile", path, "-B", "1"], ["tune", "--profile", path, "--dry-run"]):
+            _scanned(run(*args))
+    (users / "comment.toml").write_text(f"# {HOSTILE}\nname = 'c'\n[model]\ntarget = 'x'\n")
+    _scanned(run("profile", "list"))
+    # checkpoint files: a model_type, a template's own error text
+    bad = tmp_path / "bad-type"
+    shutil.copytree(target, bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, "model_type": HOSTILE}))
+    _scanned(run("generate", "--target", bad, "-n", "2", "hi"))
+    templated = tmp_path / "templated"
+    shutil.copytree(target, templated)
+    (templated / "chat_template.jinja").write_text("{{ raise_exception(" + json.dumps(HOSTILE) + ") }}")
+    _scanned(run("generate", "--target", templated, "-n", "2", "hi"))
+    # values typed on the command line, echoed back in errors
+    for args in (["generate", "--target", HOSTILE, "hi"], ["generate", "--profile", HOSTILE, "hi"],
+                 ["generate", "--target", target, "--device", HOSTILE, "hi"], ["replay", "x", "-B", HOSTILE],
+                 ["bench", "--profile", profile, "-d", HOSTILE], ["sessions", "show", HOSTILE],
+                 ["tune", "--profile", HOSTILE], ["doctor", "--profile", HOSTILE],
+                 ["profile", "show", HOSTILE], ["profile", "validate", tmp_path / f"{HOSTILE}.toml"],
+                 ["generate", "--target", target, "--raw", "-n", "2", HOSTILE]):
+        _scanned(run(*args))
+
+
+@pytest.mark.xfail(strict=True, reason="train-draft's data-file sentence comes from engines/cuda/training; it is "
+                                       "escaped once the CLI's UserError handler (dflash_tui/cli/__init__.py) passes "
+                                       "every message through printable: then this passes, remove the mark")
+def test_values_only_the_error_handler_can_escape(tiny, tmp_path):
+    target, _ = tiny
+    _scanned(run("train-draft", "--target", target, "--data", tmp_path / f"{HOSTILE}.jsonl", "--out", tmp_path / "o"))
+
+
+@settings(parent=FUZZ, max_examples=20)
+@given(text=st.lists(st.sampled_from(CORPUS) | st.text(max_size=4), min_size=1, max_size=6).map("".join))
+def test_generated_escape_sequences_in_files_and_flags_never_reach_the_terminal(tiny, tmp_path_factory, monkeypatch,
+                                                                                text):
+    """Generated strings of escape sequences in a session's text and profile, a profile's strings and flag
+    values: no command writes them raw."""
+    target, draft = tiny
+    root = tmp_path_factory.mktemp("esc")
+    monkeypatch.setenv("DFLASH_DATA_DIR", str(root / "data"))
+    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(root / "config"))
+    path = _good_session(root / "data" / "sessions", "20260101-120000-escs")
+    header, turn = (json.loads(x) for x in path.read_text().splitlines())
+    turn.update(user=text, answer=text)
+    header["profile"] = {"name": text}
+    path.write_text(json.dumps(header) + "\n" + json.dumps(turn) + "\n")
+    profile = _hostile_profile(root, target, draft, description=text, name=text or "x")
+    for args in (["sessions", "list"], ["sessions", "show", "20260101-120000-escs"],
+                 ["sessions", "export", "20260101-120000-escs"], ["profile", "validate", profile],
+                 ["profile", "show", profile], ["generate", "--profile", text, "hi"],
+                 ["generate", "--target", text, "hi"], ["sessions", "show", text],
+                 ["replay", "20260101-120000-escs", "-B", text]):
+        _scanned(run(*args))

@@ -278,7 +278,7 @@ def test_delete_with_no_answer_on_stdin_needs_yes(data_dir):
 def test_export_never_writes_into_the_sessions_folder(data_dir, tmp_path):
     path = _session(data_dir, "20260101-120000-abcd")
     before = path.read_bytes()
-    assert_refused(invoke("sessions", "export", "20260101-120000-abcd", "-o", path), "inside the sessions folder")
+    assert_refused(invoke("sessions", "export", "20260101-120000-abcd", "-o", path), "is a session file")
     assert_refused(invoke("sessions", "export", "20260101-120000-abcd", "-o", path.parent / "x.md"), "sessions folder")
     assert path.read_bytes() == before
     assert_refused(invoke("sessions", "export", "20260101-120000-abcd", "-o", "/nonexistent/x.md"), "Cannot write")
@@ -341,3 +341,221 @@ def test_the_error_screen_shows_install_hints_literally():
             return str(app.screen.query_one("#error-message", Static).render())
 
     assert "'dflash-tui[cuda]'" in asyncio.run(run())
+
+
+# -- round 2: every bad input is one sentence, exit 2, before any weight loads ---------------------
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Loading weights fails the test (the CLI reports it as 'unexpected', exit 1): a timing-free marker
+    that a refusal came before any weight load, and before train-draft's tokenizer."""
+    def loaded(*args, **kwargs):
+        raise AssertionError("weights were loaded")
+
+    import importlib
+
+    import dflash_tui.engines.cuda.training.trainer as trainer
+
+    for name in ("dflash_tui.cli.generate", "dflash_tui.cli.measure", "dflash_tui.repl"):  # (cli.generate is
+        monkeypatch.setattr(importlib.import_module(name), "load_engine", loaded)  # also a command's name)
+    monkeypatch.setattr(trainer, "load_tokenizer", loaded)
+    monkeypatch.setattr(trainer, "Target", loaded)
+
+
+@pytest.fixture
+def copied(pairs, tmp_path):
+    """(target, draft) copies of the tiny qwen3 pair, to damage."""
+    target, draft = pairs("qwen3")
+    shutil.copytree(target, tmp_path / "t")
+    shutil.copytree(draft, tmp_path / "d")
+    return tmp_path / "t", tmp_path / "d"
+
+
+def _generate(target, draft=None, *extra, prompt="hi", input=None):
+    return invoke("generate", "--target", target, *(["--draft", draft] if draft else []), "-n", "2", *extra, prompt,
+                  input=input)
+
+
+def _edit_header(file: Path, edit) -> None:
+    """Rewrite a safetensors header through `edit(header)`, the tensor bytes kept."""
+    raw = file.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    edit(header)
+    text = json.dumps(header).encode()
+    file.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
+
+
+def _tensors(header: dict) -> list[str]:
+    return sorted((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+
+
+def _overlap(header):
+    first, second = _tensors(header)[:2]
+    start, end = header[second]["data_offsets"]
+    header[second]["data_offsets"] = [start - 4, end - 4]
+
+
+def _retype(dtype):
+    def edit(header):
+        name = next(k for k in _tensors(header) if k.endswith("norm.weight"))
+        header[name]["dtype"] = dtype  # same width (4 bytes) for I32; BOOL/U8 are refused on the dtype first
+    return edit
+
+
+@pytest.mark.parametrize("damage, phrase", [
+    (lambda f: f.write_bytes(f.read_bytes()[:-1]), "truncated"),
+    (lambda f: f.write_bytes(f.read_bytes()[: f.stat().st_size // 2]), "truncated"),
+    (lambda f: _edit_header(f, _overlap), "overlaps"),
+    (lambda f: _edit_header(f, _retype("Q7")), "unknown dtype 'Q7'"),
+    (lambda f: _edit_header(f, _retype("I32")), "not floating point"),
+    (lambda f: _edit_header(f, _retype("BOOL")), "BOOL"),
+], ids=["a-byte-short", "half", "overlapping", "unknown-dtype", "int", "bool"])
+def test_corrupt_draft_weights_are_one_sentence_before_loading(copied, no_weights, damage, phrase):
+    target, draft = copied
+    damage(draft / "model.safetensors")
+    assert_refused(_generate(target, draft, "--raw"), "model.safetensors", phrase)
+
+
+@pytest.mark.parametrize("key, value, phrase", [
+    ("rope_theta", "ten thousand", "rope_theta"), ("rms_norm_eps", "tiny", "rms_norm_eps"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": "x"}, "rope_scaling.factor"),
+    ("dflash_config", {"mask_token_id": 3, "target_layer_ids": [1, 1]}, "target_layer_ids"),
+])
+def test_bad_draft_config_values_are_one_sentence_before_loading(copied, no_weights, key, value, phrase):
+    target, draft = copied
+    config = json.loads((draft / "config.json").read_text())
+    config[key] = value
+    (draft / "config.json").write_text(json.dumps(config))
+    assert_refused(_generate(target, draft, "--raw"), "config.json", phrase)
+
+
+def test_a_generation_config_that_is_not_numbers_is_one_sentence(copied, no_weights):
+    target, draft = copied
+    (target / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": "hot"}))
+    assert_refused(_generate(target, draft, "--raw"), "generation_config.json", "temperature")
+
+
+def test_a_weight_index_naming_a_pickle_is_refused_before_any_loader(copied, marker, no_weights):
+    target, _ = copied
+    (target / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": "pytorch_model.bin"}}))
+    (target / "pytorch_model.bin").write_bytes(pickle.dumps(Payload(marker)))
+    assert_refused(_generate(target, None, "--raw"), "pytorch_model.bin", "pickles are never opened")
+
+
+def test_a_target_whose_config_and_weights_disagree_is_refused_before_loading(copied, no_weights):
+    target, _ = copied
+    config = json.loads((target / "config.json").read_text())
+    config["vocab_size"] += 16
+    (target / "config.json").write_text(json.dumps(config))
+    result = _generate(target, None, "--raw")
+    assert_refused(result, "embed_tokens.weight", "disagree")
+    assert "MISMATCH" not in result.output
+
+
+@pytest.fixture
+def template_target(copied):
+    def write(template: str) -> Path:
+        target, _ = copied
+        (target / "chat_template.jinja").write_text(template)
+        return target
+    return write
+
+
+HOSTILE_TEMPLATES = {
+    "nested-loops": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "huge-range": "{% for i in range(10**9) %}{{ i }}{% endfor %}",
+    "huge-string": "{{ 'x' * 10**11 }}",
+    "include": "{% include 'secrets.txt' %}",
+    "import": "{% import 'macros.j2' as m %}",
+    "sandbox": "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "raise": "{{ raise_exception('no \x1b]0;pwned\x07 way') }}",
+    "syntax": "{% for %}",
+    "width": "{{ '%99999999999d' % 1 }}",
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_TEMPLATES))
+def test_hostile_chat_templates_are_one_sentence_naming_the_file(template_target, no_weights, name):
+    """Jinja's sandbox violations, includes, huge ranges and strings, and a nested loop (which hung
+    `generate`): each is one sentence naming chat_template.jinja, exit 2, with the default limits."""
+    result = _generate(template_target(HOSTILE_TEMPLATES[name]), None)
+    assert_refused(result, "chat_template.jinja")
+    assert "\x1b" not in result.output and "\x07" not in result.output
+
+
+def test_a_prompt_that_cannot_run_is_refused_before_loading(pairs, no_weights):
+    target, draft = pairs("qwen3")
+    long = "word " * 700
+    assert_refused(_generate(target, draft, "--raw", prompt=long), "context holds 512")  # argv
+    assert_refused(_generate(target, draft, "--raw", prompt="-", input=long), "context holds 512")  # stdin
+    assert_refused(invoke("generate", "--target", target, "-n", "2", "-", input=b"caf\xe9 \xff"), "not valid UTF-8")
+    assert_refused(invoke("generate", "--target", target, "-n", "2", "bad \udcff byte"), "not valid UTF-8")
+    assert_refused(invoke("generate", "--target", target, "-n", "2", "--raw", ""), "empty")
+
+
+def test_generate_with_standard_input_closed_is_one_sentence(pairs):
+    import os
+    import subprocess
+    import sys
+
+    target, _ = pairs("qwen3")
+    proc = subprocess.run([sys.executable, "-m", "dflash_tui", "generate", "--target", str(target), "-"],
+                          capture_output=True, text=True, preexec_fn=lambda: os.close(0), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == ("error: PROMPT is '-' but standard input is closed; pipe the prompt in, or pass it "
+                                   "as an argument.")
+
+
+@pytest.mark.parametrize("flags, phrase", [
+    (["--lr", "inf"], "--lr inf"), (["--lr", "nan"], "--lr nan"), (["--lr", "0"], "--lr 0"),
+    (["--lr", "-1e-3"], "--lr -0.001"), (["--max-new-tokens", "-5"], "--max-new-tokens -5"),
+    (["--val-max-new", "0"], "--val-max-new 0"),
+])
+def test_train_draft_refuses_values_that_would_train_nothing(pairs, tmp_path, train_data, no_weights, flags, phrase):
+    target, _ = pairs("qwen3")
+    assert_refused(_train(target, train_data, tmp_path / "out", *flags), phrase)
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_draft_refuses_an_unsupported_model_type_before_its_tokenizer(custom_type_target, tmp_path, train_data,
+                                                                          no_weights):
+    assert_refused(_train(custom_type_target, train_data, tmp_path / "out"), "evilnet")
+
+
+def _fifo(path: Path) -> Path:
+    import os
+
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    return path
+
+
+@pytest.fixture
+def deadline():
+    """Fails a test that blocks (a FIFO opened for reading waits for a writer forever) instead of hanging."""
+    import signal
+
+    def expired(*_):
+        raise TimeoutError("blocked on a FIFO")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def test_fifos_named_like_weights_or_sessions_never_block(pairs, copied, data_dir, deadline, no_weights):
+    target, draft = copied
+    _fifo(draft / "model.safetensors")
+    assert_refused(_generate(pairs("qwen3")[0], draft, "--raw"), "model.safetensors", "not a regular file")
+    _fifo(target / "model.safetensors")
+    assert_refused(_generate(target, None, "--raw"), "model.safetensors", "not a regular file")
+    path = _session(data_dir, "20260101-120000-abcd")
+    fifo = _fifo(path.parent / "20260101-130000-fifo.jsonl")
+    listed = invoke("sessions", "list")
+    assert listed.exit_code == 0 and "20260101-120000-abcd" in listed.output, listed.output
+    assert_refused(invoke("sessions", "show", fifo))
+    assert invoke("sessions", "show", "20260101-120000-abcd").exit_code == 0

@@ -501,3 +501,22 @@ def test_rows_of_a_foreign_servers_runs_show_unknown_figures_as_dashes_and_null(
     assert cells[0] == "1" and cells[6:8] == ["–", "–"] and cells[-2:] == ["ms", "–"], table
     assert "process peak RSS" not in table
     replay.chart(again)  # an unknown tau draws no bar, and no error
+
+
+@pytest.mark.parametrize("ids, words", [([999999], "outside the target's 320 embedding rows"),
+                                        ([5] * 600, "context holds 512")])
+def test_damaged_recorded_ids_are_refused_before_any_weight_loads(recorded, data_dir, monkeypatch, ids, words):
+    import importlib
+
+    def loaded(config):
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(importlib.import_module("dflash_tui.cli.measure"), "load_engine", loaded)
+
+    def edit(lines):
+        lines[1]["prompt_ids"] = ids
+        return lines
+
+    name = copy_session(data_dir, recorded[1], "20000101-000000-ids" + str(len(ids)), edit)
+    result = invoke("replay", name, "--block-sizes", "1", "--no-save")
+    assert result.exit_code == 2 and words in result.stderr and result.stderr.count("\n") == 1, result.output

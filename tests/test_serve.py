@@ -302,6 +302,7 @@ def test_tokenize_models_metrics(server, local):
     ({"model": "tiny"}, 400, "messages"),
     (chat_body("hi") | {"n": 2}, 400, "n"),
     (chat_body("hi") | {"temperature": "hot"}, 400, "temperature"),
+    (chat_body("hi") | {"top_k": -3}, 400, "top_k"),
     (chat_body("hi") | {"stop": 5}, 400, "stop"),
     ([1, 2], 400, None),
 ])
@@ -310,6 +311,17 @@ def test_bad_requests_get_openai_style_4xx(server, body, status, param):
     assert response.status_code == status
     error = response.json()["error"]
     assert error["message"] and error["type"] and error["param"] == param
+
+
+def test_top_k_off_is_minus_1_or_0_and_below_that_is_refused():
+    from dflash_tui.serve.api import ApiError, parse
+
+    assert parse({"messages": [{"role": "user", "content": "hi"}], "top_k": -1}, ["tiny"], chat=True).top_k is None
+    assert parse({"messages": [{"role": "user", "content": "hi"}], "top_k": 0}, ["tiny"], chat=True).top_k is None
+    with pytest.raises(ApiError) as refused:
+        parse({"messages": [{"role": "user", "content": "hi"}], "top_k": -3}, ["tiny"], chat=True)
+    assert refused.value.status == 400 and refused.value.param == "top_k"
+    assert refused.value.message == "'top_k' must be -1 or 0 (off) or a positive number of tokens; got -3."
 
 
 def test_bad_json_unknown_route_and_method(server):

@@ -420,3 +420,78 @@ def test_a_version_1_session_file_still_loads_and_shows_its_figures(data_dir):
         conv.close()
         conv.engine.close()
     assert [t.summary for t in conv.turns] == loaded and conv.session_tau() == 6.0
+
+
+# -- damaged fields and a full disk (hardening round 2) ------------------------------------------------
+
+
+def _damage(writer, line: int, field: str, value) -> None:
+    """Set the dotted `field` of record `line` (1-based) of a session file to `value`."""
+    records = [json.loads(x) for x in writer.path.read_text().splitlines()]
+    *outer, key = field.split(".")
+    target = records[line - 1]
+    for part in outer:
+        target = target.setdefault(part, {})
+    target[key] = value
+    writer.path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_every_field_a_reader_uses_is_checked_where_the_session_is_read(data_dir):
+    """A damaged nested field names its file, line and field, and one damaged session never hides the
+    others: the list shows the rest, show/replay/--resume refuse in one sentence."""
+    from dflash_tui.cli import main
+
+    def run(*args):
+        return CliRunner().invoke(main, list(args), input="hello\n")
+
+    write("20260101-110000-good", turns=1)
+    named = write("20260101-120000-name", turns=1)
+    _damage(named, 1, "profile.name", 5)
+    listed = run("sessions", "list")
+    assert listed.exit_code == 0 and "20260101-110000-good" in listed.stdout, listed.output
+    assert "line 1: profile.name is 5" in listed.stderr and "20260101-120000-name.jsonl" in listed.stderr
+    cases = [("20260101-130000-fast", 2, "summary.decode_tokens_per_s", "fast", ("sessions", "show")),
+             ("20260101-140000-abcx", 2, "settings.max_new_tokens", "abc", ("replay",)),
+             ("20260101-150000-blkx", 2, "settings.block_size", "x", ("chat", "--plain", "--resume")),
+             ("20260101-160000-step", 2, "steps", [{"drafted": "x", "accepted": 1}], ("chat", "--plain", "--resume")),
+             ("20260101-170000-path", 1, "profile.path", ["/x"], ("replay",))]
+    for session_id, line, field, value, command in cases:
+        _damage(write(session_id, turns=1), line, field, value)
+        result = run(*command, session_id)
+        assert result.exit_code == 2, (command, result.output)
+        (error,) = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+        assert f"{session_id}.jsonl, line {line}: {field} is {json.dumps(value)[:40]}" in error, error
+        assert run("sessions", "list").exit_code == 0
+
+
+def test_a_lock_whose_pid_cannot_be_written_still_locks(data_dir, monkeypatch):
+    real_write = os.write
+
+    def full_disk(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sessions.os, "write", full_disk)
+    writer = sessions.SessionWriter({"profile": {"name": "tiny"}}, session_id="20260101-120000-full")
+    assert not writer.append_turn(_turn(0)) and writer.error == "disk full"
+    monkeypatch.setattr(sessions.os, "write", real_write)
+    assert sessions.SessionLock.held_here(writer.path)
+    assert writer.append_turn(_turn(1))  # space again: both turns land
+    writer.close()
+    assert [t["user"] for t in sessions.load_session(writer.id).turns] == ["q0", "q1"]
+
+
+def test_the_repl_answers_every_prompt_when_the_disk_is_full_before_the_first_turn(data_dir, engine, pair, tmp_path,
+                                                                                    monkeypatch):
+    """ENOSPC from the first write on (the lock's pid, the session file): every prompt is still answered."""
+    import dflash_tui.repl as repl
+
+    monkeypatch.setattr(repl, "load_engine", lambda config: engine)
+    profile = tiny.write_profile(tmp_path / "tiny.toml", *pair, max_new_tokens=4)
+
+    def full_disk(fd, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sessions.os, "write", full_disk)
+    out, err = io.StringIO(), io.StringIO()
+    assert repl.run_repl(str(profile), stdin=io.StringIO("one\ntwo\n"), out=out, err=err) == 0, err.getvalue()
+    assert err.getvalue().count("not saved: disk full") == 2 and err.getvalue().count("tokens ·") == 2

@@ -15,7 +15,7 @@ from dflash_tui.cli.downloads import ensure_local
 from dflash_tui.core import sessions as store
 from dflash_tui.core.profiles import Profile
 from dflash_tui.core.settings import with_pair
-from dflash_tui.core.terminal import printable
+from dflash_tui.core.terminal import json_text, printable
 from dflash_tui.engines.errors import UserError
 
 
@@ -88,7 +88,7 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
                     max_new_tokens=max_new_tokens)
     app.run()
     if app.conversation is not None and app.conversation.session_id:
-        click.echo(f"session {app.conversation.session_id} · {app.conversation.writer.path}")
+        click.echo(printable(f"session {app.conversation.session_id} · {app.conversation.writer.path}"))
     if app.loading:
         # A load still running in its thread would hold the exit until it finishes; nothing is unsaved.
         sys.stdout.flush()
@@ -115,10 +115,10 @@ def sessions_list(as_json: bool) -> None:
     if as_json:
         rows = [{"id": s.id, "created": s.created, "profile": s.profile_name, "turns": len(s.turns),
                  "engine": s.header.get("engine"), "title": s.title, "path": str(s.path)} for s in found]
-        click.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+        click.echo(json_text(rows, indent=2))
         return
     if not found:
-        click.echo(f"No sessions yet in {store.sessions_dir()}.")
+        click.echo(printable(f"No sessions yet in {store.sessions_dir()}."))
         return
     click.echo(f"{'id':<22} {'created':<17} {'profile':<14} {'turns':>5}  first prompt")
     for s in found:
@@ -132,7 +132,7 @@ def sessions_show(session_id: str) -> None:
     """A session's turns as Markdown, with its figures."""
     session = store.load_session(session_id)
     for warning in session.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        click.echo(printable(f"warning: {warning}"), err=True)
     click.echo(printable(store.to_markdown(session)))
 
 
@@ -144,14 +144,14 @@ def sessions_export(session_id: str, fmt: str, output: Optional[str]) -> None:
     """Export a session as Markdown or JSON."""
     session = store.load_session(session_id)
     for warning in session.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    text = store.to_markdown(session) if fmt == "md" else json.dumps(store.to_json(session), indent=2,
-                                                                      ensure_ascii=False)
-    if output:
+        click.echo(printable(f"warning: {warning}"), err=True)
+    if output:  # the file gets the session as recorded
+        text = store.to_markdown(session) if fmt == "md" else json.dumps(store.to_json(session), indent=2,
+                                                                          ensure_ascii=False)
         store.write_export(Path(output), text + "\n")
-        click.echo(f"Wrote {output}.", err=True)
-    else:
-        click.echo(printable(text) if sys.stdout.isatty() else text)
+        click.echo(printable(f"Wrote {output}."), err=True)
+    else:  # standard output may be a terminal, or a pipe into one: escaped (JSON with \u escapes, still exact)
+        click.echo(printable(store.to_markdown(session)) if fmt == "md" else json_text(store.to_json(session), indent=2))
 
 
 @sessions_group.command("delete")
@@ -164,15 +164,15 @@ def sessions_delete(session_id: str, yes: bool) -> None:
     what = store.deletion_text(session)
     if not yes:
         try:
-            confirmed = click.confirm(f"Delete {what}?", default=False, err=True)
+            confirmed = click.confirm(printable(f"Delete {what}?"), default=False, err=True)
         except click.Abort:  # stdin ended before an answer (a script)
             click.echo(err=True)
-            raise UserError(f"Deleting {what} needs confirmation; answer at a terminal or pass --yes.") from None
+            raise UserError(printable(f"Deleting {what} needs confirmation; answer at a terminal or pass --yes.")) from None
         if not confirmed:
             click.echo("Nothing deleted.")
             return
     store.delete_session(session)
-    click.echo(f"Deleted {what}.")
+    click.echo(printable(f"Deleted {what}."))
 
 
 sessions = sessions_group  # `main.add_command(sessions)`

@@ -13,7 +13,10 @@ from dflash_tui.cli.style import ORIGIN_STYLE, color_enabled
 from dflash_tui.core.conversation import THINK_CLOSE, thinking_layout
 from dflash_tui.core.figures import fixed, known
 from dflash_tui.core.settings import generation_request, load_settings
+from dflash_tui.core.terminal import printable
 from dflash_tui.engines import load_engine
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.prompting import check_text, preflight
 from dflash_tui.measure.replay import format_bytes
 
 
@@ -39,14 +42,35 @@ def engine_options(fn):
     return fn
 
 
+def read_stdin() -> str:
+    """The prompt piped in for PROMPT '-': one sentence when standard input is closed or is not UTF-8."""
+    stream = sys.stdin
+    if stream is None:  # started with stdin closed (`<&-`)
+        raise UserError("PROMPT is '-' but standard input is closed; pipe the prompt in, or pass it as an argument.")
+    try:
+        data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
+    except (OSError, ValueError) as exc:  # a closed or unreadable descriptor
+        raise UserError(f"PROMPT is '-' but standard input cannot be read ({printable(exc)}); pipe the prompt in, "
+                        "or pass it as an argument.") from None
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"Standard input is not valid UTF-8 (byte {exc.start} of {len(data)}); convert the prompt "
+                        "to UTF-8, e.g. with iconv.") from None
+
+
 def stats_line(summary) -> str:
     """The figures after an answer; one the engine could not know (a foreign server's) reads "–"."""
     peak = format_bytes(summary.peak_memory_bytes)
     if summary.peak_memory_kind == "process-lifetime-rss":
         peak += " (process peak RSS)"
-    return (f"{summary.generated_tokens} tokens · {summary.decode_tokens_per_s:.1f} tok/s · "
-            f"tau {fixed(summary.mean_acceptance_length)} · peak {peak} · block {known(summary.block_size)} · "
-            f"{summary.engine} engine on {summary.device} · {summary.dtype} · {summary.stopped_by or summary.finish_reason}")
+    # a remote server names its own engine, device and dtype: its words are escaped like any outside text
+    return printable(f"{summary.generated_tokens} tokens · {summary.decode_tokens_per_s:.1f} tok/s · "
+                     f"tau {fixed(summary.mean_acceptance_length)} · peak {peak} · block {known(summary.block_size)} · "
+                     f"{summary.engine} engine on {summary.device} · {summary.dtype} · "
+                     f"{summary.stopped_by or summary.finish_reason}")
 
 
 class AnswerFilter:
@@ -94,7 +118,11 @@ def generate(prompt, profile, target, draft, engine, url, model, api_key, device
     plain ones the target wrote itself. A stats line follows on stderr.
     """
     if prompt == "-":
-        prompt = sys.stdin.read()
+        prompt = read_stdin()
+    check_text(prompt)  # lone surrogates (undecodable argv bytes) are refused before anything loads
+    check_text(system)
+    if raw and not prompt:
+        raise UserError("The prompt is empty and --raw sends it as it is; give the text to send.")
     settings, config = load_settings(profile, engine or ("remote" if url else None), target, draft, device=device,
                                      dtype=dtype, block_size=block_size, draft_window=draft_window, url=url,
                                      model=model, api_key=api_key)
@@ -107,9 +135,10 @@ def generate(prompt, profile, target, draft, engine, url, model, api_key, device
     request = generation_request(settings, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                  top_k=top_k, min_p=min_p, seed=seed, thinking=thinking, **content)
     ensure_local(config)
+    preflight(config, [request])  # the prompt, its template and the context, before any weight loads
     loaded = load_engine(config)
     for warning in loaded.warnings:
-        click.echo(f"note: {warning}", err=True)
+        click.echo(printable(f"note: {warning}"), err=True)
     colour = color_enabled()
     shown = AnswerFilter(request.thinking) if hide_thinking else None
     for event in loaded.generate(request):
@@ -118,6 +147,7 @@ def generate(prompt, profile, target, draft, engine, url, model, api_key, device
             continue
         pieces = shown.add(event.pieces, final=event.finish_reason is not None) if shown else event.pieces
         for text, origin in pieces:
+            text = printable(text)  # model output: no escape sequence reaches the terminal
             click.echo(click.style(text, **ORIGIN_STYLE[origin]) if colour else text, nl=False)
         sys.stdout.flush()
     summary = loaded.last_summary

@@ -10,7 +10,9 @@ import click
 
 from dflash_tui.cli.generate import engine_options
 from dflash_tui.cli.style import color_enabled
+from dflash_tui.core.terminal import json_text, printable
 from dflash_tui.engines import UserError, load_engine
+from dflash_tui.engines.prompting import preflight
 from dflash_tui.measure import bench as bench_mod
 from dflash_tui.measure import replay as replay_mod
 from dflash_tui.measure.report import times
@@ -88,22 +90,24 @@ def replay(session_id, block_sizes, engine, device, dtype, temperature, repeats,
     sizes = replay_mod.parse_block_sizes(block_sizes)
     session = sessions.load_session(session_id)
     for warning in session.warnings:
-        click.echo(f"warning: {warning}", err=True)
+        click.echo(printable(f"warning: {warning}"), err=True)
     session.warnings = []
-    replay_mod.recorded_turns(session)  # fail before loading anything when nothing can be replayed
+    turns = replay_mod.recorded_turns(session)  # fail before loading anything when nothing can be replayed
     config = replay_mod.engine_config_for(session, engine, device, dtype)
     server = server_text(config)  # the remote engine loads nothing here
-    click.echo(f"connecting to {server} ..." if server else f"loading {config.target} on the {config.engine} engine ...",
-               err=True)
+    if not server:  # the recorded ids fit this target and its context: checked before any weight loads
+        preflight(config, [turn.request(1, temperature) for turn in turns])
+    click.echo(printable(f"connecting to {server} ..." if server else
+                         f"loading {config.target} on the {config.engine} engine ..."), err=True)
     comparison = _with_progress(replay_mod.run_replay, _load(config), session, sizes, temperature=temperature,
                                 repeats=repeats)
     if not no_save:
         path = replay_mod.save_comparison(comparison, session.path)
-        click.echo(f"saved {path}", err=True)
+        click.echo(printable(f"saved {path}"), err=True)
     for warning in comparison["warnings"]:
-        click.echo(f"note: {warning}", err=True)
+        click.echo(printable(f"note: {warning}"), err=True)
     if as_json:
-        click.echo(json.dumps(comparison.to_dict(), ensure_ascii=False))
+        click.echo(json_text(comparison.to_dict()))
     else:
         click.echo(replay_mod.report(comparison, color_enabled(), _width()))
     _exit_on_differences(comparison)
@@ -135,7 +139,7 @@ def _load(config):
     """The engine, its loading notes on stderr."""
     loaded = load_engine(config)
     for warning in loaded.warnings:
-        click.echo(f"note: {warning}", err=True)
+        click.echo(printable(f"note: {warning}"), err=True)
     return loaded
 
 
@@ -206,9 +210,10 @@ def bench(dataset, block_sizes, repeats, max_samples, max_new_tokens, thinking, 
     does. Progress goes to stderr.
     """
     settings, config, samples, dataset_name, sizes = _setup(flags, dataset, block_sizes, max_samples, repeats)
+    max_new = bench_mod.max_new_for(max_new_tokens, settings)  # every flag is checked before the weights load
     no_framework = no_framework or config.engine == "remote"  # the weights stay on the server
-    result = _with_progress(bench_mod.run_bench, _load(config), samples, sizes,
-                            max_new_tokens=bench_mod.max_new_for(max_new_tokens, settings), temperature=temperature,
+    result = _with_progress(bench_mod.run_bench, _load(config), samples, sizes, max_new_tokens=max_new,
+                            temperature=temperature,
                             thinking=thinking, framework=not no_framework, system_prompt=settings.system_prompt,
                             dataset=dataset_name, profile=settings.name, repeats=repeats)
     click.echo(bench_mod.format_result(result, color_enabled()))
@@ -216,7 +221,7 @@ def bench(dataset, block_sizes, repeats, max_samples, max_new_tokens, thinking, 
         with open(json_file, "w") as f:
             json.dump(result.to_dict(), f, ensure_ascii=False, indent=1)
             f.write("\n")
-        click.echo(f"wrote {json_file}", err=True)
+        click.echo(printable(f"wrote {json_file}"), err=True)
 
 
 @click.command()
@@ -241,15 +246,15 @@ def tune(dataset, block_sizes, draft_windows, repeats, max_samples, max_new_toke
         if few:
             raise UserError(f"--repeats {repeats}: {few}; pass --repeats {tune_mod.MIN_REPEATS} or more, "
                             "or --dry-run to only look.")
-        tune_mod.user_copy_path(settings)
+        tune_mod.check_writable(tune_mod.user_copy_path(settings))  # a read-only config folder: refused now
     windows = tune_mod.windows_for(draft_windows, settings, config)
+    max_new = bench_mod.max_new_for(max_new_tokens, settings)
     loaded = _load(config)
-    result = _with_progress(tune_mod.sweep, loaded, samples, sizes, windows,
-                            max_new_tokens=bench_mod.max_new_for(max_new_tokens, settings),
+    result = _with_progress(tune_mod.sweep, loaded, samples, sizes, windows, max_new_tokens=max_new,
                             thinking=settings.thinking if thinking is None else thinking,
                             system_prompt=settings.system_prompt, repeats=repeats)
-    click.echo(f"tune {settings.name} on {dataset_name} ({len(samples)} samples) · {loaded.name} engine on "
-               f"{loaded.device} · {loaded.dtype}")
+    click.echo(printable(f"tune {settings.name} on {dataset_name} ({len(samples)} samples) · {loaded.name} engine on "
+                         f"{loaded.device} · {loaded.dtype}"))
     click.echo(tune_mod.format_sweep(result))
     best = result.best
     click.echo(f"best: {tune_mod.label(best, result)} ({best.decode_tokens_per_s:.1f} tok/s, "
@@ -266,7 +271,7 @@ def tune(dataset, block_sizes, draft_windows, repeats, max_samples, max_new_toke
                                         comment=comment)
     if changes:
         for change in changes:
-            click.echo(f"  {change}")
-        click.echo(f"wrote {path}")
+            click.echo(printable(f"  {change}"))
+        click.echo(printable(f"wrote {path}"))
     else:
-        click.echo(f"{path} already has these values; nothing changed")
+        click.echo(printable(f"{path} already has these values; nothing changed"))

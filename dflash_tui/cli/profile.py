@@ -10,6 +10,7 @@ import click
 
 from dflash_tui.cli.style import styled
 from dflash_tui.core import profiles
+from dflash_tui.core.terminal import printable
 from dflash_tui.engines import hub
 from dflash_tui.engines.errors import UserError
 
@@ -32,9 +33,9 @@ def list_cmd(as_json: bool) -> None:
         width = max([len(p.name) for p in found] + [4])
         click.echo(styled(f"{'NAME':<{width}}  {'SOURCE':<8}  DESCRIPTION", bold=True))
         for p in found:
-            click.echo(f"{p.name:<{width}}  {p.origin:<8}  {p.description}")
+            click.echo(printable(f"{p.name:<{width}}  {p.origin:<8}  {p.description}"))
     for e in errors:
-        click.echo(styled(f"skipped: {e}", err=True, fg="yellow"), err=True)
+        click.echo(styled(printable(f"skipped: {e}"), err=True, fg="yellow"), err=True)
 
 
 @profile.command()
@@ -42,31 +43,32 @@ def list_cmd(as_json: bool) -> None:
 def show(name: str) -> None:
     """The TOML text of profile NAME (a name or a file), after a comment saying where it is."""
     p = profiles.load_profile(name)
-    click.echo(styled(f"# {p.origin} profile {p.name}: {p.path}", dim=True))
-    click.echo(p.path.read_text(encoding="utf-8"), nl=False)
+    click.echo(styled(printable(f"# {p.origin} profile {p.name}: {p.path}"), dim=True))
+    click.echo(printable(p.path.read_bytes().decode("utf-8", errors="replace")), nl=False)  # comments too
 
 
 @profile.command()
 def path() -> None:
     """The directory of your own profiles (created by `dflash profile new`)."""
-    click.echo(str(profiles.user_profile_dir()))
+    click.echo(printable(profiles.user_profile_dir()))
 
 
 @profile.command()
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-def validate(file: Path) -> None:
+@click.argument("file")
+def validate(file: str) -> None:
     """Check FILE: exit 0 when it loads, else print what is wrong and where, and exit 2."""
+    file = Path(file)  # (not click.Path: a name the file system cannot hold is one sentence here, not a ValueError)
     if not file.is_file():
-        raise UserError(f"Profile file {file} does not exist; check the path.")
+        raise UserError(printable(f"Profile file {file} does not exist; check the path."))
     p = profiles.load_profile(str(file))
     for role, value in (("target", p.target), ("draft", p.draft)):
         if value and not Path(p.local_path(value)).expanduser().is_dir() and not (
                 hub.looks_like_hub_id(value) and hub.cached(value)):
             beside = p.path.resolve().parent / value if p.path else value
-            raise UserError(f"{file}: {role} = {value!r} is neither a folder (none at {beside}) nor a downloaded hub "
-                            f"repo; fix the path, or run `hf download {value}` if it is a hub id.")
+            raise UserError(printable(f"{file}: {role} = {value!r} is neither a folder (none at {beside}) nor a "
+                                      f"downloaded hub repo; fix the path, or run `hf download {value}` if it is a hub id."))
     draft = f" + {p.draft}" if p.draft else " (no draft)"
-    click.echo(f"{styled('ok', fg='green')}: {file} is profile {p.name}: {p.target}{draft}")
+    click.echo(f"{styled('ok', fg='green')}: {printable(f'{file} is profile {p.name}: {p.target}{draft}')}")
 
 
 @profile.command()
@@ -78,7 +80,7 @@ def new(name: str, source: Optional[str], force: bool) -> None:
     text = profiles.copied_profile_text(name, source) if source else profiles.new_profile_text(name)
     target = profiles.user_profile_dir() / f"{name}.toml"
     if target.exists() and not force:
-        raise UserError(f"Profile {target} already exists; edit it, or pass --force to overwrite it.")
+        raise UserError(printable(f"Profile {target} already exists; edit it, or pass --force to overwrite it."))
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text, encoding="utf-8")
-    click.echo(str(target))
+    click.echo(printable(target))

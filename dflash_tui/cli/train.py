@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import click
@@ -22,6 +23,21 @@ def _progress_bar():
 
 def _count(value: float) -> str:
     return f"{value / 1000:.1f}k" if value >= 1000 else f"{value:.0f}"
+
+
+def check_values(cfg) -> None:
+    """The numbers training runs on, checked before anything is read or loaded (one sentence each)."""
+    if cfg.val_prompts is not None and cfg.val_prompts < 0:
+        raise UserError(f"--val-prompts {cfg.val_prompts} is negative; give a count of held-out conversations.")
+    if not math.isfinite(cfg.lr) or cfg.lr <= 0:
+        raise UserError(f"--lr {cfg.lr} is not a positive learning rate; use a value such as 1e-3 (it would train "
+                        "NaN weights).")
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {cfg.max_new_tokens} must be a positive number of tokens (the target "
+                        "would write empty responses).")
+    if cfg.val_max_new < 1:
+        raise UserError(f"--val-max-new {cfg.val_max_new} must be a positive number of tokens (tau is measured on "
+                        "what the held-out prompts generate).")
 
 
 @click.command("train-draft")
@@ -78,8 +94,13 @@ def train_draft(**options) -> None:
     from dflash_tui.engines.cuda.training import train_draft as run
 
     cfg = TrainConfig(**options)
-    if cfg.val_prompts is not None and cfg.val_prompts < 0:
-        raise UserError(f"--val-prompts {cfg.val_prompts} is negative; give a count of held-out conversations.")
+    check_values(cfg)
+    from dflash_tui.engines.checkpoints import TargetInfo
+    from dflash_tui.engines.cuda.target import check_family
+    from dflash_tui.engines.cuda.training.trainer import check_args
+
+    check_args(cfg)  # the options first, as the trainer checks them
+    check_family(TargetInfo.read(cfg.target))  # an unsupported model type: refused before the tokenizer loads
     bar = _progress_bar()
     tasks: dict[str, int] = {}
 

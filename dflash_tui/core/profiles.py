@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any, Callable, Optional
 import platformdirs
 import tomlkit
 
+from dflash_tui.core.terminal import printable
 from dflash_tui.engines import choose_engine
 from dflash_tui.engines.config import DTYPES, ENGINES, MAX_BLOCK_SIZE, EngineConfig, Sampling
 from dflash_tui.engines.errors import UserError
@@ -91,7 +93,7 @@ class Profile(Sampling):
         apply). Command-line `flags` (EngineConfig fields; None means not given) win over the profile."""
         engine = engine or self.engine
         if engine not in ENGINES:
-            raise UserError(f"Engine '{engine}' is unknown; choose one of {', '.join(ENGINES)}.")
+            raise UserError(f"Engine {engine!r} is unknown; choose one of {', '.join(ENGINES)}.")
         name = choose_engine(engine) if engine == "auto" else engine
         p = self.resolved(name)
         keys = ("target", "draft", "dtype", "block_size", "draft_window", "target_layer_ids", "url", "model", "api_key",
@@ -127,8 +129,15 @@ def _is_float(v: Any) -> bool:
     return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
 
 
+def _plain(v: Any) -> bool:
+    """Text a terminal shows as written: no control character but newline and tab (an escape sequence in a
+    profile would otherwise reach the screen in every listing and message that names it)."""
+    return isinstance(v, str) and printable(v) == v
+
+
 def _text(v: Any) -> bool:
-    return isinstance(v, str) and v.strip() != ""
+    """A one-line value (a name, a path, a URL): not empty, no control character at all."""
+    return _plain(v) and v.strip() != "" and "\n" not in v and "\t" not in v
 
 
 def _int_in(lo: int, hi: Optional[int] = None) -> Callable[[Any], bool]:
@@ -136,7 +145,7 @@ def _int_in(lo: int, hi: Optional[int] = None) -> Callable[[Any], bool]:
 
 
 def _texts(v: Any) -> bool:
-    return isinstance(v, list) and all(_text(i) for i in v)
+    return isinstance(v, list) and all(_plain(i) and i.strip() for i in v)
 
 
 def _layer_ids(v: Any) -> bool:
@@ -145,16 +154,17 @@ def _layer_ids(v: Any) -> bool:
 
 _BLOCK = _Spec("block_size", f"an integer from 1 to {MAX_BLOCK_SIZE}", "block_size = 16", _int_in(1, MAX_BLOCK_SIZE))
 _WINDOW = _Spec("draft_window", "a positive integer (context positions)", "draft_window = 4096", _int_in(1))
-_TARGET = _Spec("target", "a non-empty hub id or local path", 'target = "Qwen/Qwen3-8B"', _text)
-_DRAFT = _Spec("draft", "a non-empty hub id or local path", 'draft = "z-lab/Qwen3-8B-DFlash-b16"', _text)
+_TARGET = _Spec("target", "a non-empty hub id or local path without control characters", 'target = "Qwen/Qwen3-8B"', _text)
+_DRAFT = _Spec("draft", "a non-empty hub id or local path without control characters", 'draft = "z-lab/Qwen3-8B-DFlash-b16"', _text)
 _DTYPE = _Spec("dtype", f"one of {', '.join(DTYPES)}", 'dtype = "auto"', lambda v: v in DTYPES)
 
 SCHEMA: dict[str, dict[str, _Spec]] = {
     "": {
-        "name": _Spec("name", "a non-empty string", 'name = "my-profile"', _text),
-        "description": _Spec("description", "a string", 'description = "Qwen3-8B with its DFlash draft"',
-                             lambda v: isinstance(v, str)),
-        "examples": _Spec("examples", "a list of non-empty strings", 'examples = ["What is 48 + 75?"]', _texts),
+        "name": _Spec("name", "a non-empty string without control characters", 'name = "my-profile"', _text),
+        "description": _Spec("description", "a string without control characters",
+                             'description = "Qwen3-8B with its DFlash draft"', _plain),
+        "examples": _Spec("examples", "a list of non-empty strings without control characters",
+                          'examples = ["What is 48 + 75?"]', _texts),
     },
     "model": {"target": _TARGET, "draft": _DRAFT},
     "engine": {
@@ -178,7 +188,7 @@ SCHEMA: dict[str, dict[str, _Spec]] = {
         "min_p": _Spec("min_p", "a number from 0 to 1", "min_p = 0.0", lambda v: _is_float(v) and 0 <= v <= 1),
         "max_new_tokens": _Spec("max_new_tokens", "a positive integer", "max_new_tokens = 2048", _int_in(1)),
         "thinking": _Spec("thinking", "true or false", "thinking = true", lambda v: isinstance(v, bool)),
-        "system_prompt": _Spec("system_prompt", "a string", 'system_prompt = ""', lambda v: isinstance(v, str)),
+        "system_prompt": _Spec("system_prompt", "a string without control characters", 'system_prompt = ""', _plain),
     },
     "bench": {
         "prompts": _Spec("bench_prompts", f"the name of a built-in prompt set ({', '.join(PROMPT_SETS)})",
@@ -189,7 +199,7 @@ OVERRIDES: dict[str, _Spec] = {"target": _TARGET, "draft": _DRAFT, "dtype": _DTY
                                "draft_window": _WINDOW}
 OVERRIDES.update({  # the remote engine's server (engines/remote), in [engines.remote]
     "url": _Spec("url", "an http(s) URL", 'url = "http://127.0.0.1:8000/v1"',
-                 lambda v: isinstance(v, str) and v.startswith(("http://", "https://"))),
+                 lambda v: _text(v) and v.startswith(("http://", "https://"))),
     "model": _Spec("model", "a non-empty model name", 'model = "Qwen/Qwen3-8B"', _text),
     "api_key": _Spec("api_key", "a non-empty string", 'api_key = "..."', _text),
 })
@@ -318,7 +328,7 @@ class _Reader:
         line = _line_of(self.text, key)
         where = f"{self.path}, line {line}" if line else str(self.path)
         dotted = ".".join(k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k) for k in key)
-        return UserError(f"{where}: {dotted} {problem}; {fix}.")
+        return UserError(printable(f"{where}: {dotted} {problem}; {fix}."))
 
     def table(self, doc: dict, key: tuple[str, ...]) -> dict:
         value = doc.get(key[-1], {})
@@ -351,17 +361,17 @@ def _parse(text: str, path: Path) -> Profile:
     try:
         doc = tomllib.loads(text)
     except RecursionError:
-        raise UserError(f"{path}: the TOML nests arrays or tables too deeply to read; a profile needs only a few "
-                        "sections of plain values.") from None
+        raise UserError(printable(f"{path}: the TOML nests arrays or tables too deeply to read; a profile needs only "
+                                  "a few sections of plain values.")) from None
     except (tomllib.TOMLDecodeError, ValueError) as e:  # ValueError: integers too long for int()
         m = re.search(r"(.*) \(at line (\d+), column \d+\)", str(e))
         if not m:
-            raise UserError(f"{path}: the TOML is malformed ({e}); check the end of the file.") from None
+            raise UserError(printable(f"{path}: the TOML is malformed ({e}); check the end of the file.")) from None
         problem, line = m.group(1), int(m.group(2))
         near = text.split("\n")[line - 1].partition("=")[0].strip() if line <= len(text.split("\n")) else ""
         near = f" near {near[:40]!r}" if near else ""
-        raise UserError(f"{path}, line {line}: the TOML is malformed{near} ({problem.lower()}); fix the syntax there "
-                        "(strings need quotes, sections look like [model]).") from None
+        raise UserError(printable(f"{path}, line {line}: the TOML is malformed{near} ({problem.lower()}); fix the "
+                                  "syntax there (strings need quotes, sections look like [model]).")) from None
     r = _Reader(text, path)
     r.known(doc, (), [*SCHEMA[""], *(s for s in SCHEMA if s), "engines"])
     fields = r.values({k: v for k, v in doc.items() if k in SCHEMA[""]}, (), SCHEMA[""])
@@ -388,17 +398,19 @@ def _parse(text: str, path: Path) -> Profile:
 
 def _read(path: Path) -> Profile:
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the read forever
+            raise UserError(printable(f"{path}: the profile is not a regular file; point at a TOML file."))
         text = path.read_bytes().decode("utf-8").removeprefix("\ufeff")  # editors on Windows write a BOM
     except UnicodeDecodeError as e:
-        raise UserError(f"{path}: the profile is not UTF-8 text (byte {e.start}); save it as UTF-8.") from None
+        raise UserError(printable(f"{path}: the profile is not UTF-8 text (byte {e.start}); save it as UTF-8.")) from None
     except OSError as e:
-        raise UserError(f"{path}: the profile cannot be read ({e.strerror}); check the path and its "
-                        "permissions.") from None
+        raise UserError(printable(f"{path}: the profile cannot be read ({e.strerror}); check the path and its "
+                                  "permissions.")) from None
     return _parse(text, path)
 
 
 def _named(directory: Path) -> dict[str, Path]:
-    return {p.stem: p for p in sorted(directory.glob("*.toml"))} if directory.is_dir() else {}
+    return {p.stem: p for p in sorted(directory.glob("*.toml")) if p.is_file()} if directory.is_dir() else {}
 
 
 def load_profile(name_or_path: str) -> Profile:
@@ -417,10 +429,11 @@ def load_profile(name_or_path: str) -> Profile:
         if found:
             return _read(found)
     if as_path.suffix == ".toml" or os.sep in name_or_path:
-        raise UserError(f"Profile file {as_path} does not exist; check the path, or run `dflash profile list`.")
+        raise UserError(printable(f"Profile file {as_path} does not exist; check the path, or run `dflash profile list`."))
     available = sorted({*_named(builtin_profile_dir()), *_named(user_profile_dir())})
-    raise UserError(f"Profile '{name_or_path}' is neither a file nor a user or built-in profile; choose one of "
-                    f"{', '.join(available) or '(none)'}, or create it with `dflash profile new {name_or_path}`.")
+    raise UserError(printable(f"Profile '{name_or_path}' is neither a file nor a user or built-in profile; choose one "
+                              f"of {', '.join(available) or '(none)'}, or create it with `dflash profile new "
+                              f"{name_or_path}`."))
 
 
 def list_profiles(errors: Optional[list[UserError]] = None) -> list[Profile]:

@@ -20,8 +20,10 @@ import errno
 import fcntl
 import hashlib
 import json
+import math
 import os
 import secrets
+import stat
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from dflash_tui.core.figures import fixed, known
+from dflash_tui.core.terminal import printable
 from dflash_tui.engines.errors import UserError
 
 FORMAT_VERSION = 1
@@ -91,6 +94,15 @@ def revision_of(path) -> Optional[str]:
 # -- writing ---------------------------------------------------------------------------------------
 
 
+def _pid_in(fd: int) -> str:
+    """The pid a lock file holds, as text ("?" when it holds none or cannot be read)."""
+    try:
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    except OSError:
+        return "?"
+    return text if text.isdigit() else "?"
+
+
 class SessionLock:
     """An advisory `flock` on `<id>.lock` beside the session, holding the owner's pid, for as long as a
     dflash writes the session: a second writer gets one sentence instead of interleaving turns.
@@ -104,21 +116,30 @@ class SessionLock:
 
     @classmethod
     def acquire(cls, session_path: Path, session_id: str) -> "SessionLock":
+        """The lock, or one sentence when another dflash holds it. A lock file that cannot even be created
+        (a full or read-only disk) leaves the session unlocked: its writes fail the same way and are
+        reported turn by turn, and the chat keeps answering."""
         path = session_path.with_suffix(LOCK_SUFFIX)
         if path in cls._held:
             return cls._held[path]
         lock = cls(session_path)
-        private_dir(path.parent)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            private_dir(path.parent)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600)  # never blocks, even on a FIFO
+        except OSError:
+            return lock  # nothing can be written there: no session file will exist to guard
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            owner = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            owner = _pid_in(fd)
             os.close(fd)
             raise UserError(f"Session {session_id} is open in another dflash (pid {owner}); close it there first, "
                             "or start a new session.") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        try:  # the pid is for the message another dflash gives; the flock is the lock
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except OSError:  # a full disk (ENOSPC), a quota: the lock holds without its pid text
+            pass
         lock.fd = fd
         cls._held[path] = lock
         return lock
@@ -135,14 +156,14 @@ class SessionLock:
         if path in cls._held:
             return str(os.getpid())
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO named like a lock never blocks this
         except OSError:
             return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             return None
         except OSError:
-            return os.read(fd, 32).decode(errors="replace").strip() or "?"
+            return _pid_in(fd)
         finally:
             os.close(fd)
 
@@ -301,36 +322,108 @@ def _text(value) -> bool:
     return isinstance(value, str)
 
 
+def _name(value) -> bool:
+    """A name dflash wrote (an engine, a device, a path, a profile's name): no control character, so a
+    listing or a message that shows it never carries an escape sequence."""
+    return isinstance(value, str) and printable(value) == value and "\n" not in value and "\t" not in value
+
+
 def _optional(check):
     return lambda value: value is None or check(value)
 
 
-# What readers of a session rely on, field by field: a file that breaks one of these is reported
-# with the field and its line instead of failing somewhere later.
+def _int_from(low: int, high: Optional[int] = None):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low and (high is None or v <= high)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _non_negative(value) -> bool:
+    return _number(value) and value >= 0
+
+
+def _flag(value) -> bool:
+    return isinstance(value, bool)
+
+
+def _object(value) -> bool:
+    return isinstance(value, dict)
+
+
+def _steps(value) -> bool:
+    """A turn's steps: {"drafted": ids, "accepted": count} each (the TUI colours a resumed answer by them)."""
+    return isinstance(value, list) and all(
+        isinstance(step, dict) and _ids(step.get("drafted", [])) and _int_from(0)(step.get("accepted", 0))
+        for step in value)
+
+
+def _texts(value) -> bool:
+    return isinstance(value, list) and all(isinstance(t, str) for t in value)
+
+
+# What readers of a session rely on, field by field (nested objects by their dotted names): a file that
+# breaks one of these is reported with its file, line and field instead of failing somewhere later. A
+# field a record lacks is left to its reader's default; one this dflash does not know is ignored.
+SETTINGS_FIELDS = {
+    "temperature": _optional(_non_negative), "top_p": _optional(_number), "top_k": _optional(_int_from(0)),
+    "min_p": _optional(_number), "block_size": _optional(_int_from(1, 64)), "thinking": _optional(_flag),
+    "max_new_tokens": _int_from(1), "seed": _int_from(0), "system_prompt": _text,
+    "engine": _optional(_name), "device": _optional(_name), "dtype": _optional(_name),
+}
+PROFILE_FIELDS = {
+    "name": _name, "description": _optional(_text), "path": _optional(_name), "target": _optional(_name),
+    "draft": _optional(_name), "engine": _optional(_name), "dtype": _optional(_name),
+    "block_size": _optional(_int_from(1, 64)), "draft_window": _optional(_int_from(1)),
+    "target_layer_ids": _optional(_ids), "max_new_tokens": _optional(_int_from(1)), "thinking": _optional(_flag),
+    "system_prompt": _optional(_text), "draft_thinking": _optional(_flag), "url": _optional(_text),
+    "model": _optional(_text), "bench_prompts": _optional(_text), "examples": _optional(_texts),
+    "temperature": _optional(_non_negative), "top_p": _optional(_number), "top_k": _optional(_int_from(0)),
+    "min_p": _optional(_number),
+}
+SUMMARY_FIELDS = {
+    "prompt_tokens": _int_from(0), "generated_tokens": _int_from(0), "token_ids": _ids, "text": _text,
+    "ttft_s": _non_negative, "decode_s": _non_negative, "decode_tokens_per_s": _non_negative,
+    "acceptance_lengths": _optional(_ids), "mean_acceptance_length": _optional(_non_negative),
+    "histogram": _optional(_ids), "draft_s": _optional(_non_negative), "verify_s": _optional(_non_negative),
+    "peak_memory_bytes": _optional(_int_from(0)), "peak_memory_kind": _optional(_text),
+    "block_size": _optional(_int_from(1)), "engine": _optional(_text), "device": _optional(_text),
+    "dtype": _optional(_text), "finish_reason": _optional(_text),
+    "graphs": _optional(_flag), "reused_prompt_tokens": _optional(_int_from(0)),
+    "prefilled_prompt_tokens": _optional(_int_from(0)), "limit": _optional(_text), "contract": _int_from(0),
+}
 HEADER_FIELDS = {
-    "format": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-    "id": _text, "created": _text, "profile": _optional(lambda v: isinstance(v, dict)),
-    "engine": _optional(_text), "device": _optional(_text), "dtype": _optional(_text),
-    "target": _optional(_text), "draft": _optional(_text), "target_path": _optional(_text),
-    "draft_path": _optional(_text), "settings": _optional(lambda v: isinstance(v, dict)),
+    "format": _int_from(1),
+    "id": _name, "created": _name, "profile": _optional(_object),
+    "engine": _optional(_name), "device": _optional(_name), "dtype": _optional(_name),
+    "target": _optional(_name), "draft": _optional(_name), "target_path": _optional(_name),
+    "draft_path": _optional(_name), "settings": _optional(_object), "target_revision": _optional(_name),
+    "draft_revision": _optional(_name), "chat_template_hash": _optional(_name),
+    "profile.": PROFILE_FIELDS, "settings.": SETTINGS_FIELDS,
 }
 TURN_FIELDS = {
     "user": _text, "answer": _text, "status": _text,
-    "index": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-    "settings": lambda v: isinstance(v, dict), "summary": _optional(lambda v: isinstance(v, dict)),
-    "prompt_ids": _ids, "emitted_ids": _ids, "steps": lambda v: isinstance(v, list),
-    "messages": lambda v: isinstance(v, list), "dropped_turns": lambda v: isinstance(v, int) and v >= 0,
-    "continues": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+    "index": _int_from(0),
+    "settings": _object, "summary": _optional(_object),
+    "prompt_ids": _ids, "emitted_ids": _ids, "steps": _steps,
+    "messages": lambda v: isinstance(v, list), "dropped_turns": _int_from(0),
+    "continues": _int_from(0), "time": _optional(_text), "finish_reason": _optional(_text),
+    "settings.": SETTINGS_FIELDS, "summary.": SUMMARY_FIELDS,
 }
 RETRACT_FIELDS = {"index": TURN_FIELDS["index"]}
 
 
-def _checked(record: dict, fields: dict, path: Path, line: int) -> dict:
+def _checked(record: dict, fields: dict, path: Path, line: int, prefix: str = "") -> dict:
     for key, ok in fields.items():
-        if key in record and not ok(record[key]):
+        if key.endswith("."):  # the fields of a nested object, when it is one
+            inner = record.get(key[:-1])
+            if isinstance(inner, dict):
+                _checked(inner, ok, path, line, prefix + key)
+        elif key in record and not ok(record[key]):
             shown = json.dumps(record[key])[:40]
-            raise UserError(f"Session file {path}, line {line}: {key} is {shown}, which dflash did not write; "
-                            "the file was edited or damaged (move it out of the sessions folder).")
+            raise UserError(printable(f"Session file {path}, line {line}: {prefix}{key} is {shown}, which dflash did "
+                                      "not write; the file was edited or damaged (move it out of the sessions folder)."))
     return record
 
 
@@ -343,12 +436,28 @@ def _record(line: bytes) -> Optional[dict]:
     return record if isinstance(record, dict) else None
 
 
+def _read_regular(path: Path) -> bytes:
+    """A regular file's bytes; a FIFO or a device in its place is refused, never waited on."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
 def read_session(path: Path) -> Session:
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = _read_regular(path)
     except OSError as exc:
-        raise UserError(f"Session file {path} cannot be read ({exc.strerror}).") from None
+        raise UserError(printable(f"Session file {path} cannot be read ({exc.strerror}).")) from None
     lines = raw.split(b"\n")
     torn_tail = not raw.endswith(b"\n")
     header: Optional[dict] = None
@@ -375,7 +484,7 @@ def read_session(path: Path) -> Session:
             else:  # dflash only ever takes back the last turn
                 warnings.append(f"{path.name}: line {number} takes back a turn that is not the last one; ignored.")
     if header is None:
-        raise UserError(f"Session file {path} has no header line; it is not a dflash session.")
+        raise UserError(printable(f"Session file {path} has no header line; it is not a dflash session."))
     if header.get("format", 1) > FORMAT_VERSION:
         warnings.append(f"{path.name} was written by a newer dflash (format {header['format']}); some fields may be ignored.")
     return Session(id=header.get("id") or path.stem, path=path, header=header, turns=turns, warnings=warnings)
@@ -385,7 +494,7 @@ def session_paths() -> list[Path]:
     folder = sessions_dir()
     if not folder.is_dir():
         return []
-    return sorted(folder.glob(f"*{SUFFIX}"))
+    return sorted(p for p in folder.glob(f"*{SUFFIX}") if p.is_file())  # regular files: a FIFO would block
 
 
 def list_sessions(skipped: Optional[list[UserError]] = None) -> list[Session]:

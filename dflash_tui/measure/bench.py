@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from dflash_tui.core.figures import fixed
+from dflash_tui.core.terminal import printable
 from dflash_tui.engines.config import GenerationRequest
 from dflash_tui.engines.errors import UserError
 from dflash_tui.measure import prompts
@@ -106,16 +107,16 @@ def parse_jsonl(text: str, where: str) -> list[dict]:
         try:
             record = json.loads(line)
         except ValueError as exc:
-            raise UserError(f"{where}:{number}: the line is not valid JSON ({exc.msg}); write one object per line "
-                            'such as {"turns": ["What is 48 + 75?"]}.') from None
+            raise UserError(printable(f"{where}:{number}: the line is not valid JSON ({exc.msg}); write one object per "
+                                      'line such as {"turns": ["What is 48 + 75?"]}.')) from None
         turns = record.get("turns") if isinstance(record, dict) else None
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
-            raise UserError(f"{where}:{number}: the line needs \"turns\", a non-empty list of non-empty strings, "
-                            'such as {"turns": ["What is 48 + 75?"]}.')
+            raise UserError(printable(f"{where}:{number}: the line needs \"turns\", a non-empty list of non-empty "
+                                      'strings, such as {"turns": ["What is 48 + 75?"]}.'))
         samples.append({"turns": list(turns)})
     if not samples:
-        raise UserError(f"{where} has no samples; write one JSON object per line such as "
-                        '{"turns": ["What is 48 + 75?"]}.')
+        raise UserError(printable(f"{where} has no samples; write one JSON object per line such as "
+                                  '{"turns": ["What is 48 + 75?"]}.'))
     return samples
 
 
@@ -157,14 +158,14 @@ def load_dataset(name: str, max_samples: Optional[int] = None) -> tuple[list[dic
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise UserError(f"Prompt file {path} cannot be read ({exc}); give a UTF-8 JSONL file.") from None
+            raise UserError(printable(f"Prompt file {path} cannot be read ({exc}); give a UTF-8 JSONL file.")) from None
         samples, label = parse_jsonl(text, str(path)), path.name
     elif name.lower() in PUBLIC_SETS:
         samples, label = public_set(name.lower()), name.lower()
     elif path.suffix in (".jsonl", ".json") or "/" in name:
-        raise UserError(f"Prompt file {path} does not exist; check the path.")
+        raise UserError(printable(f"Prompt file {path} does not exist; check the path."))
     else:
-        raise UserError(f"Dataset '{name}' is unknown; choose a built-in set ({', '.join(BUILTIN_SETS)}), a public one "
+        raise UserError(f"Dataset {printable(repr(name))} is unknown; choose a built-in set ({', '.join(BUILTIN_SETS)}), a public one "
                         f"({', '.join(PUBLIC_SETS)}) or a JSONL file.")
     return (samples[:max_samples] if max_samples else samples), label
 
@@ -361,9 +362,9 @@ def format_result(result: BenchResult, colour: bool = False) -> str:
     import click
 
     r = result
-    lines = [f"bench {r['profile']} on {r['dataset']} ({r['samples']} samples, {r['turns']} turns) · {r['engine']} engine "
-             f"on {r['device']} · {r['dtype']} · temperature {r['temperature']:g} · thinking "
-             f"{'on' if r['thinking'] else 'off'} · at most {r['max_new_tokens']} new tokens", ""]
+    lines = [printable(f"bench {r['profile']} on {r['dataset']} ({r['samples']} samples, {r['turns']} turns) · "
+                       f"{r['engine']} engine on {r['device']} · {r['dtype']} · temperature {r['temperature']:g} · "
+                       f"thinking {'on' if r['thinking'] else 'off'} · at most {r['max_new_tokens']} new tokens"), ""]
     fw = r["framework"]
     titles = ["block", "tokens", "tok/s", "spread", "runs", "speedup", "vs " + (fw["name"].split()[0] if fw else "framework"),
               "tau", "acceptance 1..B", "TTFT", "same as block 1"]

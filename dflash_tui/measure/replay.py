@@ -59,6 +59,7 @@ from typing import Optional
 
 from dflash_tui.core import sessions
 from dflash_tui.core.figures import fixed
+from dflash_tui.core.terminal import printable
 from dflash_tui.engines.config import MAX_BLOCK_SIZE, SAMPLING_FIELDS, EngineConfig, GenerationRequest
 from dflash_tui.engines.errors import UserError
 from dflash_tui.measure.report import CHECK, CROSS, format_bytes, histogram_text, millis, repeats_note, spread_cell, table, times
@@ -105,7 +106,7 @@ def parse_block_sizes(text, add_one: bool = True) -> list[int]:
         try:
             value = int(part)
         except ValueError:
-            raise UserError(f"Block size '{part}' is not a whole number; give a comma-separated list such as "
+            raise UserError(f"Block size {printable(repr(part))} is not a whole number; give a comma-separated list such as "
                             "1,2,4,8,16.") from None
         if not 1 <= value <= MAX_BLOCK_SIZE:
             raise UserError(f"Block size {value} is out of range; choose block sizes from 1 to {MAX_BLOCK_SIZE}.")
@@ -469,8 +470,9 @@ def report(comparison: dict, colour: bool = False, width: int = 80) -> str:
     """The whole human-readable comparison: header, table, chart, verdict and differences."""
     c = comparison
     target = "same target as recorded" if c["same_target"] else f"different target ({c['target']})"
-    head = (f"replay of session {c['session']} · {c['engine']} engine on {c['device']} · {c['dtype']} · {target} · "
-            f"temperature {c['temperature']:g} · {len(c['turns'])} turn{'s' if len(c['turns']) != 1 else ''}")
+    head = printable(f"replay of session {c['session']} · {c['engine']} engine on {c['device']} · {c['dtype']} · "
+                     f"{target} · temperature {c['temperature']:g} · "
+                     f"{len(c['turns'])} turn{'s' if len(c['turns']) != 1 else ''}")
     parts = [head, "", format_table(c, colour), "", chart(c, colour, width), "", verdict(c)]
     parts += difference_lines(c)
     return "\n".join(parts)

@@ -21,6 +21,8 @@ tune measured.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -28,6 +30,7 @@ from typing import Optional
 import tomlkit
 
 from dflash_tui.core.figures import fixed
+from dflash_tui.core.terminal import printable
 from dflash_tui.engines.errors import UserError
 from dflash_tui.measure.bench import run_block
 from dflash_tui.measure.replay import DEFAULT_REPEATS
@@ -212,6 +215,23 @@ def user_copy_path(profile) -> Path:
         raise UserError(f"Tune would copy the built-in profile {stem} to {copy}, which already exists; "
                         f"tune that one instead (--profile {stem}).")
     return copy
+
+
+def check_writable(path: Path) -> Path:
+    """`path` can be written as write_best writes it (a temporary file beside it, then a rename): checked by
+    making such a file in its folder, or the nearest one that exists, before any sweep; one sentence if not."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UserError(printable(f"Tune writes its result to {path}, but {folder} cannot be written "
+                                  f"({exc.strerror}); make it writable, set DFLASH_CONFIG_DIR to a writable folder, "
+                                  "or pass --dry-run to only look.")) from None
+    return path
 
 
 def _absolute_paths(doc, source: Path) -> list[str]:

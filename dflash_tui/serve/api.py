@@ -119,6 +119,8 @@ def parse(body: Any, names: list[str], chat: bool) -> Params:
     p.top_p = _float(body, "top_p", 0.0, 1.0, low_open=True)
     p.min_p = _float(body, "min_p", 0.0, 1.0)
     top_k = _int(body, "top_k")
+    if top_k is not None and top_k < -1:
+        raise _bad(f"'top_k' must be -1 or 0 (off) or a positive number of tokens; got {top_k}.", "top_k")
     p.top_k = None if top_k is None or top_k <= 0 else top_k  # vLLM: -1 or 0 means off
     seed = _int(body, "seed", 0)
     p.seed = 0 if seed is None else seed
