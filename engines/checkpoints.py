@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from dflash_tui.core.terminal import printable
 from dflash_tui.engines import hub
 from dflash_tui.engines.config import check_block_size_value
 from dflash_tui.engines.errors import CheckpointError, UserError, describe
+from dflash_tui.engines.text import printable
 
 # Weight formats that are pickles (or other formats a loader could deserialize into code paths we do
 # not control); a checkpoint that has only these is refused, and beside safetensors they are never read.

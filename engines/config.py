@@ -8,8 +8,8 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
-from dflash_tui.core.terminal import printable
 from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.text import printable
 
 ENGINES = ("auto", "cuda", "mlx", "remote")  # remote: an OpenAI-compatible server (engines/remote)
 DTYPES = ("auto", "float32", "float16", "bfloat16")

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from dflash_tui.core.terminal import printable
 from dflash_tui.engines.errors import CheckpointError as _CheckpointError
+from dflash_tui.engines.text import printable
 
 
 def CheckpointError(message: str) -> _CheckpointError:  # noqa: N802 - reads as the exception it builds

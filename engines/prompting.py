@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from dflash_tui.core.terminal import printable
 from dflash_tui.engines.config import GenerationRequest
 from dflash_tui.engines.errors import UserError, describe
+from dflash_tui.engines.text import printable
 
 
 @dataclass

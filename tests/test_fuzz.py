@@ -672,9 +672,6 @@ def test_no_command_writes_an_escape_sequence_to_the_terminal(tiny, tiny_engine,
         _scanned(run(*args))
 
 
-@pytest.mark.xfail(strict=True, reason="train-draft's data-file sentence comes from engines/cuda/training; it is "
-                                       "escaped once the CLI's UserError handler (dflash_tui/cli/__init__.py) passes "
-                                       "every message through printable: then this passes, remove the mark")
 def test_values_only_the_error_handler_can_escape(tiny, tmp_path):
     target, _ = tiny
     _scanned(run("train-draft", "--target", target, "--data", tmp_path / f"{HOSTILE}.jsonl", "--out", tmp_path / "o"))

@@ -14,6 +14,7 @@ from dflash_tui.cli.measure import bench, replay, tune
 from dflash_tui.cli.profile import profile
 from dflash_tui.cli.train import train_draft
 from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.text import printable
 from dflash_tui.serve.cli import serve, serve_command
 
 
@@ -55,10 +56,10 @@ class Group(click.Group):
             code = super().main(*args, standalone_mode=False, **kwargs)
         except click.UsageError as exc:
             where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
-            click.echo(f"error: {exc.format_message()}{where}", err=True)
+            click.echo(printable(f"error: {exc.format_message()}{where}"), err=True)
             code = 2
         except click.ClickException as exc:
-            click.echo(f"error: {exc.format_message()}", err=True)
+            click.echo(printable(f"error: {exc.format_message()}"), err=True)
             code = exc.exit_code
         except click.exceptions.Abort:
             click.echo("aborted", err=True)
@@ -75,7 +76,7 @@ class Group(click.Group):
         except BrokenPipeError:
             _quiet_broken_pipe()
         except UserError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(printable(f"error: {exc}"), err=True)  # it may echo a value the user or a file gave
             ctx.exit(2)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
@@ -85,7 +86,8 @@ class Group(click.Group):
         except Exception as exc:
             if os.environ.get("DFLASH_DEBUG"):
                 raise
-            click.echo(f"error: unexpected {type(exc).__name__}: {exc} (set DFLASH_DEBUG=1 for the traceback)", err=True)
+            click.echo(printable(f"error: unexpected {type(exc).__name__}: {exc} (set DFLASH_DEBUG=1 for the traceback)"),
+                       err=True)
             ctx.exit(1)
 
 

@@ -11,6 +11,10 @@ import json
 import os
 import sys
 
+from dflash_tui.engines.text import printable
+
+__all__ = ["color_enabled", "json_text", "printable"]
+
 
 def color_enabled(stream=None) -> bool:
     """Colour on a terminal; never when NO_COLOR is set to anything but the empty string
@@ -23,23 +27,9 @@ def color_enabled(stream=None) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
 
-# C0 controls but tab and newline become their Unicode pictures (ESC shows as ␛), DEL as ␡, C1
-# controls (8-bit CSI and friends) and lone surrogates (undecodable input bytes) as the replacement
-# character: text from a model or a file can never move the cursor, retitle the window, write the
-# clipboard or ring the bell, and never stops a write with an encoding error.
-_CONTROL = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
-_CONTROL[0x7F] = 0x2421
-_CONTROL.update({c: 0xFFFD for c in range(0x80, 0xA0)})
-_CONTROL.update({c: 0xFFFD for c in range(0xD800, 0xE000)})
-
 # What json.dumps(ensure_ascii=False) leaves raw that a terminal may act on (C0 controls it escapes
 # itself): DEL, the C1 controls and lone surrogates, as JSON \u escapes (they occur only inside strings).
 _JSON_RAW = {c: f"\\u{c:04x}" for c in [0x7F, *range(0x80, 0xA0), *range(0xD800, 0xE000)]}
-
-
-def printable(text) -> str:
-    """Text safe to put on a terminal; newlines and tabs stay. Anything else is shown as its str()."""
-    return (text if isinstance(text, str) else str(text)).translate(_CONTROL)
 
 
 def json_text(value, **kwargs) -> str:

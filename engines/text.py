@@ -1,0 +1,20 @@
+"""Text from outside the program made safe for a terminal (`printable`): the engines put checkpoint and
+config values into their error sentences with it, and every front end passes model output, file contents
+and echoed values through it (dflash_tui/core/terminal.py re-exports it). Framework-free, so it lives here,
+below the front ends."""
+
+from __future__ import annotations
+
+# C0 controls but tab and newline become their Unicode pictures (ESC shows as ␛), DEL as ␡, C1
+# controls (8-bit CSI and friends) and lone surrogates (undecodable input bytes) as the replacement
+# character: text from a model or a file can never move the cursor, retitle the window, write the
+# clipboard or ring the bell, and never stops a write with an encoding error.
+CONTROL = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
+CONTROL[0x7F] = 0x2421
+CONTROL.update({c: 0xFFFD for c in range(0x80, 0xA0)})
+CONTROL.update({c: 0xFFFD for c in range(0xD800, 0xE000)})
+
+
+def printable(text) -> str:
+    """Text safe to put on a terminal; newlines and tabs stay. Anything else is shown as its str()."""
+    return (text if isinstance(text, str) else str(text)).translate(CONTROL)
