@@ -636,3 +636,25 @@ async def test_a_resumed_one_turn_session_says_turn_and_the_picker_uses_the_widt
         table = app.screen.query_one("DataTable")
         await waiting.until(pilot, lambda: table.row_count == 1, 60)
         assert str(table.get_row_at(0)[-1]) == long_prompt
+
+
+@pytest.mark.asyncio
+async def test_status_lines_drop_whole_fields_with_an_ellipsis_at_80_columns(profile, engine, data_dir):
+    """Defect 8: at 80 columns the status lines were cut mid-field (`… · draft`, `… cuda engine on cpu ·`)."""
+    from dflash_tui.tui.widgets.stats import fitted
+
+    assert str(fitted([("aaaa", ""), ("bbbb", ""), ("cccc", "")], 14)) == "aaaa · bbbb …"
+    assert str(fitted([("aaaa", ""), ("bbbb", ""), ("cccc", "")], 18)) == "aaaa · bbbb · cccc"
+    app = make_app(profile, engine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await send(pilot, "hello")
+        for selector in ("#stats-line", "#header-state"):
+            line = app.screen.query_one(selector)
+            await waiting.until(pilot, lambda w=line: w.content_size.width > 0, 60)
+            text = str(line.render())
+            assert len(text) <= line.content_size.width, (selector, text)
+            fields = [str(f[0]) for f in line.fields]
+            shown = text.removesuffix(" …").split(" · ")
+            assert shown == fields[:len(shown)], (selector, text)  # whole fields, in their order
+            assert text.endswith(" …") == (len(shown) < len(fields)), (selector, text)

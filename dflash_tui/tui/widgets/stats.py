@@ -146,16 +146,44 @@ class StatsPanel(Static):
         self.update(t, layout=False)  # fixed size: no layout pass per frame
 
 
-class StatsLine(Static):
-    """The same figures in one line (small terminals), the most telling first: 80 columns show all
-    but the last two; the colour legend is in help (F1)."""
+def fitted(fields: list, width: int) -> Text:
+    """`fields` (text or Text, style) joined by " · " in their order of priority: those that do not fit `width`
+    are dropped whole from the end, and a "…" says so (no field is cut mid-way). 0 width: all of them."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    for n, (text, style) in enumerate(fields):
+        sep = " · " if n else ""
+        rest = n < len(fields) - 1
+        size = text.cell_len if isinstance(text, Text) else len(text)
+        if width and t.cell_len + len(sep) + size + (len(" …") if rest else 0) > width:
+            t.append(" …" if n else "…")
+            break
+        t.append(sep)
+        t.append(text, style=style or None)
+    return t
+
+
+class FittedLine(Static):
+    """One line of fields that drops the least telling whole when the line is too narrow (`fitted`), and
+    lays them out again on a resize."""
+
+    fields: list[tuple[str, str]] = []
+
+    def set_fields(self, fields: list[tuple[str, str]]) -> None:
+        self.fields = fields
+        self.refresh(layout=False)
+
+    def render(self) -> Text:
+        return fitted(self.fields, self.content_size.width)
+
+
+class StatsLine(FittedLine):
+    """The same figures in one line (small terminals), the most telling first; at 80 columns the last
+    ones give way whole, with "…"; the colour legend is in help (F1)."""
 
     def show(self, d: StatsData) -> None:
         shares = split(d)
-        t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(f"{d.tokens_per_s:.0f} tok/s", style="bold")
-        t.append(f" · speedup {speedup_text(d)} · tau {fixed(d.tau)} ({fixed(d.session_tau)}) · "
-                 f"block {known(d.block_size)}")
         draft = UNKNOWN if shares is None else f"{shares[0] * 100:.0f}%"
-        t.append(f" · ctx {context_text(d)} · draft {draft} · {memory_text(d).replace(' RSS', '')}")
-        self.update(t, layout=False)  # fixed size: no layout pass per frame
+        self.set_fields([(f"{d.tokens_per_s:.0f} tok/s", "bold"), (f"speedup {speedup_text(d)}", ""),
+                         (f"tau {fixed(d.tau)} ({fixed(d.session_tau)})", ""), (f"block {known(d.block_size)}", ""),
+                         (f"ctx {context_text(d)}", ""), (f"draft {draft}", ""),
+                         (memory_text(d).replace(" RSS", ""), "")])
