@@ -12,6 +12,7 @@ import click
 from dflash_tui.engines import available_memory, hub
 from dflash_tui.engines.config import EngineConfig
 from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.text import printable
 
 
 def _size(n: int) -> str:
@@ -36,7 +37,7 @@ def ensure_local(config: EngineConfig) -> None:
         raise UserError(f"{' and '.join(d.repo for d in downloads)} take {_size(total)} as stored but {place} has "
                         f"{_size(have)}; pick a smaller profile, or a quantized MLX build with --engine mlx.")
     listing = ", ".join(f"the {d.role} {d.repo} ({_size(d.bytes or 0)})" for d in downloads)
-    if not click.confirm(f"Download {listing} into the Hugging Face cache?", default=True, err=True):
+    if not click.confirm(printable(f"Download {listing} into the Hugging Face cache?"), default=True, err=True):
         raise UserError(f"Nothing was downloaded; run `{' && '.join(f'hf download {d.repo}' for d in downloads)}` "
                         "when you want them, or pass local folders.")
     from rich.console import Console

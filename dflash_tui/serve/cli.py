@@ -7,6 +7,7 @@ from typing import Optional
 import click
 
 from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.text import printable
 
 ENGINE_CHOICES = ["auto", "cuda", "mlx"]
 
@@ -66,7 +67,7 @@ def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning
                                                     "thinking")}
     served = list(names) or list(dict.fromkeys([settings.name, settings.target]))
     run_server(config, served, defaults, host=host, port=port, api_key=api_key, max_queue=max_queue,
-               reasoning_split=reasoning_split, say=lambda text: click.echo(text, err=True))
+               reasoning_split=reasoning_split, say=lambda text: click.echo(printable(text), err=True))
 
 
 @click.command("serve-command")
@@ -83,8 +84,8 @@ def serve_command(name: str, server: str, host: str, port: Optional[int]) -> Non
     from .launch import serve_command as build
 
     line, notes = build(load_profile(name), server, host, port)
-    click.echo(line)
+    click.echo(printable(line))
     for note in notes:
-        click.echo(f"note: {note}", err=True)
+        click.echo(printable(f"note: {note}"), err=True)
     shown = port or DEFAULT_PORTS[server]
-    click.echo(f"then: dflash chat --engine remote --url http://{host}:{shown}/v1", err=True)
+    click.echo(printable(f"then: dflash chat --engine remote --url http://{host}:{shown}/v1"), err=True)
