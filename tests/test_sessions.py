@@ -495,3 +495,11 @@ def test_the_repl_answers_every_prompt_when_the_disk_is_full_before_the_first_tu
     out, err = io.StringIO(), io.StringIO()
     assert repl.run_repl(str(profile), stdin=io.StringIO("one\ntwo\n"), out=out, err=err) == 0, err.getvalue()
     assert err.getvalue().count("not saved: disk full") == 2 and err.getvalue().count("tokens ·") == 2
+
+
+def test_a_profiles_api_key_never_reaches_the_session_file():
+    from dflash_tui.core.conversation import profile_snapshot
+    from dflash_tui.core.profiles import Profile
+
+    snapshot = profile_snapshot(Profile(name="p", description="", path=None, target="t", draft=None, api_key="sk-secret"))
+    assert "api_key" not in snapshot and "sk-secret" not in json.dumps(snapshot)

@@ -678,6 +678,7 @@ def profile_snapshot(profile: Optional[Profile]) -> dict:
         return {}
     values = asdict(profile)
     values.pop("engines")
+    values.pop("api_key", None)  # a secret: session files are shared and exported
     values["path"] = str(profile.path) if profile.path is not None else None
     return values
 
