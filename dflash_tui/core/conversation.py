@@ -610,7 +610,9 @@ class Conversation:
         if step_tokens is None and step_s is None and self.turns and self.turns[-1].summary is not None:
             last = self.turns[-1].summary  # an older caller asking about the last turn (the REPL's /stats)
             if last.prompt_tokens + last.generated_tokens == context_tokens and last.block_size == block_size:
-                return self.summary_speedup(last)
+                lengths = last.acceptance_lengths  # the last turn's own steps (None: a server that gives none)
+                step_tokens = sum(lengths) if lengths else None
+                step_s = None if last.draft_s is None or last.verify_s is None else last.draft_s + last.verify_s
         if block_size is None:  # the server did not say which block size it ran
             return None, ""
         if block_size <= 1:
