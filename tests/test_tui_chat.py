@@ -506,11 +506,13 @@ async def test_streaming_never_moves_a_reader_who_scrolled_up(tmp_path, pair, pr
         await waiting.until(pilot, lambda: view.scroll_y < view.max_scroll_y - 2)
         assert app.active is not None, "the answer ended before the reader scrolled up: the test proves nothing"
         place = view.scroll_y
+        marker = app.screen.query_one("#new-text")
         await waiting.until(pilot, lambda: app.turns_done == 1)
         await pilot.pause()
         assert view.scroll_y == place < view.max_scroll_y
+        assert marker.display and "new text" in str(marker.render())  # the reader is told there is more below
         await pilot.press("ctrl+end")  # back to the end, which it follows again
-        await waiting.until(pilot, lambda: view.scroll_y == view.max_scroll_y)
+        await waiting.until(pilot, lambda: view.scroll_y == view.max_scroll_y and not marker.display)
         app.chat.notice("one more")
         await waiting.until(pilot, lambda: view.scroll_y == view.max_scroll_y and "one more" in str(
             view.children[-1].render()))

@@ -148,6 +148,7 @@ class ChatScreen(Screen):
                     with Vertical(id="loading"):
                         yield LoadingIndicator()
                         yield Static("", id="loading-text")
+                yield NewTextMarker("↓ new text below · ctrl+end or click", id="new-text")
                 yield Static("message · enter send · ctrl+j newline · ↑ earlier prompts", id="input-title")
                 yield PromptInput(id="prompt")
             yield StatsPanel(id="stats-panel")
@@ -373,7 +374,9 @@ class ChatScreen(Screen):
         view.add_events(events)
         grew = view.render_text(cheap=True)
         self._show_stats(self._stats_data())
-        del grew  # the conversation follows new text itself, and never moves a reader who scrolled up
+        # the conversation follows new text itself, and never moves a reader who scrolled up: they are told
+        if grew and not following(self._view):
+            self.query_one("#new-text").display = True
 
     def on_turn_finished(self, message: TurnFinished) -> None:
         active, error = message.active, message.error
@@ -656,6 +659,13 @@ def following(view: VerticalScroll) -> bool:
     return getattr(view, "following", True)
 
 
+class NewTextMarker(Static):
+    """Shown under a conversation the reader scrolled up in while text arrived below; a click goes there."""
+
+    def on_click(self) -> None:
+        self.screen.query_one("#conversation", ConversationView).follow()
+
+
 class ConversationView(VerticalScroll):
     """The conversation, following its end through new text, a resize, a taller message box and a resume,
     until the reader scrolls up: then nothing moves them, not even the answer ending. Scrolling back to
@@ -672,6 +682,8 @@ class ConversationView(VerticalScroll):
         super().watch_scroll_y(old_value, new_value)
         if new_value >= self.max_scroll_y - 0.5:
             self.following = True
+            for marker in self.screen.query("#new-text"):  # back at the end: nothing new below
+                marker.display = False
         elif new_value < old_value:  # up, by the reader: a longer text below only raises max_scroll_y
             self.following = False
 
