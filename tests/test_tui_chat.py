@@ -660,3 +660,19 @@ async def test_status_lines_drop_whole_fields_with_an_ellipsis_at_80_columns(pro
             shown = text.removesuffix(" …").split(" · ")
             assert shown == fields[:len(shown)], (selector, text)  # whole fields, in their order
             assert text.endswith(" …") == (len(shown) < len(fields)), (selector, text)
+
+
+@pytest.mark.asyncio
+async def test_the_session_tau_says_when_the_session_mixes_block_sizes(profile, engine, data_dir):
+    """Defect 9: one block-1 turn dragged the session tau from 10.85 to 2.23 without saying why."""
+    from dflash_tui.tui.widgets import StatsPanel
+
+    app = make_app(profile, engine, block_size=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        panel = app.screen.query_one(StatsPanel)
+        assert "mixed" not in str(panel.render()) and not app._last_stats.session_mixed
+        app.chat.set_block(1)
+        await send(pilot, "second")
+        assert app._last_stats.session_mixed and "mixed blocks" in str(panel.render())

@@ -247,6 +247,7 @@ class ChatScreen(Screen):
         # the next turn's block size, except while one runs (unknown where the server runs its own)
         d.block_size = turn_block = conv.settings.block_size if known_steps else None
         d.session_tau = conv.session_tau()
+        d.session_mixed = len({t.summary.block_size for t in conv.turns if t.summary}) > 1
         d.context_limit = conv.context_limit() if engine is not None else None  # None while switching engines
         steps, step_tokens, step_s = 0, None, None
         if self.active is not None:

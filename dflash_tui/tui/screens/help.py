@@ -47,7 +47,8 @@ FIGURES = [
     ("speedup", "≈ measured: this turn's tokens per second of draft + verify steps over block 1's, a plain "
                 "target step timed on the same engine at about the same context (both inside the engine, as a "
                 "replay compares them); \"–\" until that is measured, or once the context grew 25% past it"),
-    ("tau", "mean tokens each verify pass commits (the session's in brackets)"),
+    ("tau", "mean tokens each verify pass commits (the session's in brackets; \"mixed\" when its turns ran at "
+            "more than one block size, which its tau averages over)"),
     ("block", "block size: each step the draft proposes a block and the target verifies it; 1 is the target alone"),
     ("temp", "temperature from the next turn (ctrl+p, type temp); 0 is greedy"),
     ("ctx", "tokens in the context: prompt and answer, of the target's limit"),

@@ -28,6 +28,7 @@ class StatsData:
     tokens: int = 0
     tau: Optional[float] = None  # None: no turn yet, or the server does not report acceptance
     session_tau: Optional[float] = None  # over the turns whose tau is known
+    session_mixed: bool = False  # the session's turns ran at more than one block size (its tau mixes them)
     histogram: Optional[list] = field(default_factory=list)  # None: the server does not report its steps
     block_size: Optional[int] = 1  # None: the server runs a block size it does not tell
     draft_s: Optional[float] = 0.0
@@ -117,7 +118,7 @@ class StatsPanel(Static):
         t.append(f"speedup {speedup_text(d)} (measured)\n" if d.speedup_kind == "measured" else
                  f"speedup {speedup_text(d)} (block 1)\n" if d.speedup is not None else "speedup – (not yet measured)\n")
         t.append(f"tau {fixed(d.tau)}", style="bold")
-        t.append(f"   (session {fixed(d.session_tau)})\n\n")
+        t.append(f"   (session {fixed(d.session_tau)}{', mixed blocks' if d.session_mixed else ''})\n\n")
         t.append("acceptance length\n", style="underline")
         if d.histogram is None:
             t.append(f"  {UNKNOWN} (not reported)\n")
@@ -183,7 +184,8 @@ class StatsLine(FittedLine):
     def show(self, d: StatsData) -> None:
         shares = split(d)
         draft = UNKNOWN if shares is None else f"{shares[0] * 100:.0f}%"
+        mixed = " mixed" if d.session_mixed else ""
         self.set_fields([(f"{d.tokens_per_s:.0f} tok/s", "bold"), (f"speedup {speedup_text(d)}", ""),
-                         (f"tau {fixed(d.tau)} ({fixed(d.session_tau)})", ""), (f"block {known(d.block_size)}", ""),
+                         (f"tau {fixed(d.tau)} ({fixed(d.session_tau)}{mixed})", ""), (f"block {known(d.block_size)}", ""),
                          (f"ctx {context_text(d)}", ""), (f"draft {draft}", ""),
                          (memory_text(d).replace(" RSS", ""), "")])
