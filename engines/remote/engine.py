@@ -262,17 +262,16 @@ class RemoteEngine:
         except (UserError, KeyError, TypeError):
             return ""
 
-    def _prompt_text(self, ids: list[int]) -> str:
+    def _prompt_text(self, ids: list[int]) -> Optional[str]:
         """Prompt ids as the text a server re-tokenizes into them: special tokens (the chat template's)
-        spelled out, through the local tokenizer or the server's /detokenize."""
+        spelled out, through the local tokenizer or the server's /detokenize; None when neither is there
+        (the ids are then sent as they are, and a server that refuses them says so)."""
         if self.tokenizer is not None:
             return self.tokenizer.decode(ids, skip_special_tokens=False)
         try:
             return self.client.post_json("/detokenize", {"model": self.model, "tokens": list(ids)}, root=True)["prompt"]
         except (UserError, KeyError, TypeError):
-            raise UserError(f"The {self.kind} server at {self.client.host} takes a prompt as text only, and these "
-                            "token ids cannot be turned back into text here (the target's tokenizer is not in the "
-                            "local HF cache and the server has no /detokenize); fetch the tokenizer, or send text.") from None
+            return None
 
     def stop_ids(self) -> list[int]:
         return self.target_info.stop_ids()
@@ -314,8 +313,9 @@ class RemoteEngine:
                 body["prompt"] = request.prompt
             elif self.kind in IDS_SERVERS:
                 body["prompt"] = list(request.prompt_ids)
-            else:  # mlx_lm.server and other servers take a completion prompt as text only
-                body["prompt"] = self._prompt_text(request.prompt_ids)
+            else:  # mlx_lm.server and other servers take a completion prompt as text only, where it can be had
+                text = self._prompt_text(request.prompt_ids)
+                body["prompt"] = list(request.prompt_ids) if text is None else text
         if self.kind == "dflash":
             body[EXTENSION] = {"block_size": request.block_size, "stop_ids": request.stop_ids}
         elif self.kind in ("vllm", "sglang"):
