@@ -154,3 +154,13 @@ def test_text_against_a_foreign_server_shows_a_dash_for_what_it_cannot_know(fore
     (line,) = [x for x in result.stderr.splitlines() if "tok/s" in x]
     assert "tau – · peak – · block – · remote engine" in line, line
     assert "0.00" not in line and "0 B" not in line and "block 1 " not in line
+
+
+def test_every_sampling_option_has_help():
+    from click.testing import CliRunner
+
+    from dflash_tui.cli import main
+
+    text = " ".join(CliRunner().invoke(main, ["generate", "--help"]).output.split())
+    for option, words in (("--top-p", "Nucleus sampling"), ("--top-k", "K likeliest"), ("--min-p", "top token's")):
+        assert option in text and words in text, option

@@ -101,9 +101,12 @@ class AnswerFilter:
 @engine_options
 @click.option("--max-new-tokens", "-n", type=int, help="Most tokens to generate (default: the profile's).")
 @click.option("--temperature", "-t", type=float, help="0 = greedy (default: the profile's, else generation_config).")
-@click.option("--top-p", type=float)
-@click.option("--top-k", type=int)
-@click.option("--min-p", type=float)
+@click.option("--top-p", type=float, help="Nucleus sampling: keep the likeliest tokens up to this total probability, "
+              "above 0 and at most 1 (default: the profile's, else the target's generation_config).")
+@click.option("--top-k", type=int, help="Sample among the K likeliest tokens; 0 = off (default: the profile's, else "
+              "the target's generation_config).")
+@click.option("--min-p", type=float, help="Drop tokens less likely than this fraction of the top token's probability, "
+              "0 to 1 (default: the profile's, else the target's generation_config).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--thinking/--no-thinking", default=None, help="enable_thinking for the chat template.")
 @click.option("--system", help="System prompt (default: the profile's).")
