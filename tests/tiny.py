@@ -74,6 +74,11 @@ def make_target(out: Path, family: str = "qwen3", layers: int = 4, hidden: int =
     return out
 
 
+# Three gated-delta-net layers, then full attention (the tiny hybrids' 4 layers), and the delta net's sizes.
+GATED_DELTA = dict(layer_types=["linear_attention"] * 3 + ["full_attention"], linear_conv_kernel_dim=4,
+                   linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4)
+
+
 def make_qwen3_next(out: Path, tok, common: dict, seed: int) -> Path:
     """A Qwen3-Next target (Qwen3-Coder-Next's type): gated DeltaNet layers, then gated attention, every
     layer's MLP a mixture of experts with a shared expert; saved by transformers 5 as published (text only)."""
@@ -81,19 +86,10 @@ def make_qwen3_next(out: Path, tok, common: dict, seed: int) -> Path:
     import transformers
 
     config = transformers.Qwen3NextConfig(
-        **common, layer_types=["linear_attention"] * 3 + ["full_attention"], linear_conv_kernel_dim=4,
-        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=common["hidden_size"],
+        **common, **GATED_DELTA, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=common["hidden_size"],
         shared_expert_intermediate_size=common["hidden_size"], decoder_sparse_step=1)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # gated-delta-net parameters are not covered by initializer_range
-        for name, p in model.named_parameters():
-            if "linear_attn" in name and p.dim() > 1:
-                p.normal_(0, 0.2)
-    model.save_pretrained(str(out))
-    write_generation_config(out, tok)
-    return out
+    return save_hybrid(transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32), out, tok)
 
 
 def write_generation_config(out: Path, tok) -> None:
@@ -109,9 +105,7 @@ def make_qwen3_5(out: Path, tok, family: str, common: dict, seed: int) -> Path:
 
     # three linear-attention layers then full attention, as published (mlx-lm derives this pattern
     # from full_attention_interval and ignores layer_types)
-    text = dict(common, num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
-                linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                linear_num_key_heads=2, linear_num_value_heads=4, rope_parameters={
+    text = dict(common, num_hidden_layers=4, **GATED_DELTA, rope_parameters={
                     "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                     "mrope_section": [1, 1, 0], "mrope_interleaved": True})
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=common["hidden_size"],
@@ -124,8 +118,15 @@ def make_qwen3_5(out: Path, tok, family: str, common: dict, seed: int) -> Path:
         config = transformers.Qwen3_5MoeConfig(text_config=text, vision_config=vision)
     config.tie_word_embeddings = False
     torch.manual_seed(seed)
-    model = transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # gated-delta-net parameters are not covered by initializer_range
+    return save_hybrid(transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32), out, tok)
+
+
+def save_hybrid(model, out: Path, tok) -> Path:
+    """Save a hybrid target, its gated-delta-net weights first drawn like the rest (initializer_range does
+    not cover them)."""
+    import torch
+
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if "linear_attn" in name and p.dim() > 1:
                 p.normal_(0, 0.2)

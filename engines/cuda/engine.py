@@ -76,8 +76,7 @@ class CudaEngine(Engine):
             self.warnings.append(f"CUDA graphs off: {reason}; decoding eager.")
             return None, f"eager ({reason})"
         graphs = StepGraphs(self.target, self.draft)
-        if not capture_for_request(graphs, self.pool, self.block_size if self.draft else 1,
-                                   config.max_new_tokens or GenerationRequest.max_new_tokens, config.draft_window):
+        if not self._capture(graphs, self.block_size):
             self.warnings.append(f"CUDA graphs off: {graphs.failed}; decoding eager.")
             return None, f"eager ({graphs.failed})"
         return graphs, f"graphs ({graphs.captures} captured in {graphs.capture_s:.1f} s)"
@@ -87,12 +86,16 @@ class CudaEngine(Engine):
         if self.graphs is None or self.graphs.failed:
             return False
         before = self.graphs.captures
-        capture_for_request(self.graphs, self.pool, block_size if self.draft else 1,
-                            self.config.max_new_tokens or GenerationRequest.max_new_tokens, self.config.draft_window)
+        self._capture(self.graphs, block_size)
         if self.graphs.captures == before:
             return False
         self._forget_turns()  # the captures' warm-up passes overwrote what the caches kept
         return True
+
+    def _capture(self, graphs: StepGraphs, block_size: int) -> bool:
+        """What the profile's request needs at `block_size` (block 1 without a draft), on the pooled caches."""
+        return capture_for_request(graphs, self.pool, block_size if self.draft else 1,
+                                   self.config.max_new_tokens or GenerationRequest.max_new_tokens, self.config.draft_window)
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
                 max_new_tokens: int, reuse: bool = False, split=None) -> Iterator[RawStep]:
