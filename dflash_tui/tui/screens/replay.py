@@ -127,6 +127,11 @@ class ReplayScreen(ModalScreen):
     def _status(self, text: str) -> None:
         self.query_one("#replay-status", Static).update(text)
 
+    def _gone(self) -> bool:
+        """Closed while the worker ran. A dismissed screen still counts as attached while its widgets
+        are being removed; textual's `display` is False from then on (it folds in closing and pruning)."""
+        return not self.is_attached or not self.display
+
     # -- running ---------------------------------------------------------------------------------
     @on(Input.Submitted)
     @on(Button.Pressed, "#replay-run")
@@ -195,14 +200,14 @@ class ReplayScreen(ModalScreen):
         app.call_from_thread(self._finished, comparison, f"Saved replay {_stamp(path)}.")
 
     def _progress(self, done: int, total: int, label: str) -> None:
-        if not self.is_attached:  # closed while the worker ran
+        if self._gone():
             return
         self.query_one("#replay-progress", ProgressBar).update(total=total, progress=done)
         self._status(f"{done}/{total} · {label}")
 
     def _finished(self, comparison: Optional[replay.ReplayResult], message: str) -> None:
         self.running = False
-        if not self.is_attached:  # closed while the worker ran
+        if self._gone():
             return
         self._status(message)
         bar = self.query_one("#replay-progress", ProgressBar)
