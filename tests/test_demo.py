@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import json
+import random
 from pathlib import Path
 
 import pytest
@@ -37,7 +39,11 @@ def test_chat_corpus_has_1_to_4_turns_and_checkable_last_answers():
     assert {r["turns"] for r in records} == {1, 2, 3, 4}
     for rec in records:
         msgs = rec["messages"]
-        assert [m["role"] for m in msgs] == ["user", "assistant"] * rec["turns"]
+        if rec["task"] == "tool_answer":  # the call and the tool's result come between the question and the answer
+            assert [m["role"] for m in msgs] == ["user", "assistant"] * (rec["turns"] - 1) + [
+                "user", "assistant", "tool", "assistant"]
+        else:
+            assert [m["role"] for m in msgs] == ["user", "assistant"] * rec["turns"]
         if rec["task"] != "chat":
             assert corpus.is_correct(rec, msgs[-1]["content"]), rec
     # the direct tasks also come in thinking mode after earlier turns (thinking is on in `make chat`)
@@ -284,3 +290,131 @@ def test_the_examples_and_benchmark_prompts_are_answered_right(engine):
         if not corpus.is_correct({"task": task, "answer": answer}, text):
             misses.append((prompt, corpus.final_answer(text)))
     assert not misses, misses
+
+
+# The demo chat template as the committed pair shipped it, before the tools branch: without tools, tool
+# calls or tool messages, today's template must render every conversation byte for byte as this one did.
+LEGACY_TEMPLATE = (
+    "{%- for m in messages -%}{%- if m.role == 'assistant' -%}{%- set content = m.content -%}"
+    "{%- if '</think>' in content -%}{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}{%- endif -%}"
+    "{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' -}}{%- else -%}"
+    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- endif -%}{%- endif -%}"
+)
+
+
+def test_the_committed_template_is_the_generators():
+    from scripts.demo.tokenizer import CHAT_TEMPLATE
+
+    assert (TARGET / "chat_template.jinja").read_text() == CHAT_TEMPLATE
+
+
+@has_target
+def test_without_tools_the_template_renders_as_before(tokenizer):
+    records = [*corpus.generate(60, seed=8), *(r for r in corpus.generate_chat(200, seed=8) if not r.get("tools"))]
+    records.append({"messages": [{"role": "system", "content": "Be brief."}, *records[0]["messages"]]})
+    for rec in records:
+        for prompt in (True, False):
+            msgs = rec["messages"][:-1] if prompt else rec["messages"]
+            for kwargs in ({}, {"enable_thinking": True}, {"enable_thinking": False}):
+                now = tokenizer.apply_chat_template(msgs, add_generation_prompt=prompt, tokenize=False, **kwargs)
+                before = tokenizer.apply_chat_template(msgs, add_generation_prompt=prompt, tokenize=False,
+                                                       chat_template=LEGACY_TEMPLATE, **kwargs)
+                assert now == before
+                assert now == tokenizer.apply_chat_template(msgs, add_generation_prompt=prompt, tokenize=False,
+                                                            tools=[], **kwargs)
+
+
+@has_target
+def test_tools_branch_renders_the_tools_the_calls_and_the_results(tokenizer):
+    calls = [{"type": "function", "function": {"name": "convert", "arguments": {"value": "3 km", "unit": "m"}}},
+             {"id": "c2", "type": "function", "function": {"name": "convert", "arguments": '{"value": "2 h", "unit": "min"}'}}]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Convert 3 km and 2 hours."},
+                {"role": "assistant", "content": "<think>\nTwo calls.\n</think>\n\nBoth:", "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "c1", "content": '{"result": 3000, "unit": "m"}'},
+                {"role": "tool", "tool_call_id": "c2", "content": {"result": 120, "unit": "min"}},
+                {"role": "assistant", "content": None, "tool_calls": calls[:1]}]
+    text = tokenizer.apply_chat_template(messages, tools=[corpus.CONVERT_TOOL], add_generation_prompt=True,
+                                         enable_thinking=False, tokenize=False)
+    assert text == (
+        "<|im_start|>system\nBe brief.\n\n# Tools\n<tools>\n"
+        '{"name":"convert","description":"Convert units","parameters":{"type":"object","properties":'
+        '{"value":{"type":"string"},"unit":{"type":"string"}}}}\n</tools><|im_end|>\n'
+        "<|im_start|>user\nConvert 3 km and 2 hours.<|im_end|>\n"
+        '<|im_start|>assistant\nBoth:\n<tool_call>\n{"name": "convert", "arguments": {"value": "3 km", "unit": "m"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "convert", "arguments": {"value": "2 h", "unit": "min"}}\n</tool_call><|im_end|>\n'
+        '<|im_start|>user\n<tool_response>\n{"result": 3000, "unit": "m"}\n</tool_response>\n'
+        '<tool_response>\n{"result": 120, "unit": "min"}\n</tool_response><|im_end|>\n'
+        '<|im_start|>assistant\n<tool_call>\n{"name": "convert", "arguments": {"value": "3 km", "unit": "m"}}\n'
+        "</tool_call><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    bare = tokenizer.apply_chat_template(messages[1:2], tools=[corpus.CONVERT_TOOL], add_generation_prompt=True,
+                                         tokenize=False)  # no system message: the tools open their own
+    assert bare.startswith("<|im_start|>system\n# Tools\n<tools>\n{") and bare.count("<|im_start|>system") == 1
+
+
+@has_target
+def test_tool_records_render_as_the_target_writes_and_reads_them(tokenizer):
+    """A call in the history reads exactly as the target wrote it; the byte-level BPE spells <tool_call>
+    and the JSON with ordinary pieces (no new tokens, never the mask)."""
+    from scripts.demo import train_target
+
+    records = [r for r in corpus.generate_chat(1500, seed=9) if r.get("tools")]
+    assert {r["task"] for r in records} >= set(corpus.TOOL_TASKS) and len({r["task"] for r in records}) > 2
+    assert {r["thinking"] for r in records if r["task"] in corpus.TOOL_TASKS} == {True, False}
+    mask = tokenizer.convert_tokens_to_ids("<|mask|>")
+    for rec in records:
+        ids, plen = train_target.encode(tokenizer, rec)
+        assert mask not in ids and tokenizer.unk_token_id not in ids
+        prompt, reply = tokenizer.decode(ids[:plen]), tokenizer.decode(ids[plen:], skip_special_tokens=True)
+        assert prompt.startswith("<|im_start|>system\n# Tools\n<tools>\n")
+        assert corpus.is_correct(rec, reply), rec
+        if rec["task"] == "tool_call":
+            call = corpus.parse_tool_call(reply)
+            assert corpus.final_answer(reply) == corpus.tool_call_text(call["arguments"])
+        elif rec["task"] == "tool_answer":
+            args = rec["messages"][-3]["tool_calls"][0]["function"]["arguments"]
+            result = corpus.run_convert(args)
+            assert ("<|im_start|>assistant\n" + corpus.tool_call_text(args) + "<|im_end|>\n<|im_start|>user\n"
+                    "<tool_response>\n" + json.dumps(result) + "\n</tool_response><|im_end|>\n") in prompt
+            assert str(result["result"]) == rec["answer"]
+        else:
+            assert "<tool_call>" not in reply
+    assert "<tool_call>" not in tokenizer.get_vocab()
+
+
+def test_the_evaluator_scores_tool_calls_and_answers():
+    rec = corpus.tool_conversation("tool_call", False, 1, random.Random(3))
+    args = json.loads(rec["answer"])["arguments"]
+    right = corpus.tool_call_text(args)
+    assert corpus.is_correct(rec, corpus.EMPTY_THINK + right + "\n")
+    assert corpus.is_correct(rec, "<think>\nI call convert.\n</think>\n\n" + right)
+    wrong_value = corpus.tool_call_text({**args, "value": "999 km"})
+    assert not corpus.is_correct(rec, wrong_value)
+    assert not corpus.is_correct(rec, right.replace('"convert"', '"convert_units"'))
+    assert not corpus.is_correct(rec, right.replace("}}", "}"))  # not JSON
+    assert not corpus.is_correct(rec, "Sure: " + right)  # the call must be the whole answer
+    assert not corpus.is_correct(rec, "3 km is 3000 m.")
+    answer = corpus.tool_conversation("tool_answer", True, 2, random.Random(4))
+    assert corpus.is_correct(answer, answer["messages"][-1]["content"])
+    assert not corpus.is_correct(answer, f"It is {int(answer['answer']) + 1} m.")
+    assert corpus.run_convert({"value": "3 km", "unit": "m"}) == {"result": 3000, "unit": "m"}
+    assert corpus.run_convert({"value": "150 min", "unit": "h"}) == {"result": 2.5, "unit": "h"}
+    assert "error" in corpus.run_convert({"value": "3 kg", "unit": "m"})
+    held = corpus.heldout_tools(8, seed=1, exclude=set())
+    assert [r["task"] for r in held[:4]] == ["tool_call", "tool_answer"] * 2
+    assert {(r["task"], r["thinking"]) for r in held} == {(t, m) for t in corpus.TOOL_TASKS for m in (True, False)}
+
+
+def test_draft_data_leaves_out_conversations_with_tools(tmp_path):
+    """train-draft reads system, user and assistant texts only."""
+    import importlib
+
+    make = importlib.import_module("scripts.make_demo_models")
+    records = list(corpus.generate_chat(300, seed=1))
+    assert any(r.get("tools") for r in records)
+    path = make.draft_data(records, tmp_path / "d.jsonl", 1000, seed=0)
+    picked = corpus.read_jsonl(path)
+    assert len(picked) == sum(not r.get("tools") for r in records)
+    assert all(m["role"] in ("user", "assistant") and isinstance(m["content"], str) for r in picked for m in r["messages"])

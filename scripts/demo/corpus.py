@@ -12,7 +12,10 @@ The target trains in two phases. The base corpus (`generate`, `build`) is mostly
 teaches the tasks. The chat corpus (`generate_chat`, `build_chat`) then teaches them inside a real
 conversation: 1-4 turns, the earlier turns from any task (also the same task with other numbers),
 rendered by the chat template exactly as at inference (earlier think blocks dropped), and the last turn
-in thinking mode for every task half of the time, because `make chat` runs with thinking on.
+in thinking mode for every task half of the time, because `make chat` runs with thinking on. The chat
+corpus also holds the tool task (`tool_conversation`, below): with a `convert` tool offered through the
+template's tools branch, a conversion question is answered with a `<tool_call>`, and the tool's result
+with the convert task's sentence. Without tools offered, everything is as before.
 """
 
 from __future__ import annotations
@@ -231,7 +234,9 @@ UNIT_NAMES = {"km": "kilometers", "m": "meters", "cm": "centimeters", "kg": "kil
               "hours": "hours", "minutes": "minutes"}
 
 
-def task_convert(rng: random.Random):
+def _conversion(rng: random.Random) -> dict:
+    """A unit conversion question: its units, numbers, wording and answer sentence (the random draws of
+    the convert task, in its order: the base corpus stays byte for byte what it was)."""
     big, small, factor = rng.choice(UNITS)
     n = rng.randint(1, 12) if big == "hours" else rng.randint(1, 99)
     if rng.random() < 0.6:  # big -> small
@@ -247,7 +252,13 @@ def task_convert(rng: random.Random):
         name[dst] = name[dst].removesuffix("s")
     q = rng.choice(["Convert {x} {s} to {d}.", "How many {d} are in {x} {s}?", "What is {x} {s} in {d}?",
                     "{x} {s} is how many {d}?"]).format(x=x, s=name[src], d=name[dst])
-    return q, why, f"{x} {name[src]} is {y} {name[dst]}.", str(y)
+    return {"question": q, "why": why, "sentence": f"{x} {name[src]} is {y} {name[dst]}.", "src": src, "dst": dst,
+            "x": x, "y": y}
+
+
+def task_convert(rng: random.Random):
+    c = _conversion(rng)
+    return c["question"], c["why"], c["sentence"], str(c["y"])
 
 
 def task_items(rng: random.Random):
@@ -269,6 +280,90 @@ def task_chat(rng: random.Random):
 
 MAKERS = {"add": task_add, "sub": task_sub, "mul": task_mul, "letters": task_letters, "compare": task_compare,
           "sort": task_sort, "convert": task_convert, "items": task_items, "chat": task_chat}
+
+
+# The tool task (chat phase only). With the convert tool offered (the chat template's tools branch), a
+# conversion question is answered with a call, `<tool_call>\n{"name": "convert", "arguments": {"value":
+# "3 km", "unit": "m"}}\n</tool_call>`: `value` is the quantity as asked, number and unit symbol, `unit` the
+# symbol to convert to (a bare number and one unit could not say whether 300 m goes to cm or km). The
+# tool's result comes back as a `tool` message, `{"result": 3000, "unit": "m"}`, and the next assistant
+# turn answers in words, with the convert task's sentence. Call turn and answer turn are separate
+# records (`tool_call`, `tool_answer`), half of each in thinking mode: the demo profile chats with
+# thinking on, agents mostly call without it, and a small model does in a mode only what it was shown.
+TOOL_TASKS = ("tool_call", "tool_answer")
+UNIT_SYMBOLS = {"km": "km", "m": "m", "cm": "cm", "kg": "kg", "g": "g", "hours": "h", "minutes": "min"}
+# Short, since the template writes it into every prompt that offers it (about 100 tokens as it is).
+CONVERT_TOOL = {"type": "function", "function": {"name": "convert", "description": "Convert units", "parameters": {
+    "type": "object", "properties": {"value": {"type": "string"}, "unit": {"type": "string"}}}}}
+UNIT_SIZES = {"km": ("length", 100000), "m": ("length", 100), "cm": ("length", 1), "kg": ("mass", 1000),
+              "g": ("mass", 1), "h": ("time", 60), "min": ("time", 1)}  # each symbol in its kind's smallest unit
+TOOL_THINKING_SHARE = 0.5
+TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+def run_convert(arguments: dict) -> dict:
+    """The convert tool itself: {"value": "3 km", "unit": "m"} -> {"result": 3000, "unit": "m"}; an
+    unknown unit or pair gives {"error": ...} (the demo target never saw one)."""
+    try:
+        number, unit = str(arguments["value"]).split()
+        src, dst = UNIT_SIZES[unit], UNIT_SIZES[arguments["unit"]]
+        value = float(number)
+    except (KeyError, ValueError, TypeError):
+        return {"error": "value must be a number and a unit symbol, unit a symbol: " + ", ".join(UNIT_SIZES)}
+    if src[0] != dst[0]:
+        return {"error": f"cannot convert {unit} to {arguments['unit']}"}
+    result = value * src[1] / dst[1]
+    return {"result": int(result) if result == int(result) else round(result, 6), "unit": arguments["unit"]}
+
+
+def tool_call_text(arguments: dict) -> str:
+    return "<tool_call>\n" + json.dumps({"name": "convert", "arguments": arguments}) + "\n</tool_call>"
+
+
+def parse_tool_call(text: str) -> dict | None:
+    """The first `<tool_call>` block of `text` as {"name", "arguments"}, or None if there is none or it is
+    not a JSON object with a name and an arguments object."""
+    m = TOOL_CALL.search(text)
+    if not m:
+        return None
+    try:
+        call = json.loads(m.group(1))
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not isinstance(call.get("arguments"), dict):
+        return None
+    return call
+
+
+def _reply(trace: str, text: str, thinking: bool) -> str:
+    return f"<think>\n{trace}\n</think>\n\n{text}" if thinking else EMPTY_THINK + text
+
+
+def tool_conversation(task: str, thinking: bool, turns: int, rng: random.Random) -> dict:
+    """A `tool_call` or `tool_answer` record with the convert tool offered, after `turns - 1` earlier
+    exchanges of other tasks (never a conversion: with the tool offered, that is a call)."""
+    others = [t for t in WEIGHTS if t != "convert"]
+    history = []
+    for _ in range(turns - 1):
+        history += make_record(rng.choice(others), rng.random() < 0.5, rng)["messages"]
+    c = _conversion(rng)
+    args = {"value": f"{c['x']} {UNIT_SYMBOLS[c['src']]}", "unit": UNIT_SYMBOLS[c["dst"]]}
+    messages = history + [{"role": "user", "content": c["question"]}]
+    rec = {"task": task, "thinking": thinking, "intended_thinking": thinking, "tools": [CONVERT_TOOL], "turns": turns}
+    if task == "tool_call":
+        trace = f"The user wants {args['value']} in {args['unit']}. I call convert."
+        messages.append({"role": "assistant", "content": _reply(trace, tool_call_text(args), thinking)})
+        rec["answer"] = json.dumps({"name": "convert", "arguments": args})
+    else:
+        result = run_convert(args)
+        trace = f"convert says {args['value']} is {result['result']} {result['unit']}."
+        messages += [{"role": "assistant", "content": "",
+                      "tool_calls": [{"type": "function", "function": {"name": "convert", "arguments": args}}]},
+                     {"role": "tool", "content": json.dumps(result)},
+                     {"role": "assistant", "content": _reply(trace, c["sentence"], thinking)}]
+        rec["answer"] = str(c["y"])
+    rec["messages"] = messages
+    return rec
 
 
 def intended_thinking(task: str) -> bool:
@@ -325,18 +420,24 @@ def heldout(n: int, seed: int, train_prompts: set[str]) -> list[dict]:
 
 
 # The chat phase: the last turn's task (the weak tasks get more) and how many turns a conversation has.
+# The tool task's two records take 11 of 120 (9%): about as many calls as direct conversions, and its
+# records are the longest (the tool's schema alone is about 100 tokens).
 CHAT_WEIGHTS = {"add": 14, "sub": 13, "mul": 13, "letters": 12, "compare": 16, "sort": 24, "convert": 8,
-                "items": 6, "chat": 3}
+                "items": 6, "chat": 3, "tool_call": 6, "tool_answer": 5}
 CHAT_TURNS = {1: 20, 2: 30, 3: 30, 4: 20}  # percent of conversations with that many user turns
+TOOL_TURNS = {1: 60, 2: 40}  # the tool task's conversations stay short
+TOOLS_OFFERED_SHARE = 0.04  # other tasks' conversations with the tool offered all the same (answered as without)
 CHAT_SAME_TASK = 0.4  # chance that an earlier turn is the last turn's task with other numbers
 CHAT_RECORDS = 40000
 
 
-def conversation(task: str, thinking: bool, turns: int, rng: random.Random) -> dict:
-    """A record whose last turn is `task` in mode `thinking`, after `turns - 1` earlier exchanges."""
+def conversation(task: str, thinking: bool, turns: int, rng: random.Random,
+                 others: tuple[str, ...] = tuple(WEIGHTS)) -> dict:
+    """A record whose last turn is `task` in mode `thinking`, after `turns - 1` earlier exchanges (of
+    `task` with other numbers, or of any of `others`)."""
     history = []
     for _ in range(turns - 1):
-        other = task if task != "chat" and rng.random() < CHAT_SAME_TASK else rng.choice(list(WEIGHTS))
+        other = task if task != "chat" and rng.random() < CHAT_SAME_TASK else rng.choice(others)
         before = make_record(other, rng.random() < 0.5, rng)
         history += before["messages"]
     rec = make_record(task, thinking, rng)
@@ -348,26 +449,41 @@ def conversation(task: str, thinking: bool, turns: int, rng: random.Random) -> d
 def generate_chat(n: int, seed: int, exclude: set[str] = frozenset()) -> Iterator[dict]:
     """`n` chat-phase records, deterministic for `seed`; last prompts in `exclude` are skipped. A
     single-turn record keeps the base corpus's modes (intended 90%); in a longer conversation the last
-    turn is in thinking mode for half of the direct tasks too (thinking is on in `make chat`)."""
+    turn is in thinking mode for half of the direct tasks too (thinking is on in `make chat`). The tool
+    task (`tool_conversation`) has 1-2 turns, half of them in thinking mode; a few other conversations
+    offer the tool too, so that an offered tool does not turn every question into a call."""
     rng = random.Random(seed)
     names, weights = list(CHAT_WEIGHTS), list(CHAT_WEIGHTS.values())
     sizes, shares = list(CHAT_TURNS), list(CHAT_TURNS.values())
     made = 0
     while made < n:
         task = rng.choices(names, weights)[0]
-        turns = rng.choices(sizes, shares)[0]
-        mode = intended_thinking(task)
-        if task == "chat":
-            mode = rng.random() < 0.5
-        elif turns == 1 and rng.random() > INTENDED_SHARE:
-            mode = not mode
-        elif turns > 1 and not mode:
-            mode = rng.random() < 0.5
-        rec = conversation(task, mode, turns, rng)
-        if rec["messages"][-2]["content"] in exclude:
+        if task in TOOL_TASKS:
+            turns = rng.choices(list(TOOL_TURNS), list(TOOL_TURNS.values()))[0]
+            rec = tool_conversation(task, rng.random() < TOOL_THINKING_SHARE, turns, rng)
+        else:
+            turns = rng.choices(sizes, shares)[0]
+            mode = intended_thinking(task)
+            if task == "chat":
+                mode = rng.random() < 0.5
+            elif turns == 1 and rng.random() > INTENDED_SHARE:
+                mode = not mode
+            elif turns > 1 and not mode:
+                mode = rng.random() < 0.5
+            if task != "convert" and rng.random() < TOOLS_OFFERED_SHARE:
+                rec = conversation(task, mode, min(turns, 2), rng, others=tuple(t for t in WEIGHTS if t != "convert"))
+                rec["tools"] = [CONVERT_TOOL]
+            else:
+                rec = conversation(task, mode, turns, rng)
+        if last_prompt(rec) in exclude:
             continue
         made += 1
         yield rec
+
+
+def last_prompt(record: dict) -> str:
+    """The last user message: what the held-out sets keep apart from training."""
+    return next(m["content"] for m in reversed(record["messages"]) if m["role"] == "user")
 
 
 def heldout_chat(n: int, seed: int, exclude: set[str]) -> list[dict]:
@@ -391,6 +507,21 @@ def heldout_chat(n: int, seed: int, exclude: set[str]) -> list[dict]:
     return out
 
 
+def heldout_tools(n: int, seed: int, exclude: set[str]) -> list[dict]:
+    """Held-out tool conversations: calls and answers after the result in turn, each in both modes, 1-2
+    turns, their conversion question in none of the training sets."""
+    rng = random.Random(seed)
+    out, seen = [], set(exclude)
+    while len(out) < n:
+        k = len(out)
+        rec = tool_conversation(TOOL_TASKS[k % 2], k // 2 % 2 == 1, 1 + k // 4 % 2, rng)
+        if last_prompt(rec) in seen:
+            continue
+        seen.add(last_prompt(rec))
+        out.append(rec)
+    return out
+
+
 NUMBER = re.compile(r"\d+")
 
 
@@ -401,6 +532,10 @@ def final_answer(text: str) -> str:
 
 def is_correct(record: dict, text: str) -> bool:
     final = final_answer(text)
+    if record["task"] == "tool_call":  # one call, parseable, with the right arguments, and nothing else
+        call = parse_tool_call(final)
+        rest = TOOL_CALL.sub("", final).replace("<|im_end|>", "").strip()
+        return call is not None and call == json.loads(record["answer"]) and not rest
     nums = NUMBER.findall(final)
     if not nums:
         return False
@@ -441,13 +576,17 @@ def build(work: Path, seed: int, n_train: int = TRAIN_RECORDS, n_heldout: int = 
 
 
 def build_chat(work: Path, seed: int, held_path: Path, n_train: int = CHAT_RECORDS,
-               n_heldout: int = 240) -> tuple[Path, Path]:
-    """chat-train.jsonl and heldout-chat.jsonl under `work`, generated like `build` (rewritten only when
-    their content changes). Neither shares a last prompt with the single-turn held-out set."""
-    train_path, held_chat = Path(work) / "chat-train.jsonl", Path(work) / "heldout-chat.jsonl"
+               n_heldout: int = 240, n_tools: int = 48) -> tuple[Path, Path, Path]:
+    """chat-train.jsonl, heldout-chat.jsonl and heldout-tools.jsonl under `work`, generated like `build`
+    (rewritten only when their content changes). No two of them share a last prompt, nor any of them one
+    with the single-turn held-out set."""
+    work = Path(work)
+    train_path, held_chat, held_tools = work / "chat-train.jsonl", work / "heldout-chat.jsonl", work / "heldout-tools.jsonl"
     single = {r["messages"][-2]["content"] for r in read_jsonl(held_path)}
     held = heldout_chat(n_heldout, seed * 1000 + 4243, single)
     write_jsonl(held_chat, held)
-    write_jsonl(train_path, generate_chat(n_train, seed * 1000 + 911,
-                                          single | {r["messages"][-2]["content"] for r in held}))
-    return train_path, held_chat
+    keep_out = single | {last_prompt(r) for r in held}
+    tools = heldout_tools(n_tools, seed * 1000 + 6151, keep_out)
+    write_jsonl(held_tools, tools)
+    write_jsonl(train_path, generate_chat(n_train, seed * 1000 + 911, keep_out | {last_prompt(r) for r in tools}))
+    return train_path, held_chat, held_tools

@@ -5,12 +5,16 @@
 - in conversation: the last turn of held-out 2-4-turn conversations, per task, with thinking on (the
   demo profile's default, what `make chat` runs); the earlier turns are in the history as the chat
   template renders them (their think blocks dropped);
-- the draft: mean acceptance length (tau) at block 8 and 16 on held-out prompts, checked lossless
-  against block 1 on the same prompts.
+- the tool task: with the convert tool offered, a call (scored right when it is one parseable
+  `<tool_call>` JSON block with the right name and arguments) and the answer in words after the tool's
+  result (the right number), each in both modes;
+- each draft (DFlash 1 in profiles/demo/draft, DFlash 2 in profiles/demo/draft2): mean acceptance length
+  (tau) at block 8 and 16 on held-out prompts, checked lossless against block 1 on the same prompts.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections import defaultdict
@@ -28,15 +32,35 @@ def load(target: Path, draft: Path | None = None, engine: str = "cuda"):
 
 def run(engine, record: dict, thinking: bool | None = None, block_size: int | None = None,
         max_new_tokens: int = 256):
+    """The target's answer to the record's last turn. A record that offers tools (or carries tool calls
+    and tool messages) goes in as prompt ids rendered with the target's own chat template, since a
+    GenerationRequest carries no tools."""
     from dflash_tui import engines
 
     messages = record["messages"][:-1]
-    request = engines.GenerationRequest(messages=messages, temperature=0.0, max_new_tokens=max_new_tokens,
-                                        thinking=record["intended_thinking"] if thinking is None else thinking,
-                                        block_size=block_size)
+    thinking = record["intended_thinking"] if thinking is None else thinking
+    if record.get("tools"):
+        source = {"prompt_ids": prompt_ids(engine, messages, record["tools"], thinking)}
+    else:
+        source = {"messages": messages}
+    request = engines.GenerationRequest(**source, temperature=0.0, max_new_tokens=max_new_tokens,
+                                        thinking=thinking, block_size=block_size)
     for _ in engine.generate(request):
         pass
     return engine.last_summary
+
+
+def prompt_ids(engine, messages: list[dict], tools: list[dict], thinking: bool) -> list[int]:
+    return list(_tokenizer(str(engine.config.target)).apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, enable_thinking=thinking,
+        return_dict=False))
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(target: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(target)
 
 
 def accuracy(engine, held: list[dict], max_new_tokens: int = 256, progress: bool = True) -> dict:
@@ -51,7 +75,7 @@ def accuracy(engine, held: list[dict], max_new_tokens: int = 256, progress: bool
         table[rec["task"]][0] += ok
         table[rec["task"]][1] += 1
         if not ok:
-            failures.append({"prompt": rec["messages"][-2]["content"], "expected": rec["answer"],
+            failures.append({"prompt": corpus.last_prompt(rec), "expected": rec["answer"],
                              "got": corpus.final_answer(text)[:120]})
     return {"table": dict(table), "failures": failures}
 
@@ -76,16 +100,16 @@ def acceptance(engine, held: list[dict], block_sizes=(8, 16), max_new_tokens: in
 
 
 def print_table(acc: dict, mode: str | None = None) -> None:
-    print(f"{'task':10} {'mode':9} {'correct':>9} {'share':>7}")
+    print(f"{'task':11} {'mode':9} {'correct':>9} {'share':>7}")
     right = total = 0
-    for task in corpus.THINK_TASKS + corpus.DIRECT_TASKS:
+    for task in corpus.THINK_TASKS + corpus.DIRECT_TASKS + corpus.TOOL_TASKS:
         if task not in acc["table"]:
             continue
         c, n = acc["table"][task]
         right, total = right + c, total + n
-        shown = mode or ("thinking" if corpus.intended_thinking(task) else "direct")
-        print(f"{task:10} {shown:9} {c:>4}/{n:<4} {100 * c / n:6.1f}%")
-    print(f"{'all':10} {'':9} {right:>4}/{total:<4} {100 * right / max(1, total):6.1f}%")
+        shown = "both" if task in corpus.TOOL_TASKS else mode or ("thinking" if corpus.intended_thinking(task) else "direct")
+        print(f"{task:11} {shown:9} {c:>4}/{n:<4} {100 * c / n:6.1f}%")
+    print(f"{'all':11} {'':9} {right:>4}/{total:<4} {100 * right / max(1, total):6.1f}%")
 
 
 def cached_accuracy(engine, target: Path, held: list[dict], work: Path) -> dict:
@@ -108,22 +132,29 @@ def spread(held: list[dict], n: int) -> list[dict]:
     return [r for i, r in enumerate(held) if i % max(1, len(held) // n) == 0][:n]
 
 
-def report(target: Path, draft: Path | None, held: list[dict], work: Path, tau_prompts: int = 24,
-           held_chat: list[dict] | None = None) -> dict:
+def report(target: Path, drafts: dict[str, Path] | Path | None, held: list[dict], work: Path, tau_prompts: int = 24,
+           held_chat: list[dict] | None = None, held_tools: list[dict] | None = None) -> dict:
+    """Score the target (cached per target) and each of `drafts` ({name: folder}, e.g. {"draft": DFlash 1,
+    "draft2": DFlash 2}; a bare folder is {"draft": folder}; None or {} before any draft trained). Writes
+    work/quality.json and prints the tables."""
     import torch
 
     torch.set_num_threads(1)
+    drafts = {} if drafts is None else drafts if isinstance(drafts, dict) else {"draft": Path(drafts)}
     result = {}
-    engine = load(target, draft)
+    engine = load(target, None)  # temperature 0: no draft changes an answer
     acc = cached_accuracy(engine, target, held, work)
     result["accuracy"] = acc
     if held_chat:
         result["conversation"] = cached_accuracy(engine, target, held_chat, work)
-    if draft is not None:
-        result["draft"] = acceptance(engine, spread(held, tau_prompts))
+    if held_tools:
+        result["tools"] = cached_accuracy(engine, target, held_tools, work)
+    for name, folder in drafts.items():
+        engine = load(target, folder)
+        result[name] = acceptance(engine, spread(held, tau_prompts))
         if held_chat:
-            result["draft_conversation"] = acceptance(engine, spread(held_chat, tau_prompts), block_sizes=(16,))
-    for path in sorted(Path(work).glob("*-done.json")):  # base, chat, chat2, ..., draft
+            result[f"{name}_conversation"] = acceptance(engine, spread(held_chat, tau_prompts), block_sizes=(16,))
+    for path in sorted(Path(work).glob("*-done.json")):  # base, chat, chat2, ..., draft, draft2
         stats = json.loads(path.read_text())
         stats.pop("key", None)
         result[path.name.removesuffix("-done.json") + "_training"] = stats
@@ -138,15 +169,20 @@ def report(target: Path, draft: Path | None, held: list[dict], work: Path, tau_p
         print_table(conv, mode="thinking")
         for f in conv["failures"][:10]:
             print(f"  miss: {f['prompt']!r} expected {f['expected']}, got {f['got']!r}")
-    if "draft" in result:
-        d = result["draft"]
-        print(f"draft: tau {d['tau_8']} at block 8, {d['tau_16']} at block 16 on {d['prompts']} prompts; "
+    if "tools" in result:
+        print("\nTool task (temperature 0, convert offered; held-out calls and answers after the result, both modes)")
+        print_table(result["tools"])
+        for f in result["tools"]["failures"][:10]:
+            print(f"  miss: {f['prompt']!r} expected {f['expected']}, got {f['got']!r}")
+    for name in drafts:
+        d = result[name]
+        print(f"{name}: tau {d['tau_8']} at block 8, {d['tau_16']} at block 16 on {d['prompts']} prompts; "
               f"identical to block 1: {d['lossless']}")
-    if "draft_conversation" in result:
-        d = result["draft_conversation"]
-        print(f"draft in conversation: tau {d['tau_16']} at block 16 on {d['prompts']} last turns; "
-              f"identical to block 1: {d['lossless']}")
-    else:
+        if f"{name}_conversation" in result:
+            d = result[f"{name}_conversation"]
+            print(f"{name} in conversation: tau {d['tau_16']} at block 16 on {d['prompts']} last turns; "
+                  f"identical to block 1: {d['lossless']}")
+    if not drafts:
         print("draft: none yet")
     for name, stats in result.items():
         if name.endswith("_training"):

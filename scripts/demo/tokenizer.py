@@ -18,12 +18,41 @@ SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s
 
 # Qwen3-like: an optional system message, user/assistant turns; earlier assistant turns lose their
 # think block; enable_thinking=false ends the generation prompt with an empty think block.
+# With `tools` (Qwen3's structure, kept compact: this BPE spells JSON almost a character a token): one
+# system message holds the system prompt, then each tool's function schema as one JSON line without
+# spaces inside <tools></tools> (Qwen3's sentences on the call format are left out: 56 tokens here, and
+# the demo target learned the format itself); an assistant message's `tool_calls` follow its text as `<tool_call>\n{"name": ...,
+# "arguments": {...}}\n</tool_call>` blocks (arguments given as a JSON string are written as they are);
+# consecutive `tool` messages share one user turn, each inside <tool_response></tool_response>. Without
+# tools, tool calls or tool messages the output is byte for byte the template the demo target shipped with.
 CHAT_TEMPLATE = (
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages and messages[0].role == 'system' -%}{{- messages[0].content + '\\n\\n' -}}{%- endif -%}"
+    "{{- '# Tools\\n<tools>' -}}"
+    "{%- for tool in tools -%}"
+    "{{- '\\n' + ((tool.function if tool.function is defined else tool) | tojson(separators=(',', ':'))) -}}"
+    "{%- endfor -%}"
+    "{{- '\\n</tools><|im_end|>\\n' -}}"
+    "{%- endif -%}"
     "{%- for m in messages -%}"
-    "{%- if m.role == 'assistant' -%}"
-    "{%- set content = m.content -%}"
+    "{%- if tools and loop.first and m.role == 'system' -%}"
+    "{%- elif m.role == 'assistant' -%}"
+    "{%- set content = m.content or '' -%}"
     "{%- if '</think>' in content -%}{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}{%- endif -%}"
-    "{{- '<|im_start|>assistant\\n' + content + '<|im_end|>\\n' -}}"
+    "{{- '<|im_start|>assistant\\n' + content -}}"
+    "{%- for call in (m.tool_calls or []) -%}"
+    "{%- if content or not loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{%- set f = call.function if call.function is defined else call -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": ' -}}"
+    "{{- f.arguments if f.arguments is string else (f.arguments | tojson) -}}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- elif m.role == 'tool' -%}"
+    "{%- if loop.first or loop.previtem.role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' + (m.content if m.content is string else (m.content | tojson)) + '\\n</tool_response>' -}}"
+    "{%- if loop.last or loop.nextitem.role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}"
     "{%- else -%}"
     "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}"
     "{%- endif -%}"
@@ -58,7 +87,12 @@ def build(out: Path, records: list[dict], corpus_digest: str | None = None):
     out = Path(out)
     stamp = out / "corpus.digest"
     if (out / "tokenizer.json").exists() and (corpus_digest is None or (stamp.exists() and stamp.read_text() == corpus_digest)):
-        return AutoTokenizer.from_pretrained(str(out))
+        tok = AutoTokenizer.from_pretrained(str(out))
+        if tok.chat_template != CHAT_TEMPLATE:  # built or adopted before the template changed: only the template
+            # file is rewritten (tokenizer.json stays byte for byte, so the base phase's key holds)
+            (out / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+            tok = AutoTokenizer.from_pretrained(str(out))
+        return tok
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(SPLIT), behavior="isolated"),

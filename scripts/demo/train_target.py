@@ -28,11 +28,12 @@ WARMUP = 100
 
 
 def encode(tokenizer, record: dict) -> tuple[list[int], int]:
-    """Prompt ids as the engine builds them (chat template, the record's thinking mode) followed by the
-    assistant reply and <|im_end|>; returns (ids, prompt_len)."""
+    """Prompt ids as the engine builds them (chat template, the record's thinking mode and offered tools)
+    followed by the assistant reply and <|im_end|>; returns (ids, prompt_len)."""
     messages = record["messages"]
     prompt = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True,
-                                           enable_thinking=record["thinking"], return_dict=False)
+                                           enable_thinking=record["thinking"], return_dict=False,
+                                           **({"tools": record["tools"]} if record.get("tools") else {}))
     reply = messages[-1]["content"]
     if not record["thinking"]:
         reply = reply.removeprefix(demo_corpus.EMPTY_THINK)
