@@ -1,21 +1,33 @@
-"""Build the demo pair in profiles/demo/: corpus, tokenizer, target, evaluation, draft (`make demo-models`).
+"""Build the demo pair in profiles/demo/: corpus, tokenizer, target, evaluation, drafts (`make demo-models`).
 
 Every stage is seeded and caches its output under .demo-work/ so that a rerun resumes or skips it
 (the corpora are regenerated each run, in seconds, and rewritten only when their content changes):
   1. corpus      .demo-work/train.jsonl, heldout.jsonl (mostly single-turn)   (scripts/demo/corpus.py)
   2. tokenizer   .demo-work/tokenizer/                      (scripts/demo/tokenizer.py)
   3. base target .demo-work/base-target/, from scratch on the base corpus     (scripts/demo/train_target.py)
-  4. chat corpus .demo-work/chat-train.jsonl, heldout-chat.jsonl: 1-4-turn conversations
+  4. chat corpus .demo-work/chat-train.jsonl, heldout-chat.jsonl, heldout-tools.jsonl: 1-4-turn
+                 conversations, 9% of them the tool task (a convert call, or the answer after its result)
   5. target      profiles/demo/target/: the base target trained further on the chat corpus
-  6. draft       profiles/demo/draft/ via `dflash train-draft --responses generate` on chat conversations
-                 (the target writes every turn)
-  7. quality     target accuracy per task in its intended mode and on the last turn of 2-4-turn
-                 conversations (thinking on), scored before the draft trains; then the draft's tau at
-                 block 8 and 16  (scripts/demo/evaluate.py)
+  6. draft       profiles/demo/draft/ (DFlash 1) via `dflash train-draft --responses generate` on chat
+                 conversations without tools (the target writes every turn)
+  7. draft2      profiles/demo/draft2/ (DFlash 2) via `dflash train-draft --arch dflash2 --init-draft
+                 profiles/demo/draft` on the same conversations, reusing the responses the target wrote
+                 for stage 6 (DRAFT2_STEPS steps)
+  8. quality     target accuracy per task in its intended mode, on the last turn of 2-4-turn
+                 conversations (thinking on) and on the tool task, scored before the drafts train; then
+                 each draft's tau at block 8 and 16  (scripts/demo/evaluate.py)
 A finished stage is skipped only while the inputs recorded in its done file are unchanged (a changed
-corpus retrains the targets, a changed target retrains the draft). Delete .demo-work/ to start over.
+corpus retrains the targets, a changed target retrains both drafts, a changed DFlash 1 draft the DFlash 2
+draft). Delete .demo-work/ to start over.
 `--base-from DIR` adopts DIR (a target this recipe's base phase wrote, e.g. an earlier profiles/demo/target)
-as the base phase's output instead of training it again (about 19 minutes here).
+as the base phase's output instead of training it again (about 19 minutes here). The base corpus and the
+tokenizer are what they were for the committed pair (the tool task is in the chat corpus only), so the
+retrain that added the tool task and the DFlash 2 draft can start from the committed target:
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/make_demo_models.py --base-from profiles/demo/target
+(adopting copies it into .demo-work/ before the chat phase overwrites profiles/demo/target, and later runs
+keep that copy). The committed target has had a chat phase already, so this chat phase starts from a
+chat-trained target, not from a base-phase one as a run from scratch does: say so wherever its figures
+are quoted.
 
 Runs from scratch on this project's 2-core machines, each alone on it unless said (minutes):
   A  base 3,000 steps at 2e-3 (24), one chat round 5500:6e-4 (43), target evaluation (3): 70 up to the
@@ -33,6 +45,10 @@ Runs from scratch on this project's 2-core machines, each alone on it unless sai
      evaluation (2.7), draft (32.5, its responses included): 70.6 in all. 99.2% single-turn, 95.8% in
      conversation; tau 7.03 at block 8 and 11.72 at block 16 (11.36 in conversation), outputs identical to
      block 1. This is the committed pair.
+  E  the tool task (chat corpus) and the DFlash 2 stage (7): not yet timed. The tool task adds about 8% to
+     the chat corpus's tokens (194 against 180 per conversation on average: the tool's schema is about 100
+     tokens of this vocabulary), so expect the chat phase to take about that much longer; the DFlash 2
+     stage's time is unknown until it has run once.
 At 2e-3 the base phase alone left sorting at 0% after 3,000 steps and 3% after 5,500; at 6e-4 it reached
 77% (and 92.9% over all tasks) in 2,500.
 All of these ran on a CPU with native bf16 matmuls (AMX for A-C), which the target and the draft train with.
@@ -68,47 +84,72 @@ CHAT_BATCH = 16  # conversations are longer (160 tokens on average against 110)
 DRAFT_PROMPTS = 1600  # conversations; the target writes each of their turns
 DRAFT_EPOCHS = 16
 DRAFT_STEPS = 6000
+DRAFT2_STEPS = 2500  # the DFlash 2 stage, from the DFlash 1 draft's weights: a first guess, not yet timed or tuned
 
 
 def draft_data(train: list[dict], path: Path, n: int, seed: int) -> Path:
-    """The prompts the target answers for draft training, each in its record's thinking mode."""
+    """The prompts the target answers for draft training, each in its record's thinking mode. Conversations
+    that offer tools are left out: train-draft's data holds system, user and assistant texts only (no tools,
+    tool calls or tool messages), so the drafts learn from the target's plain chat turns."""
     import random
 
     rng = random.Random(seed)
-    picked = rng.sample(train, min(n, len(train)))
+    plain = [r for r in train if not r.get("tools")]
+    picked = rng.sample(plain, min(n, len(plain)))
     corpus.write_jsonl(path, ({"messages": r["messages"], "thinking": r["thinking"]} for r in picked))
     return path
 
 
-def train_draft(args, work: Path, target: Path, out: Path, source: Path) -> None:
-    """`dflash train-draft` into the work dir (its responses and resumable state stay there), then the
-    draft itself (config.json + model.safetensors) is copied to `out`. Skipped while the target, the
-    conversations and the arguments are those recorded in draft-done.json."""
+def train_draft(args, work: Path, target: Path, out: Path, source: Path, name: str = "draft",
+                steps: int | None = None, extra: tuple[str, ...] = (), responses_from: Path | None = None,
+                key_extra: dict | None = None) -> None:
+    """`dflash train-draft` into the work dir (its responses and resumable state stay there, in work/NAME),
+    then the draft itself (config.json + model.safetensors) is copied to `out`. Skipped while the target,
+    the conversations and the arguments are those recorded in NAME-done.json. `extra`: more train-draft
+    arguments (the DFlash 2 stage's --arch and --init-draft); `responses_from`: an earlier stage's
+    train-draft folder whose responses.jsonl (the target's answers to the same conversations) seeds this
+    stage's, so the target does not write them twice."""
+    steps = args.draft_steps if steps is None else steps
     data = draft_data(corpus.read_jsonl(source), work / "draft-data.jsonl", args.draft_prompts, args.seed)
     key = {"target": train_target.file_digest(target / "model.safetensors"), "data": train_target.file_digest(data),
-           "steps": args.draft_steps, "epochs": args.draft_epochs, "args": args.draft_args}
-    done = work / "draft-done.json"
+           "steps": steps, "epochs": args.draft_epochs, "args": args.draft_args, **(key_extra or {})}
+    done = work / f"{name}-done.json"
     if (out / "model.safetensors").exists() and (out / "config.json").exists() and done.exists() \
             and json.loads(done.read_text()).get("key") == key:
-        print(f"draft: {out} is up to date, skipped")
+        print(f"{name}: {out} is up to date, skipped")
         return
-    build = work / "draft"  # train-draft's own folder: it writes only into a folder it claimed
-    state = work / "draft-key.json"
+    build = work / name  # train-draft's own folder: it writes only into a folder it claimed
+    state = work / f"{name}-key.json"
     fresh = not state.exists() or json.loads(state.read_text()) != key  # another target or data: start over
     state.write_text(json.dumps(key))
+    seed_file = None if responses_from is None else responses_from / "responses.jsonl"
+    if seed_file is not None and seed_file.is_file() and not (build / "responses.jsonl").exists():
+        from dflash_tui.engines.outputs import claim_output_dir
+
+        claim_output_dir(build, option="--out")  # train-draft's claim, so that it takes the folder as its own
+        shutil.copyfile(seed_file, build / "responses.jsonl")  # entries are keyed by target and data line
     cmd = [sys.executable, "-m", "dflash_tui", "train-draft", "--target", str(target), "--data", str(data),
            "--out", str(build), "--block-size", "16", "--draft-layers", "2", "--responses", "generate",
            "--seed", str(args.seed), "--epochs", str(args.draft_epochs), "--max-len", "320",
-           "--max-new-tokens", "256", "--gen-batch", "16", "--dtype", "float16", "--max-steps", str(args.draft_steps),
-           *(["--fresh"] if fresh else []), *args.draft_args]
-    print("draft:", " ".join(cmd), flush=True)
+           "--max-new-tokens", "256", "--gen-batch", "16", "--dtype", "float16", "--max-steps", str(steps),
+           *extra, *(["--fresh"] if fresh else []), *args.draft_args]
+    print(f"{name}:", " ".join(cmd), flush=True)
     t0 = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT)
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copyfile(build / name, out / name)
+    for file in ("config.json", "model.safetensors"):
+        shutil.copyfile(build / file, out / file)
     done.write_text(json.dumps({"train_seconds": round(time.time() - t0, 1), "conversations": args.draft_prompts,
-                                "steps": args.draft_steps, "key": key}))
+                                "steps": steps, "key": key}))
+
+
+def train_draft2(args, work: Path, target: Path, draft: Path, out: Path, source: Path) -> None:
+    """The DFlash 2 draft: train-draft --arch dflash2 starting from the DFlash 1 draft's weights (the same
+    backbone: block 16, 2 layers, the same target layers), on the same conversations and the same target
+    responses as the DFlash 1 stage. Retrained whenever the DFlash 1 draft changes."""
+    train_draft(args, work, target, out, source, name="draft2", steps=args.draft2_steps,
+                extra=("--arch", "dflash2", "--init-draft", str(draft)), responses_from=work / "draft",
+                key_extra={"arch": "dflash2", "init": train_target.file_digest(draft / "model.safetensors")})
 
 
 def adopt_base(src: Path, work: Path, base_dir: Path, key_of, corpus_digest: str) -> None:
@@ -170,8 +211,11 @@ def main(argv=None) -> int:
     p.add_argument("--draft-prompts", type=int, default=DRAFT_PROMPTS)
     p.add_argument("--draft-epochs", type=int, default=DRAFT_EPOCHS)
     p.add_argument("--draft-steps", type=int, default=DRAFT_STEPS)
-    p.add_argument("--draft-args", nargs=argparse.REMAINDER, default=[], help="passed on to dflash train-draft")
-    p.add_argument("--skip-draft", action="store_true")
+    p.add_argument("--draft2-steps", type=int, default=DRAFT2_STEPS, help="DFlash 2 draft steps")
+    p.add_argument("--draft-args", nargs=argparse.REMAINDER, default=[],
+                   help="passed on to dflash train-draft (both draft stages; put it last)")
+    p.add_argument("--skip-draft", action="store_true", help="stop after the target's evaluation (no draft)")
+    p.add_argument("--skip-draft2", action="store_true", help="train the DFlash 1 draft only")
     p.add_argument("--eval-limit", type=int, default=None,
                    help="evaluate on N held-out prompts (and N conversations) spread over the tasks")
     args = p.parse_args(argv)
@@ -179,7 +223,7 @@ def main(argv=None) -> int:
     work = args.work / f"seed{args.seed}"
     work.mkdir(parents=True, exist_ok=True)
     print(compute_notice(), flush=True)
-    target_dir, draft_dir = args.out / "target", args.out / "draft"
+    target_dir, draft_dir, draft2_dir = args.out / "target", args.out / "draft", args.out / "draft2"
     base_dir = work / "base-target"
     clock = {}
 
@@ -204,7 +248,8 @@ def main(argv=None) -> int:
     print(f"base target: { {k: v for k, v in stats.items() if k != 'key'} }")
     del train
     t = time.time()
-    chat_path, held_chat_path = corpus.build_chat(work, args.seed, held_path, args.chat_records, args.heldout)
+    chat_path, held_chat_path, held_tools_path = corpus.build_chat(work, args.seed, held_path, args.chat_records,
+                                                                   args.heldout)
     chat = corpus.read_jsonl(chat_path)
     print(f"chat corpus: {len(chat)} conversations, held-out {held_chat_path} ({time.time() - t:.0f} s)")
     t = time.time()
@@ -222,20 +267,28 @@ def main(argv=None) -> int:
     clock["chat"] = time.time() - t
     del chat
     held, held_chat = corpus.read_jsonl(held_path), corpus.read_jsonl(held_chat_path)
+    held_tools = corpus.read_jsonl(held_tools_path)
     if args.eval_limit:  # an even spread over the tasks (the files are grouped by task)
         held = held[:: max(1, len(held) // args.eval_limit)][: args.eval_limit]
         held_chat = held_chat[:: max(1, len(held_chat) // args.eval_limit)][: args.eval_limit]
+        held_tools = held_tools[: args.eval_limit]  # calls and answers, both modes, in turn
     t = time.time()
     # The target is scored before its draft trains, so a target that misses its bars is known an hour
     # earlier; the scores are cached per target, and the final report reuses them.
-    evaluate.report(target_dir, None, held, work, held_chat=held_chat)
+    evaluate.report(target_dir, None, held, work, held_chat=held_chat, held_tools=held_tools)
     clock["evaluate"] = time.time() - t
     if not args.skip_draft:
         t = time.time()
         train_draft(args, work, target_dir, draft_dir, chat_path)
         clock["draft"] = time.time() - t
+        drafts = {"draft": draft_dir}
+        if not args.skip_draft2:
+            t = time.time()
+            train_draft2(args, work, target_dir, draft_dir, draft2_dir, chat_path)
+            clock["draft2"] = time.time() - t
+            drafts["draft2"] = draft2_dir
         t = time.time()
-        evaluate.report(target_dir, draft_dir, held, work, held_chat=held_chat)
+        evaluate.report(target_dir, drafts, held, work, held_chat=held_chat, held_tools=held_tools)
         clock["evaluate"] += time.time() - t
     print("stage minutes (this run): " + ", ".join(f"{k} {v / 60:.1f}" for k, v in clock.items())
           + f"; all {(time.time() - t0) / 60:.1f}")

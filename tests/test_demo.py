@@ -407,14 +407,64 @@ def test_the_evaluator_scores_tool_calls_and_answers():
     assert {(r["task"], r["thinking"]) for r in held} == {(t, m) for t in corpus.TOOL_TASKS for m in (True, False)}
 
 
-def test_draft_data_leaves_out_conversations_with_tools(tmp_path):
-    """train-draft reads system, user and assistant texts only."""
+@pytest.fixture
+def make():
+    """scripts/make_demo_models.py as a module; the environment defaults it sets on import are undone."""
     import importlib
+    import os
 
-    make = importlib.import_module("scripts.make_demo_models")
+    names = ("HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM")
+    before = {name: os.environ.get(name) for name in names}
+    module = importlib.import_module("scripts.make_demo_models")
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+    return module
+
+
+def test_draft_data_leaves_out_conversations_with_tools(tmp_path, make):
+    """train-draft reads system, user and assistant texts only."""
     records = list(corpus.generate_chat(300, seed=1))
     assert any(r.get("tools") for r in records)
     path = make.draft_data(records, tmp_path / "d.jsonl", 1000, seed=0)
     picked = corpus.read_jsonl(path)
     assert len(picked) == sum(not r.get("tools") for r in records)
     assert all(m["role"] in ("user", "assistant") and isinstance(m["content"], str) for r in picked for m in r["messages"])
+
+
+def test_the_dflash2_stage_starts_from_the_dflash1_draft_and_its_responses(tmp_path, monkeypatch, make):
+    """make_demo_models' DFlash 2 stage: train-draft --arch dflash2 --init-draft <DFlash 1 draft>, in its own
+    folder seeded with the DFlash 1 stage's responses, skipped on a rerun with the same inputs."""
+    import argparse
+
+    from dflash_tui.engines.outputs import CLAIM
+
+    work, target, draft, out = tmp_path / "work", tmp_path / "target", tmp_path / "draft", tmp_path / "draft2"
+    for folder, weights in ((target, b"target"), (draft, b"dflash1"), (work / "draft", None)):
+        folder.mkdir(parents=True)
+        if weights:
+            (folder / "model.safetensors").write_bytes(weights)
+    (work / "draft" / "responses.jsonl").write_text('{"key": "k", "responses": [[1, 2]]}\n')
+    source = tmp_path / "chat.jsonl"
+    corpus.write_jsonl(source, corpus.generate_chat(40, seed=3))
+    args = argparse.Namespace(seed=0, draft_prompts=10, draft_epochs=2, draft_steps=7, draft2_steps=5, draft_args=[])
+    calls = []
+
+    def fake_run(cmd, check, cwd):
+        calls.append(cmd)
+        build = Path(cmd[cmd.index("--out") + 1])
+        assert (build / CLAIM).is_file() and (build / "responses.jsonl").read_text().startswith('{"key": "k"')
+        (build / "config.json").write_text("{}")
+        (build / "model.safetensors").write_bytes(b"dflash2")
+
+    monkeypatch.setattr(make.subprocess, "run", fake_run)
+    make.train_draft2(args, work, target, draft, out, source)
+    make.train_draft2(args, work, target, draft, out, source)  # the same inputs: skipped
+    assert len(calls) == 1
+    cmd = calls[0]
+    assert cmd[cmd.index("--arch") + 1] == "dflash2" and cmd[cmd.index("--init-draft") + 1] == str(draft)
+    assert cmd[cmd.index("--max-steps") + 1] == "5" and cmd[cmd.index("--out") + 1] == str(work / "draft2")
+    assert (out / "model.safetensors").read_bytes() == b"dflash2" and (work / "draft2-done.json").is_file()
+    (draft / "model.safetensors").write_bytes(b"dflash1, retrained")
+    make.train_draft2(args, work, target, draft, out, source)  # a new DFlash 1 draft trains DFlash 2 again
+    assert len(calls) == 2 and "--fresh" in calls[1]
