@@ -29,6 +29,7 @@ from tests import tiny  # noqa: E402 - after the importorskip above
 POLLS = 1200  # at 0.05 s apart: how long a wait may last before the test gives up
 LONG = 400  # max_tokens for a generation that must be stopped from outside (the context holds 512)
 KEY = "sesame"
+ORIGIN = "http://app.example"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPTS = ["What is 48 + 75?", "Hello world", "sort 3 1 2", "The quick brown fox", "0123456789", "Ünïcödé ✓"]
 
@@ -98,13 +99,46 @@ def profile(pair, tmp_path_factory):
     return tiny.write_profile(tmp_path_factory.mktemp("serve") / "tiny.toml", target, draft, max_new_tokens=24)
 
 
+TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n# Tools\n<tools>{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n</tools>\n"
+    "Call a function as <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>.<|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n{%- for c in m.tool_calls %}"
+    "<tool_call>\n{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}\n"
+    "</tool_call>{%- endfor %}<|im_end|>\n"
+    "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{%- endif %}{%- endif %}"
+)
+
+
 @pytest.fixture(scope="module")
-def servers(profile, tmp_path_factory):
-    """Two servers, started side by side: an open one on 127.0.0.1, and one on 127.0.0.2 (still
-    loopback) that requires an API key and lets one request wait."""
+def tools_pair(pair, tmp_path_factory):
+    """The tiny pair with a chat template that has a tools branch (Qwen's hermes form), as Qwen3's has."""
+    import shutil
+
+    target, draft = pair
+    copy = tmp_path_factory.mktemp("tools") / "target"
+    shutil.copytree(target, copy)
+    (copy / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    config = copy / "tokenizer_config.json"
+    data = json.loads(config.read_text())
+    data.pop("chat_template", None)
+    config.write_text(json.dumps(data))
+    return copy, draft
+
+
+@pytest.fixture(scope="module")
+def servers(profile, tools_pair, tmp_path_factory):
+    """Two servers, started side by side: an open one on 127.0.0.1 with the defaults, and one on 127.0.0.2
+    (still loopback) that requires an API key, lets one request wait, clamps max_tokens, allows one
+    browser origin and serves the pair whose template has a tools branch."""
     logs = tmp_path_factory.mktemp("serve-log")
+    tools_profile = tiny.write_profile(logs / "tools.toml", *tools_pair, max_new_tokens=24)
     started = [Server(profile, log=logs / "open.log"),
-               Server(profile, "--api-key", KEY, "--max-queue", "1", host="127.0.0.2", log=logs / "guarded.log")]
+               Server(tools_profile, "--api-key", KEY, "--max-queue", "1", "--clamp-max-tokens", "--allowed-origins",
+                      ORIGIN, host="127.0.0.2", log=logs / "guarded.log")]
     try:
         yield [s.ready() for s in started]
     finally:
@@ -532,3 +566,183 @@ async def test_the_tui_over_the_remote_engine_colours_tokens_and_shows_the_stats
         header = str(app.screen.query_one("#header-state").render())
         footer = str(answer.query_one(".answer-footer").render())
         assert f" · block {used} · " in header and f"block {used}" in footer and "–" not in footer
+
+
+# -- issue 31: never stall, never 500 -----------------------------------------------------------------
+
+
+def test_a_body_over_the_limit_is_413_and_health_answers_while_a_big_prompt_is_refused(server):
+    """The JSON, the chat template and the tokenizer of a big request run off the event loop: /health
+    answers while a 4 MB prompt is being prepared (it says so itself), before that prompt's refusal."""
+    over = b'{"model": "tiny", "prompt": "' + b"x" * (8 * 2**20) + b'"}'
+    big = httpx.post(server.base + "/completions", content=over, headers={"Content-Type": "application/json"},
+                     timeout=60)
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+    done: list = []
+    prompt = "word " * (4 * 2**20 // 5)
+    sender = threading.Thread(target=lambda: done.append(httpx.post(
+        server.base + "/chat/completions", json=chat_body(prompt), timeout=300)))
+    sender.start()
+    seen = None
+    for _ in range(POLLS * 10):
+        answer = httpx.get(server.root + "/health", timeout=30).json()
+        if answer["preparing"] >= 1:
+            seen = answer
+            break
+        if done:
+            break
+    sender.join()
+    assert seen is not None, "/health never answered while the big prompt was being prepared"
+    refused = done[0]
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["message"].startswith(
+        "This model's maximum context length is 512 tokens. However, your messages resulted in ")
+
+
+def _exchange(conn, method: str, path: str, body: bytes = b"", content_type: str = "application/json"):
+    headers = {"Content-Type": content_type} if body else {}
+    conn.request(method, path, body=body, headers=headers)
+    response = conn.getresponse()
+    return response.status, response.getheader("Content-Type"), response.read()
+
+
+def test_every_error_is_json_and_the_connection_stays_open(server):
+    """Token ids out of range, nesting past the limit, a body that is not JSON: 4xx JSON on one
+    keep-alive connection, which then still answers."""
+    import http.client
+
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
+    status, kind, _ = _exchange(conn, "GET", "/health")
+    assert status == 200
+    sock = conn.sock
+    deep = b'{"model": "tiny", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    cases = [
+        ("/detokenize", json.dumps({"tokens": [-1]}).encode(), "application/json", 400),
+        ("/detokenize", json.dumps({"tokens": [2**70]}).encode(), "application/json", 400),
+        ("/v1/completions", json.dumps({"model": "tiny", "prompt": [2**70]}).encode(), "application/json", 400),
+        ("/v1/chat/completions", deep, "application/json", 400),
+        ("/v1/chat/completions", json.dumps(chat_body("hi")).encode(), "text/plain", 415),
+        ("/v1/chat/completions", b"model=tiny", "application/x-www-form-urlencoded", 415),
+        ("/v1/chat/completions", json.dumps(chat_body("hi", stop_token_ids=[10**9])).encode(), "application/json",
+         400),
+        ("/v1/chat/completions", json.dumps({"model": "tiny", "messages": [{"role": "user"}]}).encode(),
+         "application/json", 400),
+    ]
+    for path, body, content_type, want in cases:
+        status, kind, raw = _exchange(conn, "POST", path, body, content_type)
+        assert (path, status) == (path, want), raw
+        assert kind == "application/json" and json.loads(raw)["error"]["message"]
+        assert conn.sock is sock  # the same connection: not reset, not closed
+    status, _, raw = _exchange(conn, "POST", "/detokenize", json.dumps({"tokens": [5, 6]}).encode())
+    assert status == 200 and conn.sock is sock
+    conn.close()
+
+
+# -- issue 31: what is refused -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, value", [
+    ("best_of", 2), ("echo", True), ("suffix", "end"), ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+    ("logprobs", True), ("top_logprobs", 3), ("presence_penalty", 0.5), ("frequency_penalty", 0.5),
+    ("repetition_penalty", 1.2), ("logit_bias", {"5": 10}), ("reasoning_effort", "low"), ("functions", []),
+    ("guided_json", {}), ("min_tokens", 4),
+])
+def test_fields_it_cannot_honour_are_refused_by_name(server, field, value):
+    response = httpx.post(server.base + "/chat/completions", json=chat_body("hi") | {field: value}, timeout=30)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == field and f"'{field}'" in error["message"] and error["code"] == "unsupported_parameter"
+
+
+def test_images_and_completion_tools_are_refused(server):
+    image = {"model": "tiny", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "data:,"}}]}]}
+    response = httpx.post(server.base + "/chat/completions", json=image, timeout=30)
+    assert response.status_code == 400 and "'image_url'" in response.json()["error"]["message"]
+    tools = {"model": "tiny", "prompt": "hi", "tools": [{"type": "function", "function": {"name": "f"}}]}
+    response = httpx.post(server.base + "/completions", json=tools, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tools"
+    fine = chat_body("hi", max_tokens=2) | {"response_format": {"type": "text"}, "logprobs": False,
+                                            "presence_penalty": 0, "best_of": 1}
+    assert httpx.post(server.base + "/chat/completions", json=fine, timeout=60).status_code == 200
+
+
+# -- issue 31: defaults as vLLM has them --------------------------------------------------------------
+
+
+def test_no_seed_is_a_fresh_seed_and_a_seed_repeats(server):
+    def run(**extra):
+        body = chat_body("Hello world", max_tokens=16, return_token_ids=True) | {"temperature": 1.5, **extra}
+        return tuple(httpx.post(server.base + "/chat/completions", json=body, timeout=60).json()["choices"][0]["token_ids"])
+
+    assert len({run() for _ in range(3)}) > 1
+    assert run(seed=7) == run(seed=7)
+
+
+def test_stop_token_ids_add_to_the_eos_ids(server, local):
+    """A sampled answer that ends at the target's eos ends there too with stop_token_ids set (they used to
+    replace the eos ids, and the answer ran on to max_tokens)."""
+    eos = set(local.stop_ids())
+    for seed in range(200):
+        request = GenerationRequest(messages=[{"role": "user", "content": "Hello"}], max_new_tokens=48,
+                                    temperature=1.5, seed=seed)
+        list(local.generate(request))
+        s = local.last_summary
+        if s.finish_reason == "stop" and s.token_ids[-1] in eos:
+            break
+    else:
+        pytest.skip("no seed made the tiny target say eos")
+    unused = next(t for t in range(5, 300) if t not in s.token_ids)
+    body = chat_body("Hello", max_tokens=48, return_token_ids=True) | {"temperature": 1.5, "seed": seed,
+                                                                        "stop_token_ids": [unused]}
+    choice = httpx.post(server.base + "/chat/completions", json=body, timeout=60).json()["choices"][0]
+    assert choice["token_ids"] == s.token_ids and choice["finish_reason"] == "stop"
+    body["stop_token_ids"] = [s.token_ids[2]]  # and one of them stops it where it appears first
+    choice = httpx.post(server.base + "/chat/completions", json=body, timeout=60).json()["choices"][0]
+    assert choice["token_ids"] == s.token_ids[: s.token_ids.index(s.token_ids[2]) + 1]
+
+
+def test_max_tokens_beyond_the_context_is_vllms_400_unless_clamped(server, guarded):
+    body = chat_body("hi", max_tokens=600)
+    refused = httpx.post(server.base + "/chat/completions", json=body, timeout=30)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["param"] == "max_tokens" and error["code"] == "context_length_exceeded"
+    assert error["message"].startswith("This model's maximum context length is 512 tokens. However, you requested ")
+    assert "600 in the completion" in error["message"]
+    clamped = httpx.post(guarded.base + "/chat/completions", json=body | {"stream": False}, headers=AUTH, timeout=120)
+    assert clamped.status_code == 200
+
+
+def test_models_by_id_usage_after_a_stop_string_and_cors(server, guarded, local):
+    card = httpx.get(server.base + "/models/tiny", timeout=30)
+    assert card.status_code == 200 and card.json()["id"] == "tiny" and card.json()["max_model_len"] == 512
+    missing = httpx.get(server.base + "/models/gpt-4", timeout=30)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    # usage counts the ids returned, through the one that completes the stop string
+    list(local.generate(GenerationRequest(prompt="Hello world", max_new_tokens=40, temperature=0.0)))
+    ids, text = local.last_summary.token_ids, local.last_summary.text
+    stop = text[10:12]
+    end = text.find(stop) + len(stop)
+    through = next(k for k in range(1, len(ids) + 1) if len(local.decode(ids[:k])) >= end)
+    body = {"model": "tiny", "prompt": "Hello world", "max_tokens": 40, "temperature": 0, "stop": [stop],
+            "return_token_ids": True}
+    whole = httpx.post(server.base + "/completions", json=body, timeout=60).json()
+    n = whole["usage"]["completion_tokens"]  # an id whose bytes end a UTF-8 character late may be one more
+    assert through <= n <= through + 1 and n < len(ids) and whole["choices"][0]["token_ids"] == ids[:n]
+    with httpx.stream("POST", server.base + "/completions", timeout=60,
+                      json=body | {"stream": True, "stream_options": {"include_usage": True}}) as response:
+        chunks = sse_chunks(response)
+    assert chunks[-1]["usage"]["completion_tokens"] == n
+    # CORS: off by default; --allowed-origins answers a browser's preflight for that origin only
+    preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    closed = httpx.options(server.base + "/chat/completions", headers=preflight, timeout=30)
+    assert "access-control-allow-origin" not in closed.headers
+    opened = httpx.options(guarded.base + "/chat/completions", headers=preflight, timeout=30)
+    assert opened.status_code == 200 and opened.headers["access-control-allow-origin"] == ORIGIN
+    other = httpx.options(guarded.base + "/chat/completions", headers=preflight | {"Origin": "http://evil.example"},
+                          timeout=30)
+    assert "access-control-allow-origin" not in other.headers

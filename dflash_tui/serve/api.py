@@ -3,11 +3,14 @@ and the JSON of chunks and responses, with the DFlash step data as an extension 
 
 from __future__ import annotations
 
+import json
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from dflash_tui.engines.config import MAX_SEED
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.remote.wire import EXTENSION
 
@@ -51,20 +54,91 @@ def _float(body: dict, key: str, low: float, high: float, low_open: bool = False
     return float(value)
 
 
-def _text_content(content: Any, where: str) -> str:
+MAX_DEPTH = 64  # JSON nesting a request may have (a tool's parameter schema needs a dozen at most)
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether a parsed JSON value nests deeper than `limit` (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
+    return False
+
+
+def _text_content(content: Any, where: str, required: bool = True) -> Optional[str]:
     if isinstance(content, str):
         return content
     if content is None:
-        return ""
+        if required:
+            raise _bad(f"{where} has no 'content'; send its text.", "messages")
+        return None
     if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
         parts = []
-        for part in content:
+        for j, part in enumerate(content):
             if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
                 parts.append(part["text"])
             else:
-                raise _bad(f"{where}: only text content parts are supported.", "messages")
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise _bad(f"{where}.content[{j}] is of type {kind!r}: only text content parts are supported "
+                           "(this server runs a text-only model).", "messages")
         return "".join(parts)
     raise _bad(f"{where}: 'content' must be a string or a list of text parts.", "messages")
+
+
+def _unsupported(field_name: str, why: str = "") -> ApiError:
+    return _bad(f"'{field_name}' is not supported by dflash serve{why}; leave it out.", field_name,
+                "unsupported_parameter")
+
+
+def refuse_unsupported(body: dict, chat: bool) -> None:
+    """A 400 naming the field for every request field this server would otherwise have to ignore (a
+    client then knows at once instead of getting plain text where it asked for structure)."""
+    if body.get("best_of") not in (None, 1):
+        raise _unsupported("best_of", " (one engine, one answer per request)")
+    if body.get("echo"):
+        raise _unsupported("echo")
+    if body.get("suffix"):
+        raise _unsupported("suffix")
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+        if kind != "text":
+            raise _unsupported("response_format", f" with type {kind!r} (no guided decoding: only 'text')")
+    logprobs = body.get("logprobs")
+    if logprobs not in (None, False) and not (not chat and logprobs == 0 and not isinstance(logprobs, bool)):
+        raise _unsupported("logprobs", " yet")
+    if body.get("top_logprobs") not in (None, 0):
+        raise _unsupported("top_logprobs", " yet")
+    if body.get("prompt_logprobs") is not None:
+        raise _unsupported("prompt_logprobs")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if body.get(key) not in (None, 0, 0.0):
+            raise _unsupported(key, " yet")
+    if body.get("repetition_penalty") not in (None, 1, 1.0):
+        raise _unsupported("repetition_penalty", " yet")
+    if body.get("logit_bias"):
+        raise _unsupported("logit_bias", " yet")
+    if body.get("reasoning_effort") is not None:
+        raise _unsupported("reasoning_effort", ": no model family served here takes it (use "
+                           "chat_template_kwargs.enable_thinking)")
+    if body.get("min_tokens") not in (None, 0):
+        raise _unsupported("min_tokens")
+    for key in ("functions", "function_call"):
+        if body.get(key) is not None:
+            raise _unsupported(key, " (the legacy form: send 'tools' and 'tool_choice')")
+    for key in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
+        if body.get(key) is not None:
+            raise _unsupported(key, " (no guided decoding)")
+    if not chat:
+        for key in ("tools", "tool_choice"):
+            if body.get(key) is not None:
+                raise _unsupported(key, " on /v1/completions (use /v1/chat/completions)")
 
 
 @dataclass
@@ -75,18 +149,25 @@ class Params:
     stream: bool = False
     include_usage: bool = False
     max_tokens: Optional[int] = None
+    max_tokens_key: str = "max_tokens"
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     top_k: Optional[int] = None
     min_p: Optional[float] = None
-    seed: int = 0
+    seed: Optional[int] = None  # None: a fresh random seed for this request (vLLM's default)
     stop: list[str] = field(default_factory=list)
     thinking: Optional[bool] = None
     separate_reasoning: Optional[bool] = None
     return_token_ids: bool = False
     extension: bool = False  # the request carried the dflash object: send the summary chunk
     block_size: Optional[int] = None
-    stop_ids: Optional[list[int]] = None
+    stop_ids: Optional[list[int]] = None  # the extension's: every stop id (replaces the eos ids)
+    stop_token_ids: list[int] = field(default_factory=list)  # OpenAI/vLLM's: added to the eos ids
+    ignore_eos: bool = False
+    draft_window: Optional[int] = None
+    clamp_max_tokens: bool = False
+    tools: Optional[list[dict]] = None
+    tool_choice: Any = None  # None, "auto", "none", "required" or {"type": "function", "function": {"name"}}
     messages: Optional[list[dict]] = None
     prompt: Any = None  # text or token ids (/v1/completions)
 
@@ -94,6 +175,7 @@ class Params:
 def parse(body: Any, names: list[str], chat: bool) -> Params:
     if not isinstance(body, dict):
         raise _bad("The request body must be a JSON object.")
+    refuse_unsupported(body, chat)
     model = body.get("model")
     if model is None:
         model = names[0]
@@ -115,6 +197,8 @@ def parse(body: Any, names: list[str], chat: bool) -> Params:
         key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         raise _bad(f"'{key}' must be at least 1; got {max_tokens}.", key)
     p.max_tokens = max_tokens
+    if body.get("max_completion_tokens") is not None:
+        p.max_tokens_key = "max_completion_tokens"
     p.temperature = _float(body, "temperature", 0.0, 100.0)
     p.top_p = _float(body, "top_p", 0.0, 1.0, low_open=True)
     p.min_p = _float(body, "min_p", 0.0, 1.0)
@@ -122,8 +206,9 @@ def parse(body: Any, names: list[str], chat: bool) -> Params:
     if top_k is not None and top_k < -1:
         raise _bad(f"'top_k' must be -1 or 0 (off) or a positive number of tokens; got {top_k}.", "top_k")
     p.top_k = None if top_k is None or top_k <= 0 else top_k  # vLLM: -1 or 0 means off
-    seed = _int(body, "seed", 0)
-    p.seed = 0 if seed is None else seed
+    p.seed = _int(body, "seed", 0)
+    if p.seed is not None and p.seed >= MAX_SEED:
+        raise _bad(f"'seed' must be below 2**63; got {p.seed}.", "seed")
     stop = body.get("stop")
     if isinstance(stop, str):
         p.stop = [stop]
@@ -146,22 +231,20 @@ def parse(body: Any, names: list[str], chat: bool) -> Params:
         raise _bad(f"'{EXTENSION}' must be an object.", EXTENSION)
     p.extension = EXTENSION in body
     p.block_size = _int(ext, "block_size", 1)
-    stop_ids = ext.get("stop_ids", body.get("stop_token_ids"))
-    if stop_ids is not None:
-        if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
-            raise _bad("'stop_ids' must be a list of token ids.", EXTENSION)
-        p.stop_ids = stop_ids
+    p.draft_window = _int(ext, "draft_window", 1)
+    p.clamp_max_tokens = bool(ext.get("clamp_max_tokens", False))
+    p.stop_ids = _ids(ext.get("stop_ids"), "stop_ids", EXTENSION)
+    p.stop_token_ids = _ids(body.get("stop_token_ids"), "stop_token_ids", "stop_token_ids") or []
+    p.ignore_eos = bool(body.get("ignore_eos", False))
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _bad("'messages' must be a non-empty list of {role, content} objects.", "messages")
-        clean = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
-                raise _bad(f"messages[{i}] needs a role of system, user or assistant.", "messages")
-            role = "system" if m["role"] == "developer" else m["role"]
-            clean.append({"role": role, "content": _text_content(m.get("content"), f"messages[{i}]")})
-        p.messages = clean
+        p.messages = [_message(m, i) for i, m in enumerate(messages)]
+        tools_ = body.get("tools")
+        if tools_ is not None:
+            p.tools = check_tools(tools_)
+        p.tool_choice = check_tool_choice(body.get("tool_choice"), p.tools)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -177,6 +260,85 @@ def parse(body: Any, names: list[str], chat: bool) -> Params:
     return p
 
 
+def _ids(value: Any, name: str, param: str) -> Optional[list[int]]:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise _bad(f"'{name}' must be a list of token ids.", param)
+    return list(value)
+
+
+def _message(m: Any, i: int) -> dict:
+    """One chat message, checked: roles, content (text only; an assistant message carrying tool_calls may
+    have none), tool calls and tool results kept for the chat template."""
+    where = f"messages[{i}]"
+    if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "developer", "tool"):
+        raise _bad(f"{where} needs a role of system, developer, user, assistant or tool.", "messages")
+    role = "system" if m["role"] == "developer" else m["role"]
+    calls = m.get("tool_calls") if role == "assistant" else None
+    content = _text_content(m.get("content"), where, required=role != "assistant" or not calls)
+    out: dict = {"role": role, "content": content if content is not None else ""}
+    if calls:
+        out["tool_calls"] = check_tool_calls(calls, where)
+    if role == "tool":
+        if m.get("tool_call_id") is not None:
+            out["tool_call_id"] = str(m["tool_call_id"])
+        if isinstance(m.get("name"), str):
+            out["name"] = m["name"]
+    return out
+
+
+def check_tools(tools: Any) -> list[dict]:
+    if not isinstance(tools, list):
+        raise _bad("'tools' must be a list of {type: function, function: {name, description, parameters}}.", "tools")
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise _bad(f"tools[{i}] must be {{type: function, function: {{name, ...}}}}.", "tools")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise _bad(f"tools[{i}].function.parameters must be a JSON schema object.", "tools")
+    return [{"type": "function", "function": t["function"]} for t in tools]
+
+
+def check_tool_choice(choice: Any, tools: Optional[list[dict]]) -> Any:
+    if choice is None:
+        return None
+    if choice in ("auto", "none", "required"):
+        if choice == "required" and not tools:
+            raise _bad("tool_choice 'required' needs 'tools'.", "tool_choice")
+        return choice
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) and isinstance(choice.get("function"), dict) else None
+    if not isinstance(name, str):
+        raise _bad("'tool_choice' must be 'auto', 'none', 'required' or {type: function, function: {name}}.",
+                   "tool_choice")
+    if name not in [t["function"]["name"] for t in tools or []]:
+        raise _bad(f"tool_choice names the function {name!r}, which is not among 'tools'.", "tool_choice")
+    return {"type": "function", "function": {"name": name}}
+
+
+def check_tool_calls(calls: Any, where: str) -> list[dict]:
+    if not isinstance(calls, list):
+        raise _bad(f"{where}.tool_calls must be a list.", "messages")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise _bad(f"{where}.tool_calls[{j}] needs function.name.", "messages")
+        arguments = fn.get("arguments", "{}")
+        if isinstance(arguments, str):  # the API sends a JSON string; templates index it as an object
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                raise _bad(f"{where}.tool_calls[{j}].function.arguments is not valid JSON.", "messages") from None
+        out.append({"id": str(call.get("id") or f"call_{j}"), "type": "function",
+                    "function": {"name": fn["name"], "arguments": arguments}})
+    return out
+
+
+def fresh_seed() -> int:
+    return secrets.randbelow(MAX_SEED)
+
+
 def check_request(make) -> Any:
     """Build a GenerationRequest; the engine's own checks (UserError) become 400s."""
     try:
@@ -190,9 +352,12 @@ def new_id(prefix: str) -> str:
 
 
 def usage(summary, prompt_tokens: int, completion_tokens: int) -> dict:
-    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-           "total_tokens": prompt_tokens + completion_tokens}
+    """OpenAI's usage: completion_tokens counts the ids returned (a stop string's overrun is left out)."""
+    out: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
     if summary is not None:
+        if summary.reused_prompt_tokens is not None:
+            out["prompt_tokens_details"] = {"cached_tokens": summary.reused_prompt_tokens}
         tau = summary.mean_acceptance_length
         out["mean_acceptance_length"] = None if tau is None else round(tau, 4)  # None: unknown
         out["decode_tokens_per_s"] = round(summary.decode_tokens_per_s, 2)

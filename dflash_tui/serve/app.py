@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional
 
@@ -20,16 +21,20 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from dflash_tui.engines.config import GenerationRequest
+from dflash_tui.engines.errors import describe
 from dflash_tui.engines.remote.sse import encode_event
 from dflash_tui.engines.remote.thinking import ThinkingSplitter, prompt_opens_thinking
 from dflash_tui.engines.remote.wire import EXTENSION, step_to_wire
 
-from .api import ApiError, Params, check_request, new_id, now, parse, usage
+from .api import MAX_DEPTH, ApiError, Params, check_request, fresh_seed, new_id, now, parse, too_deep, usage
 from .metrics import Metrics
 from .text import StopMatcher
-from .worker import EngineWorker, Job, QueueFull
+from .tools import ToolCallParser, forced_opening, render_ids, tool_format, wire_call
+from .worker import EngineWorker, Job, QueueFull, ShuttingDown
 
 PUBLIC_PATHS = ("/health",)
+MAX_BODY = 8 * 2**20  # bytes; --max-body
+log = logging.getLogger("dflash.serve")
 
 
 @dataclass
@@ -42,12 +47,15 @@ class ServeState:
     reasoning_split: bool = True
     api_key: Optional[str] = None
     created: int = field(default_factory=now)
+    max_body: int = MAX_BODY
+    clamp_max_tokens: bool = False  # --clamp-max-tokens: cut max_tokens to the context instead of a 400
+    allowed_origins: tuple = ()  # --allowed-origins: CORS (off when empty)
 
     @property
     def max_positions(self) -> Optional[int]:
         return self.engine.target_info.max_positions
 
-    def card(self) -> dict:
+    def card(self, name: Optional[str] = None) -> dict:
         e = self.engine
         target, draft = e.target_info, e.draft_info
         info = {
@@ -57,9 +65,10 @@ class ServeState:
             "target_path": str(target.path) if target is not None else None,
             "draft_path": str(draft.path) if draft is not None else None,
             "max_model_len": self.max_positions, "stop_ids": list(e.stop_ids()),
+            "draft_window": getattr(e.config, "draft_window", None),
             "generation_config": _jsonable(e.generation_config or {}),
         }
-        return {"id": self.names[0], "object": "model", "created": self.created, "owned_by": "dflash",
+        return {"id": name or self.names[0], "object": "model", "created": self.created, "owned_by": "dflash",
                 "root": info["target"] or self.names[0], "parent": None, "max_model_len": self.max_positions,
                 EXTENSION: info}
 
@@ -171,20 +180,34 @@ async def until_gone(request: Request, job: Job, worker: EngineWorker, work):
 
 @dataclass
 class Piece:
-    """One step's output after stop strings and the reasoning split."""
+    """One step's output after stop strings, the reasoning split and tool-call parsing."""
 
     reasoning: str = ""
     content: str = ""
     event: Any = None
     finish: Optional[str] = None
     summary: Any = None
+    ids: list = field(default_factory=list)  # the ids this piece returns (a stop string's overrun left out)
+    calls: list = field(default_factory=list)  # tool calls completed in this piece
 
 
-async def pieces(state: ServeState, job: Job, params: Params, split: Optional[ThinkingSplitter]) -> AsyncIterator[Piece]:
+def _ids_through(engine, before: list[int], emitted: list[int], end: int) -> list[int]:
+    """The fewest of `emitted` whose text (after `before`) reaches character `end` of the answer: the
+    ids a stop string leaves in (vLLM counts the ids through the stop string's last one)."""
+    for k in range(1, len(emitted) + 1):
+        if len(engine.decode(before + emitted[:k])) >= end:
+            return emitted[:k]
+    return list(emitted)
+
+
+async def pieces(state: ServeState, job: Job, params: Params, split: Optional[ThinkingSplitter],
+                 parser: Optional[ToolCallParser] = None) -> AsyncIterator[Piece]:
     """A Piece per event as it arrives (the one that ends the answer has `finish`), then a last Piece
     with only the `summary`. Past a stop string the engine is stopping: its last events are not sent."""
     stop = StopMatcher(params.stop)
     finish: Optional[str] = None
+    returned: list[int] = []
+    calls = 0
     while True:
         kind, value = await job.results.get()
         if kind == "error":
@@ -198,13 +221,16 @@ async def pieces(state: ServeState, job: Job, params: Params, split: Optional[Th
         if finish is not None:
             continue
         text = stop.add(event.text)
+        ids = list(event.emitted)
         if stop.matched:
             finish = "stop"
             state.worker.cancel(job)
+            ids = _ids_through(state.engine, returned, ids, stop.end)
         elif event.finish_reason:
             finish = "abort" if event.finish_reason == "cancelled" else event.finish_reason
             text += stop.flush()
-        piece = Piece(event=event, finish=finish)
+        returned += ids
+        piece = Piece(event=event, finish=finish, ids=ids)
         if split is None:
             piece.content = text
         else:
@@ -213,100 +239,242 @@ async def pieces(state: ServeState, job: Job, params: Params, split: Optional[Th
                 r, c = split.flush()
                 piece.reasoning += r
                 piece.content += c
+        if parser is not None:
+            got = parser.add(piece.content)
+            if finish is not None:
+                last = parser.flush()
+                got.text += last.text
+                got.calls += last.calls
+            piece.content, piece.calls = got.text, got.calls
+            calls += len(got.calls)
+            if finish == "stop" and calls:
+                piece.finish = "tool_calls"
         yield piece
+
+
+def _vocab(state: ServeState) -> Optional[int]:
+    return getattr(state.engine.target_info, "vocab_size", None)
+
+
+def check_ids(state: ServeState, ids: list[int], param: str) -> None:
+    """Token ids from a client: each in the target's vocabulary (a 400, never a tokenizer crash)."""
+    vocab = _vocab(state)
+    if ids and vocab and not 0 <= min(ids) <= max(ids) < vocab:
+        raise ApiError(400, f"Token ids must be from 0 to {vocab - 1}; got {min(ids)} .. {max(ids)}.", param)
 
 
 def _generation_request(state: ServeState, params: Params, ids: list[int], thinking: bool) -> GenerationRequest:
     d = state.defaults
-    max_new = params.max_tokens or d.get("max_new_tokens") or 256
     limit = state.max_positions
-    if limit:
-        max_new = max(1, min(max_new, limit - len(ids)))
+    room = limit - len(ids) if limit else None
+    if params.max_tokens is not None:
+        max_new = params.max_tokens
+        if room is not None and max_new > room:
+            if not (state.clamp_max_tokens or params.clamp_max_tokens):
+                where = "messages" if params.messages is not None else "prompt"
+                raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                               f"{len(ids) + max_new} tokens ({len(ids)} in the {where}, {max_new} in the completion). "
+                               f"Please reduce the length of the {where} or completion.",
+                               "max_completion_tokens" if params.max_tokens_key == "max_completion_tokens"
+                               else "max_tokens", "context_length_exceeded")
+            max_new = room
+    else:
+        max_new = d.get("max_new_tokens") or 256
+        if room is not None:
+            max_new = min(max_new, room)
+    max_new = max(1, max_new)
+    stop_ids = params.stop_ids
+    check_ids(state, list(stop_ids or []) + params.stop_token_ids, "stop_token_ids")
+    if stop_ids is None and (params.stop_token_ids or params.ignore_eos):  # vLLM: stop_token_ids add to eos
+        base = [] if params.ignore_eos else list(state.engine.stop_ids())
+        stop_ids = list(dict.fromkeys(base + params.stop_token_ids))
+    seed = params.seed if params.seed is not None else fresh_seed()
     pick = lambda key: getattr(params, key) if getattr(params, key) is not None else d.get(key)  # noqa: E731 - a one-line lookup
     return check_request(lambda: GenerationRequest(
         prompt_ids=ids, max_new_tokens=max_new, temperature=pick("temperature"), top_p=pick("top_p"),
-        top_k=pick("top_k"), min_p=pick("min_p"), seed=params.seed, block_size=params.block_size,
-        thinking=thinking, stop_ids=params.stop_ids))
+        top_k=pick("top_k"), min_p=pick("min_p"), seed=seed, block_size=params.block_size,
+        thinking=thinking, stop_ids=stop_ids))
 
 
-def _prompt_ids(state: ServeState, params: Params, thinking: bool) -> list[int]:
+@dataclass
+class Prepared:
+    """A request made ready off the event loop: its prompt ids, and the tool-call format it answers in."""
+
+    ids: list[int]
+    tool_format: Optional[str] = None
+    opening: str = ""  # a forced tool call's opening, already in the prompt
+
+
+def _prompt_ids(state: ServeState, params: Params, thinking: bool) -> Prepared:
+    """The chat template and the tokenizer: run in a worker thread, never on the event loop."""
     engine = state.engine
-    if params.messages is not None:
-        probe = check_request(lambda: GenerationRequest(messages=params.messages, thinking=thinking))
-    elif isinstance(params.prompt, str):
-        probe = check_request(lambda: GenerationRequest(prompt=params.prompt))
+    prepared = Prepared(ids=[])
+    tools_in_history = params.messages is not None and any(
+        m.get("tool_calls") or m["role"] == "tool" for m in params.messages)
+    if params.messages is not None and (params.tools or tools_in_history):
+        tokenizer = engine.tokenizer
+        fmt = tool_format(tokenizer)
+        use_tools = params.tools if params.tool_choice != "none" else None
+        if use_tools and fmt is None:
+            raise ApiError(400, "This model's chat template has no tools branch, so 'tools' cannot be used with it.",
+                           "tools", "unsupported_parameter")
+        opening = forced_opening(fmt, params.tool_choice) if use_tools else ""
+        ids = check_request(lambda: render_ids(tokenizer, params.messages, thinking and not opening, use_tools))
+        if opening:
+            ids += tokenizer.encode(opening, add_special_tokens=False)
+        prepared = Prepared(ids=ids, tool_format=fmt if use_tools else None, opening=opening)
     else:
-        probe = check_request(lambda: GenerationRequest(prompt_ids=list(params.prompt)))
-    ids = check_request(lambda: engine.prepare(probe))
-    vocab = engine.target_info.vocab_size
-    if params.prompt is not None and not isinstance(params.prompt, str) and vocab and not 0 <= min(ids) <= max(ids) < vocab:
-        raise ApiError(400, f"Token ids must be from 0 to {vocab - 1}; got {min(ids)} .. {max(ids)}.", "prompt")
+        if params.messages is not None:
+            probe = check_request(lambda: GenerationRequest(messages=params.messages, thinking=thinking))
+        elif isinstance(params.prompt, str):
+            probe = check_request(lambda: GenerationRequest(prompt=params.prompt))
+        else:
+            check_ids(state, list(params.prompt), "prompt")
+            probe = check_request(lambda: GenerationRequest(prompt_ids=list(params.prompt)))
+        prepared.ids = check_request(lambda: engine.prepare(probe))
+    ids = prepared.ids
     limit = state.max_positions
     if limit and len(ids) >= limit:
-        raise ApiError(400, f"The prompt is {len(ids)} tokens but this model's context holds {limit}; "
-                       "shorten the prompt.", "messages" if params.messages is not None else "prompt",
+        where = "messages" if params.messages is not None else "prompt"
+        raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, your {where} resulted "
+                       f"in {len(ids)} tokens. Please reduce the length of the {where}.", where,
                        "context_length_exceeded")
-    return ids
+    return prepared
 
 
-async def _body(request: Request) -> Any:
-    raw = await request.body()
+def _decode_json(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, f"The request body nests deeper than {MAX_DEPTH} levels.", None, "too_deep") from None
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "The request body is not valid JSON.") from None
+    if too_deep(value):
+        raise ApiError(400, f"The request body nests deeper than {MAX_DEPTH} levels.", None, "too_deep")
+    return value
+
+
+def _is_json(content_type: str) -> bool:
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
+async def _body(request: Request, state: ServeState) -> Any:
+    """The JSON body: JSON content types only (415), at most --max-body bytes (413, read no further),
+    parsed off the event loop."""
+    content_type = request.headers.get("content-type")
+    if content_type is not None and not _is_json(content_type):
+        raise ApiError(415, f"Send the body as application/json, not {content_type.split(';')[0].strip()!r}.",
+                       None, "unsupported_media_type")
+    limit = state.max_body
+    too_big = ApiError(413, f"The request body is larger than this server's limit of {limit} bytes "
+                       "(dflash serve --max-body).", None, "request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if size < 65536:
+        return _decode_json(raw)
+    return await anyio.to_thread.run_sync(_decode_json, raw)
+
+
+async def off_loop(state: ServeState, fn, *args):
+    """Work that may take long on a big request (parsing, templates, tokenizing), in a worker thread
+    while the event loop goes on answering (/health, streams); counted in num_requests_preparing."""
+    state.metrics.preparing += 1
+    try:
+        return await anyio.to_thread.run_sync(fn, *args)
+    finally:
+        state.metrics.preparing -= 1
+
+
+def guarded(handler, state: ServeState, route: Optional[str] = None):
+    """Every failure of a route is a JSON error (4xx, or 500 with the cause), never a reset connection."""
+    async def run(request: Request) -> Response:
+        try:
+            response = await handler(request)
+        except ApiError as err:
+            response = error_response(err)
+        except Exception as exc:  # noqa: BLE001 - a bug of ours: the client still gets JSON, the connection lives
+            log.exception("dflash serve: %s failed", request.url.path)
+            response = error_response(ApiError(500, f"The server failed on this request ({describe(exc)}).",
+                                               kind="server_error", code="internal_error"))
+        if route is not None:
+            state.metrics.request(route, response.status_code)
+        return response
+
+    return run
 
 
 # -- routes -------------------------------------------------------------------------------------
 
 
-def build_app(state: ServeState) -> Starlette:
+def build_app(state: ServeState):
     metrics = state.metrics
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "queue": state.worker.depth, "running": metrics.running})
+        return JSONResponse({"status": "draining" if state.worker.draining else "ok", "queue": state.worker.depth,
+                             "running": metrics.running, "preparing": metrics.preparing},
+                            status_code=503 if state.worker.draining else 200)
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [state.card()]})
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["model_id"]
+        if name not in state.names:
+            raise ApiError(404, f"The model '{name}' does not exist; this server serves {', '.join(state.names)}.",
+                           "model", "model_not_found", "NotFoundError")
+        return JSONResponse(state.card(name))
 
     async def metrics_route(request: Request) -> Response:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def tokenize(request: Request) -> Response:
-        try:
-            body = await _body(request)
-            if not isinstance(body, dict):
-                raise ApiError(400, "The request body must be a JSON object.")
-            chat = "messages" in body
-            if not chat and not isinstance(body.get("prompt"), str):
-                raise ApiError(400, "Send 'messages' (a chat) or 'prompt' (a string) to tokenize.", "prompt")
-            params = parse({**body, "max_tokens": None}, state.names, chat)
-            thinking = params.thinking if params.thinking is not None else state.defaults.get("thinking", True)
-            if chat:
-                probe = check_request(lambda: GenerationRequest(messages=params.messages, thinking=thinking))
-            else:
-                probe = check_request(lambda: GenerationRequest(prompt=params.prompt))
-            ids = check_request(lambda: state.engine.prepare(probe))
-        except ApiError as err:
-            return error_response(err)
+        body = await _body(request, state)
+        if not isinstance(body, dict):
+            raise ApiError(400, "The request body must be a JSON object.")
+        chat = "messages" in body
+        if not chat and not isinstance(body.get("prompt"), str):
+            raise ApiError(400, "Send 'messages' (a chat) or 'prompt' (a string) to tokenize.", "prompt")
+        params = parse({**body, "max_tokens": None}, state.names, chat)
+        thinking = params.thinking if params.thinking is not None else state.defaults.get("thinking", True)
+
+        def work() -> list[int]:
+            if params.tools or chat and any(m.get("tool_calls") or m["role"] == "tool" for m in params.messages):
+                return _prompt_ids(state, params, thinking).ids
+            probe = check_request(lambda: GenerationRequest(messages=params.messages, thinking=thinking) if chat
+                                  else GenerationRequest(prompt=params.prompt))
+            return check_request(lambda: state.engine.prepare(probe))
+
+        ids = await off_loop(state, work)
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.max_positions})
 
     async def detokenize(request: Request) -> Response:
-        try:
-            body = await _body(request)
-            tokens = body.get("tokens") if isinstance(body, dict) else None
-            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-                raise ApiError(400, "'tokens' must be a list of token ids.", "tokens")
-        except ApiError as err:
-            return error_response(err)
-        return JSONResponse({"prompt": state.engine.decode(tokens)})
+        body = await _body(request, state)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise ApiError(400, "'tokens' must be a list of token ids.", "tokens")
+        check_ids(state, tokens, "tokens")
+        return JSONResponse({"prompt": await off_loop(state, state.engine.decode, tokens)})
 
     async def generate(request: Request, chat: bool) -> Response:
-        route = "/v1/chat/completions" if chat else "/v1/completions"
         try:
-            params = parse(await _body(request), state.names, chat)
+            body = await _body(request, state)
+            params = parse(body, state.names, chat)
             thinking = params.thinking if params.thinking is not None else state.defaults.get("thinking", True)
-            ids = _prompt_ids(state, params, thinking)
+            if params.draft_window is not None and params.draft_window != state.engine.config.draft_window:
+                raise ApiError(400, f"This server runs draft window {state.engine.config.draft_window or 'none'}; a "
+                               "request cannot change it (serve a profile with the draft_window you need).",
+                               EXTENSION, "unsupported_parameter")
+            prepared = await off_loop(state, _prompt_ids, state, params, thinking)
+            ids = prepared.ids
             gen = _generation_request(state, params, ids, thinking)
             job = Job(request=gen, loop=anyio_loop())
             try:
@@ -316,25 +484,28 @@ def build_app(state: ServeState) -> Starlette:
                 raise ApiError(429, f"The queue is full ({state.worker.max_queue} requests wait for the engine); "
                                f"retry in {full.retry_after} s.", None, "queue_full", "rate_limit_error",
                                {"Retry-After": str(full.retry_after)}) from None
-        except ApiError as err:
-            metrics.request(route, err.status)
-            return error_response(err)
+        except ShuttingDown as exc:
+            raise ApiError(503, str(exc), None, "shutting_down", "server_error") from None
         split_on = params.separate_reasoning if params.separate_reasoning is not None else state.reasoning_split
         split = None
         if chat and split_on:
-            split = ThinkingSplitter(opened=thinking and prompt_opens_thinking(state.engine.decode(ids[-8:])))
-        metrics.request(route, 200)
+            split = ThinkingSplitter(opened=thinking and not prepared.opening
+                                     and prompt_opens_thinking(state.engine.decode(ids[-8:])))
+        parser = ToolCallParser(prepared.tool_format, prepared.opening) if prepared.tool_format else None
         shaper = ChatShaper(params, ids, chat)
         if params.stream:
-            return EventStream(shaper.stream(pieces(state, job, params, split)), lambda: state.worker.cancel(job))
+            return EventStream(shaper.stream(pieces(state, job, params, split, parser)),
+                               lambda: state.worker.cancel(job))
 
         async def collect():
-            return await shaper.whole(pieces(state, job, params, split))
+            return await shaper.whole(pieces(state, job, params, split, parser))
 
         try:
             result = await until_gone(request, job, state.worker, collect)
+        except ShuttingDown as exc:
+            raise ApiError(503, str(exc), None, "shutting_down", "server_error") from None
         except Exception as exc:  # noqa: BLE001 - the engine failed this request
-            return error_response(ApiError(500, f"The engine failed: {exc}", kind="server_error"))
+            raise ApiError(500, f"The engine failed: {describe(exc)}", kind="server_error") from None
         if result is None:
             return Response(status_code=499)  # nobody is listening; uvicorn drops it
         return JSONResponse(result)
@@ -346,13 +517,14 @@ def build_app(state: ServeState) -> Starlette:
         return await generate(request, False)
 
     routes = [
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/metrics", metrics_route, methods=["GET"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/detokenize", detokenize, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/health", guarded(health, state), methods=["GET"]),
+        Route("/v1/models", guarded(models, state), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", guarded(model, state), methods=["GET"]),
+        Route("/metrics", guarded(metrics_route, state), methods=["GET"]),
+        Route("/tokenize", guarded(tokenize, state), methods=["POST"]),
+        Route("/detokenize", guarded(detokenize, state), methods=["POST"]),
+        Route("/v1/chat/completions", guarded(chat_completions, state, "/v1/chat/completions"), methods=["POST"]),
+        Route("/v1/completions", guarded(completions, state, "/v1/completions"), methods=["POST"]),
     ]
 
     async def not_found(request: Request, exc) -> Response:
@@ -362,7 +534,13 @@ def build_app(state: ServeState) -> Starlette:
                                        else "method_not_allowed", kind="invalid_request_error"))
 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
-    return BearerAuth(app, state.api_key)
+    guarded_app = BearerAuth(app, state.api_key)
+    if state.allowed_origins:  # off by default: a browser page may not call this server unless allowed
+        from starlette.middleware.cors import CORSMiddleware
+
+        return CORSMiddleware(guarded_app, allow_origins=list(state.allowed_origins), allow_methods=["GET", "POST"],
+                              allow_headers=["*"])
+    return guarded_app
 
 
 def anyio_loop():
@@ -379,6 +557,7 @@ class ChatShaper:
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = now()
         self.object = "chat.completion" if chat else "text_completion"
+        self.calls = 0  # tool calls sent so far (their index)
 
     def _delta(self, piece: Piece) -> dict:
         delta: dict = {}
@@ -398,7 +577,21 @@ class ChatShaper:
             out[EXTENSION] = ext
         return out
 
+    def _call_chunks(self, piece: Piece) -> list[dict]:
+        """A completed tool call as vLLM streams one: its id and name, then its arguments as a delta."""
+        out = []
+        for call in piece.calls:
+            index = self.calls
+            self.calls += 1
+            head = {"index": index, "id": call["id"], "type": "function",
+                    "function": {"name": call["name"], "arguments": ""}}
+            out.append({"index": 0, "delta": {"tool_calls": [head]}, "logprobs": None, "finish_reason": None})
+            out.append({"index": 0, "delta": {"tool_calls": [{"index": index, "function": {"arguments": call["arguments"]}}]},
+                        "logprobs": None, "finish_reason": None})
+        return out
+
     async def stream(self, source: AsyncIterator[Piece]) -> AsyncIterator[bytes]:
+        returned = 0
         try:
             if self.chat:
                 yield encode_event(self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -406,48 +599,57 @@ class ChatShaper:
             async for piece in source:
                 if piece.event is None:  # the end: the summary (and usage) in a chunk without choices
                     s = piece.summary
-                    if s is not None and (self.params.include_usage or self.params.extension):
-                        ext = {"summary": s.to_dict()} if self.params.extension else None
-                        use = usage(s, len(self.prompt_ids), s.generated_tokens) if self.params.include_usage else None
+                    if self.params.include_usage or (s is not None and self.params.extension):
+                        ext = {"summary": s.to_dict()} if self.params.extension and s is not None else None
+                        use = usage(s, len(self.prompt_ids), returned) if self.params.include_usage else None
                         yield encode_event(self._chunk({}, ext, use, choices=False))
                     continue
+                returned += len(piece.ids)
+                for choice in self._call_chunks(piece):
+                    yield encode_event(self._chunk(choice))
                 ext = {"step": step_to_wire(piece.event)}
                 if self.chat:
                     choice = {"index": 0, "delta": self._delta(piece), "logprobs": None, "finish_reason": piece.finish}
                 else:
                     choice = {"index": 0, "text": piece.content, "logprobs": None, "finish_reason": piece.finish}
                 if self.params.return_token_ids:
-                    choice["token_ids"] = list(piece.event.emitted)
+                    choice["token_ids"] = list(piece.ids)
                 yield encode_event(self._chunk(choice, ext))
+        except ShuttingDown as exc:
+            yield encode_event({"error": {"message": str(exc), "type": "server_error", "param": None,
+                                          "code": "shutting_down"}})
         except Exception as exc:  # noqa: BLE001 - the engine failed after the headers went out
-            yield encode_event({"error": {"message": f"The engine failed: {exc}", "type": "server_error",
+            yield encode_event({"error": {"message": f"The engine failed: {describe(exc)}", "type": "server_error",
                                           "param": None, "code": None}})
         yield encode_event("[DONE]")
 
     async def whole(self, source: AsyncIterator[Piece]) -> dict:
-        reasoning, content, ids = [], [], []
+        reasoning, content, ids, calls = [], [], [], []
         finish, summary = "stop", None
         async for piece in source:
             reasoning.append(piece.reasoning)
             content.append(piece.content)
-            if piece.event is not None:
-                ids += piece.event.emitted
+            ids += piece.ids
+            calls += piece.calls
             if piece.finish:
                 finish = piece.finish
             if piece.event is None:
                 summary = piece.summary
-        completion = summary.generated_tokens if summary is not None else len(ids)
         if self.chat:
-            message: dict = {"role": "assistant", "content": "".join(content)}
+            text = "".join(content)
+            message: dict = {"role": "assistant", "content": (text.strip() or None) if calls else text}
             if any(reasoning):
                 message["reasoning_content"] = message["reasoning"] = "".join(reasoning)
+            if calls:
+                message["tool_calls"] = [{k: v for k, v in wire_call(c, i).items() if k != "index"}
+                                         for i, c in enumerate(calls)]
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": "".join(content), "logprobs": None, "finish_reason": finish}
         if self.params.return_token_ids:
             choice["token_ids"] = ids
         out = {"id": self.id, "object": self.object, "created": self.created, "model": self.params.model,
-               "choices": [choice], "usage": usage(summary, len(self.prompt_ids), completion)}
+               "choices": [choice], "usage": usage(summary, len(self.prompt_ids), len(ids))}
         if self.params.return_token_ids:
             out["prompt_token_ids"] = self.prompt_ids
         if summary is not None:

@@ -22,6 +22,20 @@ def require_serve_extra() -> None:
                         "pip install 'dflash-tui[serve]'") from None
 
 
+def parse_size(text: str) -> int:
+    """'8MB', '512KB', '1000000' -> bytes (KB and MB are 1024-based, as MiB)."""
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(value[-1:], 1)
+    number = value[:-1] if scale > 1 else value
+    try:
+        size = int(float(number) * scale)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise UserError(f"--max-body {text!r} is not a size; pass bytes or a size such as 8MB.")
+    return size
+
+
 def _settings(profile: Optional[str], engine: Optional[str], block_size: Optional[int]):
     from dflash_tui.core.settings import load_settings
 
@@ -44,7 +58,16 @@ def _settings(profile: Optional[str], engine: Optional[str], block_size: Optiona
               help="Thinking in reasoning_content and reasoning (split), or inline <think> text in content.")
 @click.option("--served-model-name", "names", multiple=True, metavar="NAME",
               help="Model name(s) clients send (default: the profile's name, and its target).")
-def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning_split, names) -> None:
+@click.option("--max-body", default="8MB", show_default=True, metavar="SIZE",
+              help="The largest request body (bytes, or with KB/MB); a larger one gets HTTP 413.")
+@click.option("--clamp-max-tokens", is_flag=True,
+              help="Cut a max_tokens beyond the context to what fits, instead of vLLM's 400.")
+@click.option("--allowed-origins", default=None, metavar="ORIGINS",
+              help="Comma-separated origins browsers may call from (CORS; off by default), or '*'.")
+@click.option("--shutdown-grace", default=3.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds running answers may go on after SIGTERM before they end with an error.")
+def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning_split, names, max_body,
+          clamp_max_tokens, allowed_origins, shutdown_grace) -> None:
     """Serve a profile's pair over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models,
     /tokenize, /metrics and /health.
 
@@ -54,6 +77,8 @@ def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning
     standard clients ignore; `dflash chat --engine remote --url http://HOST:PORT/v1` shows it all.
     """
     require_serve_extra()
+    body_limit = parse_size(max_body)
+    origins = tuple(o.strip() for o in (allowed_origins or "").split(",") if o.strip())
     from .run import check_host, check_port
     from .run import serve as run_server
 
@@ -67,7 +92,9 @@ def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning
                                                     "thinking")}
     served = list(names) or list(dict.fromkeys([settings.name, settings.target]))
     run_server(config, served, defaults, host=host, port=port, api_key=api_key, max_queue=max_queue,
-               reasoning_split=reasoning_split, say=lambda text: click.echo(printable(text), err=True))
+               reasoning_split=reasoning_split, say=lambda text: click.echo(printable(text), err=True),
+               max_body=body_limit, clamp_max_tokens=clamp_max_tokens, allowed_origins=origins,
+               shutdown_grace=shutdown_grace)
 
 
 @click.command("serve-command")

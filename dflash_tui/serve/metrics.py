@@ -35,6 +35,7 @@ class Metrics:
         self.dropped = 0  # queued requests whose client went away
         self.queue_depth = 0
         self.running = 0
+        self.preparing = 0  # requests whose JSON, chat template or tokenization is being worked on
 
     def request(self, route: str, status: int) -> None:
         with self.lock:
@@ -109,7 +110,9 @@ class Metrics:
             ttft.add_metric(model, buckets + [("+Inf", self.ttft_count)], self.ttft_sum)
             out += [acceptance, ttft]
             for name, help_, value in (("num_requests_waiting", "Requests in the queue.", self.queue_depth),
-                                       ("num_requests_running", "Requests on the engine (0 or 1).", self.running)):
+                                       ("num_requests_running", "Requests on the engine (0 or 1).", self.running),
+                                       ("num_requests_preparing", "Requests being parsed and tokenized.",
+                                        self.preparing)):
                 family = GaugeMetricFamily(f"dflash:{name}", help_, labels=["model_name"])
                 family.add_metric(model, value)
                 out.append(family)

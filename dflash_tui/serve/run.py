@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import signal
 import socket
@@ -10,7 +11,7 @@ from typing import Optional
 
 from dflash_tui.engines.errors import UserError
 
-from .app import ServeState, build_app
+from .app import MAX_BODY, ServeState, build_app
 from .metrics import Metrics
 from .worker import EngineWorker
 
@@ -59,9 +60,36 @@ def check_port(host: str, port: int) -> None:
                 from None
 
 
+SHUTDOWN_GRACE_S = 3.0  # --shutdown-grace: how long running answers may go on after SIGTERM
+
+
+def draining_server(uvicorn, config, state: ServeState, grace: float):
+    """uvicorn's server, told about SIGTERM first: the worker stops taking requests and fails the queued
+    ones (503), the running answer may go on for `grace` seconds and then ends with an error chunk and
+    [DONE]; uvicorn's own wait is longer, so it never cuts a stream mid-way."""
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if not self.should_exit:
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    loop = None
+                state.worker.drain()
+                if loop is not None:
+                    loop.call_later(grace, state.worker.abort_running)
+                else:
+                    state.worker.abort_running()
+            super().handle_exit(sig, frame)
+
+    return DrainingServer(config)
+
+
 def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", port: int = 8000,
           api_key: Optional[str] = None, max_queue: int = 64, reasoning_split: bool = True,
-          in_process: bool = False, say=lambda text: print(text, file=sys.stderr, flush=True)) -> None:
+          in_process: bool = False, say=lambda text: print(text, file=sys.stderr, flush=True),
+          max_body: int = MAX_BODY, clamp_max_tokens: bool = False, allowed_origins: tuple = (),
+          shutdown_grace: float = SHUTDOWN_GRACE_S) -> None:
     """Load the engine (in the engine process unless `in_process`), then serve until interrupted."""
     check_host(host, api_key)
     check_port(host, port)
@@ -78,7 +106,8 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
     metrics = Metrics(names[0], engine.block_size or 1)
     worker = EngineWorker(engine, max_queue=max_queue, metrics=metrics)
     state = ServeState(engine=engine, worker=worker, metrics=metrics, names=names, defaults=defaults,
-                       reasoning_split=reasoning_split, api_key=api_key)
+                       reasoning_split=reasoning_split, api_key=api_key, max_body=max_body,
+                       clamp_max_tokens=clamp_max_tokens, allowed_origins=tuple(allowed_origins))
     app = build_app(state)
     for warning in engine.warnings:
         say(f"note: {warning}")
@@ -86,8 +115,9 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
     say(f"dflash serve: {names[0]} on the {engine.name} engine ({engine.device}, {engine.dtype}, block "
         f"{engine.block_size}) at http://{shown}:{port}/v1" + (" · API key required" if api_key else "")
         + " · ctrl+c stops")
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                           timeout_graceful_shutdown=3, access_log=False))
+    server = draining_server(uvicorn, uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                                     timeout_graceful_shutdown=shutdown_grace + 30, access_log=False),
+                             state, shutdown_grace)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal: turned into an exception here,
     # it lets the cleanup below stop the engine process instead of the process dying mid-way
     previous = signal.signal(signal.SIGTERM, _terminated)

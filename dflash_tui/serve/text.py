@@ -9,18 +9,22 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self.buffer = ""
         self.matched = False
+        self.seen = 0  # characters added so far
+        self.end: int = 0  # after a match: where the stop string ends in the text added
 
     def add(self, text: str) -> str:
         """Text safe to send now; after a match, the text before the stop string and nothing more."""
         if self.matched:
             return ""
+        self.seen += len(text)
         if not self.stops:
             return text
         self.buffer += text
         hits = [(self.buffer.find(s), s) for s in self.stops]
         hits = [(at, s) for at, s in hits if at >= 0]
         if hits:
-            at = min(at for at, _ in hits)
+            at, hit = min(hits)
+            self.end = self.seen - len(self.buffer) + at + len(hit)
             out, self.buffer, self.matched = self.buffer[:at], "", True
             return out
         keep = 0

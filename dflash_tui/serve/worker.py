@@ -21,6 +21,14 @@ from dflash_tui.engines.config import GenerationRequest
 _ids = itertools.count(1)
 
 
+class ShuttingDown(Exception):
+    """The server is stopping (SIGTERM): a queued request is refused (503), a stream past the grace
+    period ends with an error chunk."""
+
+    def __init__(self, message: str = "The server is shutting down; retry on another replica or once it is back."):
+        super().__init__(message)
+
+
 class QueueFull(Exception):
     def __init__(self, retry_after: int):
         super().__init__("queue full")
@@ -56,6 +64,7 @@ class EngineWorker:
         self._pending: collections.deque[Job] = collections.deque()
         self._lock = threading.Condition()
         self._closed = False
+        self.draining = False
         self.running: Optional[Job] = None
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
         self._thread = threading.Thread(target=self._run, name="dflash-serve-worker", daemon=True)
@@ -64,6 +73,8 @@ class EngineWorker:
     # -- called from the event loop ------------------------------------------------------------
     def submit(self, job: Job) -> None:
         with self._lock:
+            if self.draining or self._closed:
+                raise ShuttingDown()
             if len(self._pending) >= self.max_queue:
                 raise QueueFull(self.retry_after())
             self._pending.append(job)
@@ -95,12 +106,31 @@ class EngineWorker:
         mean = sum(self._durations) / len(self._durations) if self._durations else 1.0
         return max(1, int(mean * max(1, len(self._pending) // 4) + 0.999))
 
+    def drain(self) -> None:
+        """SIGTERM: refuse new requests and fail the queued ones (503); the running one goes on."""
+        with self._lock:
+            self.draining = True
+            for job in self._pending:
+                job.state = "dropped"
+                job.put("error", ShuttingDown())
+            self._pending.clear()
+        self._gauge()
+
+    def abort_running(self) -> None:
+        """The grace period is over: the running request ends with an error, and the engine stops
+        within one step."""
+        with self._lock:
+            job = self.running
+            if job is not None:
+                job.put("error", ShuttingDown("The server is shutting down; this answer was cut off."))
+                job.request.cancel.set()
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
             for job in self._pending:
                 job.state = "dropped"
-                job.put("error", RuntimeError("the server is shutting down"))
+                job.put("error", ShuttingDown())
             self._pending.clear()
             if self.running is not None:
                 self.running.request.cancel.set()
