@@ -1,0 +1,288 @@
+"""Tool calling as vLLM does it for the families dflash runs: `tools` rendered by the target's own chat
+template, the model's tool-call text parsed into OpenAI `tool_calls`.
+
+Formats (picked from the chat template's text):
+- `hermes` (Qwen3, Qwen3.5): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, and inside
+  the same tags the XML function form of Qwen3-Coder: `<function=NAME><parameter=KEY>VALUE</parameter></function>`;
+- `llama3_json` (Llama 3.1): the whole answer is `{"name": ..., "parameters": {...}}` (after an optional
+  `<|python_tag|>`), several separated by `;`.
+
+A forced `tool_choice` (`required` or a named function) cannot be guided here (no constrained decoding):
+the answer is started with the format's opening (`<tool_call>\\n{"name": "NAME", "arguments": ` for a
+named one), which the target continues; what it writes is its own distribution given that opening.
+A call that does not parse comes back as text, with finish_reason "stop".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from dflash_tui.engines.errors import UserError, describe
+from dflash_tui.engines.text import printable
+
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"
+
+
+def template_text(tokenizer) -> str:
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):  # named templates: the default one, or any with a tools branch
+        template = template.get("tool_use") or template.get("default") or ""
+    return str(template)
+
+
+def tool_format(tokenizer) -> Optional[str]:
+    """`hermes`, `llama3_json`, or None when the template has no tools branch."""
+    text = template_text(tokenizer)
+    if HERMES_OPEN in text or "<function=" in text:
+        return "hermes"
+    if "tools" in text and ("<|python_tag|>" in text or "ipython" in text or '"parameters"' in text):
+        return "llama3_json"
+    return None
+
+
+def forced_opening(fmt: str, choice: Any) -> str:
+    """The text an answer starts with when tool_choice forces a call ('' when it does not)."""
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if fmt == "hermes":
+        if name:
+            return f'{HERMES_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
+        return f"{HERMES_OPEN}\n" if choice == "required" else ""
+    if name:
+        return f'{{"name": {json.dumps(name)}, "parameters": '
+    return '{"name": "' if choice == "required" else ""
+
+
+def render_ids(tokenizer, messages: list[dict], thinking: bool, tools: Optional[list[dict]]) -> list[int]:
+    """The chat template applied with `tools` (and tool calls and results in the history), bounded as
+    every render is (engines.prompting)."""
+    from dflash_tui.engines.prompting import TemplateLimitError, bound_templates, template_file
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError("The target's tokenizer has no chat template, so tools cannot be rendered.")
+    bound_templates()
+    kwargs: dict = {"enable_thinking": thinking}
+    if tools:
+        kwargs["tools"] = tools
+    try:
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False,
+                                            **kwargs)
+    except TemplateLimitError as exc:
+        raise UserError(f"The chat template in {printable(template_file(tokenizer))} was stopped: {exc}.") from None
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the template is the checkpoint's code
+        raise UserError(f"The chat template in {printable(template_file(tokenizer))} failed "
+                        f"({printable(describe(exc))}).") from None
+    if isinstance(out, dict) or hasattr(out, "keys"):
+        out = out["input_ids"]
+    return list(out)
+
+
+# -- parsing ----------------------------------------------------------------------------------------
+
+
+def _call(name: Any, arguments: Any) -> Optional[dict]:
+    if not isinstance(name, str) or not name:
+        return None
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return None
+    return {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}
+
+
+def _xml_value(raw: str) -> Any:
+    text = raw.strip("\n")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+XML_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
+XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+
+def parse_hermes_block(body: str) -> Optional[dict]:
+    """One `<tool_call>` body: JSON, or the XML function form."""
+    text = body.strip()
+    if text.startswith("<function="):
+        match = XML_FUNCTION.fullmatch(text)
+        if not match:
+            return None
+        params = {m.group(1).strip(): _xml_value(m.group(2)) for m in XML_PARAMETER.finditer(match.group(2))}
+        return _call(match.group(1).strip(), params)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    return _call(data.get("name"), data.get("arguments", data.get("parameters")))
+
+
+def parse_llama_json(text: str) -> Optional[list[dict]]:
+    """The whole answer as Llama 3.1 JSON calls (`;`-separated), or None when it is not one."""
+    text = text.strip()
+    if text.startswith(PYTHON_TAG):
+        text = text[len(PYTHON_TAG):].strip()
+    if not text.startswith("{"):
+        return None
+    decoder = json.JSONDecoder()
+    calls, at = [], 0
+    while at < len(text):
+        try:
+            data, end = decoder.raw_decode(text, at)
+        except ValueError:
+            return None
+        call = _call(data.get("name"), data.get("parameters", data.get("arguments"))) if isinstance(data, dict) else None
+        if call is None:
+            return None
+        calls.append(call)
+        at = end
+        while at < len(text) and text[at] in " \n\t;":
+            at += 1
+    return calls or None
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class ToolOutput:
+    """What one piece of content gives: text to send now, and calls completed in it."""
+
+    text: str = ""
+    calls: list[dict] = field(default_factory=list)
+
+
+class ToolCallParser:
+    """Content text as it streams -> text and completed tool calls. Text that may be the start of a call
+    is held back; a call that never completes or does not parse is given back as text at the end."""
+
+    def __init__(self, fmt: str, opening: str = ""):
+        self.fmt = fmt
+        self.buffer = opening  # a forced opening is part of the answer the model continues
+        self.inside = bool(opening) and fmt == "hermes"
+        self.whole = bool(opening) and fmt == "llama3_json"
+        self.started = False  # any content seen (Llama calls are the whole answer)
+        self.calls = 0
+
+    def _call(self, call: dict) -> dict:
+        self.calls += 1
+        return {"id": new_call_id(), **call}
+
+    def add(self, text: str) -> ToolOutput:
+        out = ToolOutput()
+        if not text:
+            return out
+        if self.fmt == "llama3_json":
+            if self.whole:
+                self.buffer += text
+                return out
+            if not self.started:
+                stripped = (self.buffer + text).lstrip()
+                if not stripped:
+                    self.buffer += text
+                    return out
+                self.started = True
+                if stripped.startswith("{") or stripped.startswith(PYTHON_TAG) or PYTHON_TAG.startswith(stripped):
+                    self.whole = True
+                    self.buffer += text
+                    return out
+                out.text, self.buffer = self.buffer + text, ""
+                return out
+            out.text = text
+            return out
+        self.buffer += text
+        while True:
+            if self.inside:
+                end = self.buffer.find(HERMES_CLOSE)
+                if end < 0:
+                    return out
+                body = self.buffer[len(HERMES_OPEN):end] if self.buffer.startswith(HERMES_OPEN) else self.buffer[:end]
+                call = parse_hermes_block(body)
+                if call is None:  # malformed: the block goes out as text
+                    out.text += self.buffer[:end + len(HERMES_CLOSE)]
+                else:
+                    out.calls.append(self._call(call))
+                self.buffer = self.buffer[end + len(HERMES_CLOSE):]
+                self.inside = False
+                continue
+            start = self.buffer.find(HERMES_OPEN)
+            if start >= 0:
+                out.text += self.buffer[:start]
+                self.buffer = self.buffer[start:]
+                self.inside = True
+                continue
+            keep = 0
+            for n in range(min(len(HERMES_OPEN) - 1, len(self.buffer)), 0, -1):
+                if self.buffer.endswith(HERMES_OPEN[:n]):
+                    keep = n
+                    break
+            cut = len(self.buffer) - keep
+            out.text += self.buffer[:cut]
+            self.buffer = self.buffer[cut:]
+            return out
+
+    def flush(self) -> ToolOutput:
+        """The end of the answer: a Llama call is parsed whole; anything left unparsed is text."""
+        out = ToolOutput()
+        if self.fmt == "llama3_json" and self.whole:
+            calls = parse_llama_json(self.buffer)
+            if calls is not None:
+                out.calls = [self._call(c) for c in calls]
+            else:
+                out.text = self.buffer
+        else:
+            out.text = self.buffer
+        self.buffer = ""
+        self.inside = False
+        return out
+
+
+def parse_text(fmt: str, text: str) -> tuple[str, list[dict]]:
+    """A whole answer -> (content, calls): the non-streaming path and `dflash generate --tools`."""
+    parser = ToolCallParser(fmt)
+    first, last = parser.add(text), parser.flush()
+    return (first.text + last.text).strip() if first.calls or last.calls else first.text + last.text, \
+        first.calls + last.calls
+
+
+def wire_call(call: dict, index: int) -> dict:
+    """An OpenAI `tool_calls` entry."""
+    return {"index": index, "id": call["id"], "type": "function",
+            "function": {"name": call["name"], "arguments": call["arguments"]}}
+
+
+def load_tools_file(path: str) -> list[dict]:
+    """`dflash generate --tools FILE.json`: a list of OpenAI tools (or {"tools": [...]})."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"The tools file {printable(path)} cannot be read as JSON ({printable(describe(exc))}).") \
+            from None
+    if isinstance(data, dict) and "tools" in data:
+        data = data["tools"]
+    if not isinstance(data, list):
+        raise UserError(f"The tools file {printable(path)} must hold a list of tools "
+                        '([{"type": "function", "function": {"name": ..., "parameters": {...}}}]).')
+    out = []
+    for i, tool in enumerate(data):
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise UserError(f"Tool {i} in {printable(path)} has no function name.")
+        out.append({"type": "function", "function": fn})
+    return out
