@@ -50,6 +50,7 @@ class Repl:
         self.colour = color_enabled(out) if colour is None else colour
         self.ghosts = False
         self.quit = False
+        self.failed = False  # a turn failed (a remote server's error, an engine error): exit 1, as generate does
 
     # -- output ----------------------------------------------------------------------------------
     def paint(self, text: str, kind: str) -> str:
@@ -160,6 +161,7 @@ class Repl:
                                    else f"[{printable(event.rejected_text)}]")
                 self.out.flush()
         except UserError as exc:
+            self.failed = True
             self.info(str(exc))
         finally:
             if previous is not None:
@@ -263,4 +265,4 @@ def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optiona
     conv.close()
     if conv.session_id:
         repl.info(f"session {conv.session_id}")
-    return 0
+    return 1 if repl.failed else 0

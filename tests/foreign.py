@@ -51,6 +51,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path not in ("/v1/chat/completions", "/v1/completions"):
             self._json(404, {"error": {"message": f"no route {self.path}"}})
             return
+        if self.server.answers_fail:
+            self._json(500, {"error": {"message": "the model crashed"}})
+            return
         chat = self.path == "/v1/chat/completions"
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -73,14 +76,16 @@ class _Handler(BaseHTTPRequestHandler):
 
 class ForeignServer:
     """`with ForeignServer() as server:` serves on a free loopback port; `server.base` is its /v1 URL and
-    `server.requests` the (path, body) of every POST it was sent. `models_fail`: /v1/models answers 500."""
+    `server.requests` the (path, body) of every POST it was sent. `models_fail`: /v1/models answers 500;
+    `answers_fail`: every completion answers 500."""
 
-    def __init__(self, models_fail: bool = False):
-        self.models_fail = models_fail
+    def __init__(self, models_fail: bool = False, answers_fail: bool = False):
+        self.models_fail, self.answers_fail = models_fail, answers_fail
 
     def __enter__(self) -> "ForeignServer":
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.httpd.models_fail = self.models_fail
+        self.httpd.answers_fail = self.answers_fail
         self.httpd.daemon_threads = True
         self.httpd.requests = []
         self.requests = self.httpd.requests

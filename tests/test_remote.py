@@ -184,3 +184,19 @@ def test_a_bare_install_generates_through_a_server_whose_model_is_a_local_folder
                              env={**os.environ, "DFLASH_DATA_DIR": str(tmp_path)})
     assert run.returncode == 0, run.stderr[-2000:]
     assert "".join(ANSWER) in run.stdout and "ModuleNotFoundError" not in run.stderr
+
+
+def test_plain_chat_exits_1_after_a_failed_turn(data_dir):
+    """A turn the server fails (a 500 here) is reported, and `chat --plain` then exits 1, as generate does;
+    with every turn answered it exits 0."""
+    from click.testing import CliRunner
+
+    from dflash_tui.cli import main
+    from tests.foreign import ForeignServer
+
+    with ForeignServer(answers_fail=True) as server:
+        failed = CliRunner().invoke(main, ["chat", "--plain", "--url", server.base], input="hello\n")
+    assert failed.exit_code == 1 and "the model crashed" in failed.stderr
+    with ForeignServer() as server:
+        answered = CliRunner().invoke(main, ["chat", "--plain", "--url", server.base], input="hello\n")
+    assert answered.exit_code == 0, answered.output

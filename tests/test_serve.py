@@ -131,14 +131,15 @@ def tools_pair(pair, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def servers(profile, tools_pair, tmp_path_factory):
-    """Two servers, started side by side: an open one on 127.0.0.1 with the defaults, and one on 127.0.0.2
+    """Three servers, started side by side: an open one on 127.0.0.1 with the defaults, and one on 127.0.0.2
     (still loopback) that requires an API key, lets one request wait, clamps max_tokens, allows one
-    browser origin and serves the pair whose template has a tools branch."""
+    browser origin and serves the pair whose template has a tools branch, and one the SIGTERM test stops."""
     logs = tmp_path_factory.mktemp("serve-log")
     tools_profile = tiny.write_profile(logs / "tools.toml", *tools_pair, max_new_tokens=24)
     started = [Server(profile, log=logs / "open.log"),
                Server(tools_profile, "--api-key", KEY, "--max-queue", "1", "--clamp-max-tokens", "--allowed-origins",
-                      ORIGIN, host="127.0.0.2", log=logs / "guarded.log")]
+                      ORIGIN, host="127.0.0.2", log=logs / "guarded.log"),
+               Server(profile, "--shutdown-grace", "0", "--max-queue", "4", log=logs / "doomed.log")]
     try:
         yield [s.ready() for s in started]
     finally:
@@ -746,3 +747,68 @@ def test_models_by_id_usage_after_a_stop_string_and_cors(server, guarded, local)
     other = httpx.options(guarded.base + "/chat/completions", headers=preflight | {"Origin": "http://evil.example"},
                           timeout=30)
     assert "access-control-allow-origin" not in other.headers
+
+
+# -- issue 31: SIGTERM --------------------------------------------------------------------------------
+
+
+def test_sigterm_ends_a_running_stream_with_an_error_and_done_and_refuses_the_queue_with_503(servers):
+    """With --shutdown-grace 0 the running stream is past its grace at once: an error chunk, then [DONE];
+    a queued stream gets the same, a queued plain request a 503 JSON; then the process exits."""
+    import signal
+
+    s = servers[2]
+    try:
+        queued: list = []
+        with httpx.Client(timeout=120) as a, httpx.Client(timeout=120) as b:
+            with a.stream("POST", s.base + "/chat/completions",
+                          json=chat_body("go on", max_tokens=480, stream=True)) as running:
+                lines = running.iter_lines()
+                while '"step"' not in next(lines):
+                    pass
+                with b.stream("POST", s.base + "/chat/completions", json=chat_body("wait", stream=True)) as waiting:
+                    plain = threading.Thread(target=lambda: queued.append(
+                        httpx.post(s.base + "/chat/completions", json=chat_body("wait too"), timeout=120)))
+                    plain.start()
+                    s.wait_metric("dflash:num_requests_waiting", lambda v: v == 2)
+                    s.proc.send_signal(signal.SIGTERM)
+                    waited = [line for line in waiting.iter_lines() if line.startswith("data: ")]
+                rest = [line for line in lines if line.startswith("data: ")]
+        plain.join()
+        for got in (rest, waited):
+            assert got[-1] == "data: [DONE]"
+            error = json.loads(got[-2][6:])["error"]
+            assert error["code"] == "shutting_down" and "shutting down" in error["message"]
+        assert all('"finish_reason": "length"' not in line for line in rest)
+        assert queued[0].status_code == 503 and queued[0].json()["error"]["code"] == "shutting_down"
+        assert s.proc.wait(60) == 0
+    finally:
+        s.close()
+
+
+# -- issue 31: the remote engine says what it sends ------------------------------------------------------
+
+
+def test_the_remote_engine_sends_its_block_size_and_says_so_where_it_cannot(server, local):
+    from dflash_tui.engines import UserError
+    from tests.foreign import ForeignServer
+
+    remote = load_engine(EngineConfig(target="served", engine="remote", url=server.base, block_size=4))
+    assert remote.block_size == 4
+    list(remote.generate(GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_new_tokens=6,
+                                           temperature=0.0)))
+    assert remote.last_summary.block_size == 4
+    events, want = local_run(local, "hi", max_new=6, block_size=4)
+    assert remote.last_summary.acceptance_lengths == want.acceptance_lengths
+    remote.close()
+    with pytest.raises(UserError, match="draft window none"):
+        load_engine(EngineConfig(target="served", engine="remote", url=server.base, draft_window=8))
+    with ForeignServer() as foreign:
+        other = load_engine(EngineConfig(target="served", engine="remote", url=foreign.base, block_size=4,
+                                         draft_window=8))
+        list(other.generate(GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_new_tokens=4)))
+        other.close()
+    notes = " ".join(other.warnings)
+    assert "block size 4 cannot be sent" in notes and "draft window 8 cannot be sent" in notes
+    assert "dflash" not in foreign.requests[-1][1]
+

@@ -139,7 +139,10 @@ class RemoteEngine:
                                         self.info.get("stop_ids") or [], self.generation_config)
         draft = self.info.get("draft")
         self.draft_info = SimpleNamespace(path=self.info.get("draft_path") or draft) if draft else None
-        self.block_size = int(self.info.get("block_size") or 1)  # what a request without one asks for
+        # what a request without a block size asks for: the one given here (-b), else the server's default
+        self.requested_block_size: Optional[int] = getattr(config, "block_size", None)
+        self.requested_draft_window: Optional[int] = getattr(config, "draft_window", None)
+        self.block_size = int(self.requested_block_size or self.info.get("block_size") or 1)
         self.trained_block_size = self.info.get("trained_block_size")
         self.dtype = self.info.get("dtype", "?")
         server_engine = f"{self.info.get('engine', '?')} on {self.info.get('device', '?')}" if self.info else self.kind
@@ -160,9 +163,27 @@ class RemoteEngine:
             self.warnings.append(f"{self.kind} server at {self.client.host}: unknown here: {'; '.join(self.unknown)}.")
         elif not max_len:
             self.warnings.append(f"The server at {self.client.host} reports no context size; history is not trimmed.")
+        self._check_requested()
         if self.listing_error:
             self.warnings.append(f"/v1/models failed at {self.client.host} ({self.listing_error}); using model "
                                  f"{self.model} as given.")
+
+    def _check_requested(self) -> None:
+        """-b and --draft-window reach `dflash serve` in the dflash extension of every request; another
+        server runs what it was launched with, so say that here instead of ignoring them."""
+        block, window = self.requested_block_size, self.requested_draft_window
+        if self.kind == "dflash":
+            served = self.info.get("draft_window")
+            if window is not None and window != served:
+                raise UserError(f"The server at {self.client.host} runs draft window {served or 'none'} and cannot "
+                                f"change it per request; drop --draft-window {window}, or serve a profile with "
+                                f"draft_window = {window}.")
+            return
+        for flag, value in (("block size", block), ("draft window", window)):
+            if value is not None:
+                self.warnings.append(f"The {self.kind} server at {self.client.host} runs the {flag} it was launched "
+                                     f"with; {flag} {value} cannot be sent to it (set it in the server's launch "
+                                     "command: dflash profile serve-command).")
 
     def _cards(self, wanted: Optional[str]) -> list[dict]:
         """The served models from /v1/models. With a model named (--model), a listing that fails (it
@@ -317,7 +338,10 @@ class RemoteEngine:
                 text = self._prompt_text(request.prompt_ids)
                 body["prompt"] = list(request.prompt_ids) if text is None else text
         if self.kind == "dflash":
-            body[EXTENSION] = {"block_size": request.block_size, "stop_ids": request.stop_ids}
+            body[EXTENSION] = {"block_size": request.block_size or self.requested_block_size,
+                               "stop_ids": request.stop_ids, "clamp_max_tokens": True}
+            if self.requested_draft_window is not None:
+                body[EXTENSION]["draft_window"] = self.requested_draft_window
         elif self.kind in ("vllm", "sglang"):
             if request.stop_ids is not None:
                 body["stop_token_ids"] = list(request.stop_ids)
