@@ -1,11 +1,17 @@
 """The DFlash draft in MLX: the same module as engines/cuda/draft.py, loading the same safetensors.
 
 Each layer's queries come from the block ([last token, mask, mask, ...] embedded with the target's
-embeddings). Keys and values come from the committed context features (fc(concat of target layer
-outputs) -> RMSNorm, projected per layer with k_norm and RoPE at their own positions) followed by the
-block itself; the block attends to all of them with no mask. Context K/V are computed once per committed
-position and kept in `DraftCache`, read through the draft window (and a layer's trained sliding window);
-block K/V never enter the cache. The target's embeddings and lm_head are shared, not stored here.
+embeddings, times input_embedding_scale). Keys and values come from the committed context features
+(fc(concat of target layer outputs) -> RMSNorm, projected per layer with k_norm and RoPE at their own
+positions) followed by the block itself. Inside the block a layer is causal or not as
+checkpoints.resolve_causal decides, and a sliding layer's query at position t sees keys at positions
+above t - window (docs/dflash2.md); otherwise everything is visible. Context K/V are computed once per
+committed position and kept in `DraftCache`, read through the draft window (and a layer's trained sliding
+window); block K/V never enter the cache. The target's embeddings and lm_head are shared, not stored here.
+
+A DFlash 2 draft adds a dynamic convolution on both sides of every attention and MLP, and a candidate
+selector that walks the mask slots' top-K head candidates from the anchor (docs/dflash2.md): by argmax at
+temperature 0, else sampling each slot from q = softmax(score / T) with exponential noise, keeping q.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from dflash_tui.engines.checkpoints import DraftInfo, attention_window, layer_windows
+from dflash_tui.engines.checkpoints import Dflash2Dims, DraftInfo, attention_window, layer_windows, resolve_causal
 from dflash_tui.engines.errors import CheckpointError
 
 
@@ -65,14 +71,65 @@ class DraftAttention(nn.Module):
         v = self._split(self.v_proj(ctx), self.kv_heads)
         return k, v
 
-    def __call__(self, x: mx.array, k_ctx: mx.array, v_ctx: mx.array, offset: int) -> mx.array:
+    def __call__(self, x: mx.array, k_ctx: mx.array, v_ctx: mx.array, offset: int,
+                 mask: Optional[mx.array] = None) -> mx.array:
+        """`mask` [n, context + n] booleans (True: visible), None: everything visible."""
         b, n, _ = x.shape
         q = self.rope(self.q_norm(self._split(self.q_proj(x), self.heads)), offset=offset)
         k_blk, v_blk = self.project_context(x, offset)
         k = mx.concatenate([k_ctx, k_blk], axis=2)
         v = mx.concatenate([v_ctx, v_blk], axis=2)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=None)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+
+
+def visible(first: int, start: int, n: int, causal: bool, window: Optional[int]) -> Optional[mx.array]:
+    """[n, start - first + n] booleans: which keys (context positions first..start-1, then the block at
+    start..start+n-1) each block query (positions start..start+n-1) sees; None when it sees all of them.
+    Causal: block rows up to its own; a sliding window w: keys less than w positions back."""
+    if not causal and not window:
+        return None
+    queries = mx.arange(start, start + n)[:, None]
+    keys = mx.arange(first, start + n)[None, :]
+    ok = (keys < start) | (keys <= queries) if causal else mx.ones((n, keys.shape[1]), dtype=mx.bool_)
+    return ok & (queries - keys < window) if window else ok
+
+
+class DynamicConv(nn.Module):
+    """DFlash 2's grouped dynamic depthwise convolution around one sublayer: one projection of the
+    sublayer's normed input gives per-position coefficients for both sides (base_kernel + the group's
+    content term); side 0 convolves the sublayer's input, side 1 its output, over the block only."""
+
+    def __init__(self, hidden: int, taps: int, groups: int):
+        super().__init__()
+        self.taps, self.groups = taps, groups
+        self.base_kernel = mx.zeros((2, taps, hidden))
+        self.kernel_projection = nn.Linear(hidden, 2 * taps * groups, bias=False)
+
+    def coefficients(self, x: mx.array) -> mx.array:
+        """[b, n, hidden] -> [b, n, 2, taps, hidden]; channel ch reads group ch // (hidden / groups)."""
+        b, n, hidden = x.shape
+        content = self.kernel_projection(x).reshape(b, n, 2, self.taps, self.groups, 1)
+        content = mx.broadcast_to(content, (b, n, 2, self.taps, self.groups, hidden // self.groups))
+        return self.base_kernel + content.reshape(b, n, 2, self.taps, hidden)
+
+    @staticmethod
+    def apply(coef: mx.array, side: int, u: mx.array) -> mx.array:
+        """sum over taps t of coef[:, i, side, t] * u[:, i - t] (zero before the anchor)."""
+        n = u.shape[1]
+        out = coef[:, :, side, 0] * u
+        for t in range(1, min(coef.shape[3], n)):
+            shifted = mx.pad(u[:, : n - t], [(0, 0), (t, 0), (0, 0)])
+            out = out + coef[:, :, side, t] * shifted
+        return out
+
+
+def wrapped(h: mx.array, x: mx.array, sublayer, conv: Optional[DynamicConv]) -> mx.array:
+    """h + sublayer(x), with DFlash 2's convolution on both sides of the sublayer when it has one."""
+    if conv is None:
+        return h + sublayer(x)
+    coef = conv.coefficients(x)
+    return h + conv.apply(coef, 1, sublayer(conv.apply(coef, 0, x)))
 
 
 class MLP(nn.Module):
@@ -87,21 +144,73 @@ class MLP(nn.Module):
 
 
 class DraftLayer(nn.Module):
-    def __init__(self, cfg: dict, window: Optional[int]):
+    def __init__(self, cfg: dict, window: Optional[int], causal: bool = False, dims: Optional[Dflash2Dims] = None):
         super().__init__()
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         self.self_attn = DraftAttention(cfg, window)
+        self.causal = causal  # inside the block (checkpoints.resolve_causal)
         self.mlp = MLP(hidden, cfg["intermediate_size"])
         self.input_layernorm = nn.RMSNorm(hidden, eps=eps)
         self.post_attention_layernorm = nn.RMSNorm(hidden, eps=eps)
+        if dims is not None:
+            self.attention_conv = DynamicConv(hidden, dims.taps, dims.groups)
+            self.mlp_conv = DynamicConv(hidden, dims.taps, dims.groups)
 
-    def __call__(self, h, k_ctx, v_ctx, offset: int):
-        h = h + self.self_attn(self.input_layernorm(h), k_ctx, v_ctx, offset)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def __call__(self, h, k_ctx, v_ctx, offset: int, mask: Optional[mx.array] = None):
+        def attend(x):
+            return self.self_attn(x, k_ctx, v_ctx, offset, mask)
+
+        h = wrapped(h, self.input_layernorm(h), attend, self.get("attention_conv"))
+        return wrapped(h, self.post_attention_layernorm(h), self.mlp, self.get("mlp_conv"))
+
+
+class CandidateSelector(nn.Module):
+    """DFlash 2's candidate selector: per mask slot the target head's top-K logits, scored against the
+    token chosen at the slot before (the anchor for slot 0):
+    score(a, c) = unary[c] + sum_d predecessor_codebook[a, d] * z[d] * successor_codebook[cand[c], d],
+    z = hidden_projection(h)."""
+
+    def __init__(self, hidden: int, vocab: int, dim: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.hidden_projection = nn.Linear(hidden, dim, bias=False)
+        self.predecessor_codebook = mx.zeros((vocab, dim))
+        self.successor_codebook = mx.zeros((vocab, dim))
+
+    def walk(self, hidden: mx.array, logits: mx.array, anchor: mx.array, temperature: float = 0.0,
+             noise: Optional[mx.array] = None):
+        """hidden [s, H] and head logits [s, V] of the mask slots, the anchor id [1]. Returns the drafted
+        ids [s] (int32), the candidates [s, K] and, at temperature > 0, q [s, K] (float32) each slot was
+        sampled from as argmax(q / noise) with noise [s, K] of Exp(1) draws. Lazy: no host sync."""
+        k = min(self.top_k, logits.shape[-1])
+        logits = logits.astype(mx.float32)
+        part = mx.argpartition(-logits, kth=k - 1, axis=-1)[:, :k]
+        values = mx.take_along_axis(logits, part, axis=-1)
+        order = mx.argsort(-values, axis=-1)  # highest first: ties in the walk go to the higher logit
+        candidates = mx.take_along_axis(part, order, axis=-1)
+        unary = mx.take_along_axis(values, order, axis=-1)
+        z = self.hidden_projection(hidden).astype(mx.float32)  # [s, d]
+        succ = self.successor_codebook[candidates].astype(mx.float32) * z[:, None, :]  # [s, K, d]
+        prev, ids, rows = anchor.reshape(1), [], []
+        for slot in range(candidates.shape[0]):
+            pred = self.predecessor_codebook[prev].astype(mx.float32)  # [1, d]
+            score = unary[slot] + (succ[slot] @ pred[0])
+            if temperature > 0:
+                q = mx.softmax(score / temperature, axis=-1)
+                pick = mx.argmax(q / noise[slot], axis=-1)
+                rows.append(q)
+            else:
+                pick = mx.argmax(score, axis=-1)
+            prev = mx.take(candidates[slot], pick.reshape(1))
+            ids.append(prev)
+        q = mx.stack(rows) if rows else None
+        return mx.concatenate(ids).astype(mx.int32), candidates, q
 
 
 class DFlashDraft(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, info: Optional[DraftInfo] = None):
+        """`info` (DraftInfo.read, completed by validate_pair) brings the DFlash 2 sizes and the head's
+        logit settings; without it the config alone decides (a DFlash 1 draft)."""
         super().__init__()
         self.config = cfg
         dflash = cfg["dflash_config"]
@@ -109,17 +218,33 @@ class DFlashDraft(nn.Module):
         self.mask_token_id: int = int(dflash["mask_token_id"])
         self.block_size: int = int(cfg.get("block_size", 16))
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
-        self.layers = [DraftLayer(cfg, w) for w in layer_windows(cfg)]
+        dims = info.dflash2 if info is not None else None
+        causal = info.causal if info is not None and info.causal else resolve_causal(cfg)
+        self.layers = [DraftLayer(cfg, w, c, dims) for w, c in zip(layer_windows(cfg), causal)]
         self.norm = nn.RMSNorm(hidden, eps=eps)
         self.fc = nn.Linear(len(self.target_layer_ids) * hidden, hidden, bias=False)
         self.hidden_norm = nn.RMSNorm(hidden, eps=eps)
+        if info is not None:
+            self.embedding_scale = info.embedding_scale
+            self.logit_multiplier, self.logit_softcap = info.logit_multiplier, info.logit_softcap
+        else:
+            self.embedding_scale = float(cfg.get("input_embedding_scale", dflash.get("input_embedding_scale", 1.0)))
+            self.logit_multiplier, self.logit_softcap = 1.0, None
+        if dims is not None:
+            vocab = (info.weight_shapes.get("candidate_selector.predecessor_codebook") or [info.vocab_size])[0]
+            self.candidate_selector = CandidateSelector(hidden, vocab, dims.selector_dim, dims.top_k)
+
+    @property
+    def selector(self) -> Optional[CandidateSelector]:
+        """The candidate selector of a DFlash 2 draft (None for DFlash 1)."""
+        return self.get("candidate_selector")
 
     @classmethod
     def load(cls, info: DraftInfo, dtype: mx.Dtype) -> "DFlashDraft":
         """The draft from its safetensors (`model.` prefixes dropped, unused extras ignored), in `dtype`."""
         from mlx.utils import tree_flatten
 
-        model = cls(info.config)
+        model = cls(info.config, info)
         weights: dict[str, mx.array] = {}
         for file in sorted(Path(info.path).glob("*.safetensors")):
             weights.update(mx.load(str(file)))
@@ -137,12 +262,43 @@ class DFlashDraft(nn.Module):
         """fc(concat of target layer outputs) -> RMSNorm: [b, n, len(ids)*hidden] -> [b, n, hidden]."""
         return self.hidden_norm(self.fc(features))
 
-    def block_hidden(self, block_embeds: mx.array, k_ctx: list, v_ctx: list, offset: int) -> mx.array:
-        """Final normed hidden states of the block (at positions offset..) given each layer's context K/V."""
+    def embed(self, embedding, ids: mx.array) -> mx.array:
+        """The block's input embeddings: the target's, times input_embedding_scale."""
+        x = embedding(ids)
+        return x * self.embedding_scale if self.embedding_scale != 1.0 else x
+
+    def head_logits(self, hidden: mx.array, lm_head) -> mx.array:
+        """The target head's logits for draft hidden states as the selector reads them (float32, with
+        the output multiplier and the final softcap)."""
+        logits = lm_head(hidden).astype(mx.float32)
+        if self.logit_multiplier != 1.0:
+            logits = logits * self.logit_multiplier
+        if self.logit_softcap:
+            logits = mx.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
+
+    def block_hidden(self, block_embeds: mx.array, k_ctx: list, v_ctx: list, offset: int,
+                     masks: Optional[list] = None) -> mx.array:
+        """Final normed hidden states of the block (at positions offset..) given each layer's context K/V
+        and visibility mask (None: everything visible)."""
         h = block_embeds
-        for layer, k, v in zip(self.layers, k_ctx, v_ctx):
-            h = layer(h, k, v, offset)
+        for i, (layer, k, v) in enumerate(zip(self.layers, k_ctx, v_ctx)):
+            h = layer(h, k, v, offset, masks[i] if masks else None)
         return self.norm(h)
+
+    def propose(self, hidden: mx.array, anchor: mx.array, lm_head, temperature: float = 0.0,
+                noise: Optional[mx.array] = None):
+        """Drafted ids [s] for the mask slots of hidden [1, b, H] and, for a DFlash 2 draft sampled at
+        temperature > 0, the dense rows q [s, vocab] they were drawn from (else None). DFlash 1 takes each
+        slot's argmax; DFlash 2 walks its selector from `anchor` [1]."""
+        slots = hidden[0, 1:]
+        if self.selector is None:
+            return mx.argmax(lm_head(slots), axis=-1).astype(mx.int32), None
+        logits = self.head_logits(slots, lm_head)
+        ids, candidates, q = self.selector.walk(slots, logits, anchor, temperature, noise)
+        if q is None:
+            return ids, None
+        return ids, mx.put_along_axis(mx.zeros(logits.shape, dtype=mx.float32), candidates, q, axis=-1)
 
 
 class DraftCache:
@@ -216,14 +372,27 @@ class DraftCache:
         """The buffers, to evaluate with the target cache."""
         return [x for x in self._keys + self._values if x is not None]
 
+    def masks(self, n: int) -> list[Optional[mx.array]]:
+        """Each layer's visibility for a block of n rows after the visible context (None: all visible)."""
+        return [visible(self._first(i), self.length, n, layer.causal, layer.self_attn.window)
+                for i, layer in enumerate(self.draft.layers)]
+
     def propose_hidden(self, block_embeds: mx.array) -> mx.array:
+        """Final normed hidden states of a block of embeddings [1, b, H] at positions length.."""
         views = [self.view(i) for i in range(len(self._keys))]
-        return self.draft.block_hidden(block_embeds, [k for k, _ in views], [v for _, v in views], self.length)
+        return self.draft.block_hidden(block_embeds, [k for k, _ in views], [v for _, v in views], self.length,
+                                       self.masks(block_embeds.shape[1]))
 
     def propose(self, block: mx.array, embed, lm_head) -> mx.array:
-        """Greedy draft ids (int32, [b-1]) for block positions 1..; block is [1, b] = [last token, mask...]."""
-        hidden = self.propose_hidden(embed(block))
-        return mx.argmax(lm_head(hidden[0, 1:]), axis=-1).astype(mx.int32)
+        """Draft ids (int32, [b-1]) for block positions 1..; block is [1, b] = [last token, mask...]: each
+        slot's argmax (DFlash 1) or the selector's argmax walk (DFlash 2)."""
+        return self.propose_sampled(block, embed, lm_head)[0]
+
+    def propose_sampled(self, block: mx.array, embed, lm_head, temperature: float = 0.0,
+                        noise: Optional[mx.array] = None):
+        """(ids [b-1], q [b-1, vocab] or None): DFlashDraft.propose on this block."""
+        hidden = self.propose_hidden(self.draft.embed(embed, block))
+        return self.draft.propose(hidden, block[0, :1], lm_head, temperature, noise)
 
     def entries(self) -> int:
         return self.length - self._first(0) if self._keys and self._keys[0] is not None else 0
