@@ -2,7 +2,8 @@
 
 After prefill the target cache holds the prompt; the first sampled token is not yet in it. Each step
 drafts a block [last, mask x (B-1)] at positions start.., verifies it in one target pass, keeps the
-drafted ids up to the first disagreement plus the target's own token there, rolls the target cache back
+drafted ids up to the first disagreement plus the target's own token there (a DFlash 2 draft at
+temperature > 0: exact rejection sampling against the draft's q instead, `rejection_verify`), rolls the target cache back
 to the committed tokens minus the newest (engines/mlx/target.py's CacheRollback: KV caches trimmed,
 gated-delta-net states recomputed from the verify pass's captured mixer inputs), and feeds the draft the
 features of the newly committed ones.
@@ -34,17 +35,22 @@ TIMING_EVERY = 16  # steps between measured draft/verify splits
 
 class Sampler:
     """Greedy, or temperature / top_k / top_p / min_p sampling from a seeded mx.random key (the same
-    filters, in the same order, as engines/cuda/loop.py's Sampler)."""
+    filters, in the same order, as engines/cuda/loop.py's Sampler). Every random draw of a request
+    (the target's samples, a DFlash 2 draft's noise, the rejection rule's uniforms) comes from this key,
+    split once per draw, so a seed repeats the whole request."""
 
     def __init__(self, params: SamplingParams):
         self.params = params
         self.key = None if params.greedy else mx.random.key(params.seed)
 
-    def __call__(self, logits: mx.array) -> mx.array:
-        """logits [n, vocab] -> int32 ids [n]."""
+    def next_key(self) -> mx.array:
+        keys = mx.random.split(self.key)
+        self.key = keys[0]
+        return keys[1]
+
+    def process(self, logits: mx.array) -> mx.array:
+        """logits [n, vocab] -> float32 logits after temperature, top_k, top_p and min_p (-inf where cut)."""
         p = self.params
-        if p.greedy:
-            return mx.argmax(logits, axis=-1).astype(mx.int32)
         neg = mx.array(-float("inf"), dtype=mx.float32)
         logits = logits.astype(mx.float32) / p.temperature
         if p.top_k > 0:
@@ -60,9 +66,45 @@ class Sampler:
         if p.min_p > 0:
             probs = mx.softmax(logits, axis=-1)
             logits = mx.where(probs < p.min_p * probs.max(axis=-1, keepdims=True), neg, logits)
-        keys = mx.random.split(self.key)
-        self.key = keys[0]
-        return mx.random.categorical(logits, axis=-1, key=keys[1]).astype(mx.int32)
+        return logits
+
+    def probs(self, logits: mx.array) -> mx.array:
+        """The distribution p [n, vocab] a sample is drawn from (temperature > 0)."""
+        return mx.softmax(self.process(logits), axis=-1)
+
+    def __call__(self, logits: mx.array) -> mx.array:
+        """logits [n, vocab] -> int32 ids [n]."""
+        if self.params.greedy:
+            return mx.argmax(logits, axis=-1).astype(mx.int32)
+        return mx.random.categorical(self.process(logits), axis=-1, key=self.next_key()).astype(mx.int32)
+
+    def from_probs(self, probs: mx.array) -> mx.array:
+        """One id per row of probabilities [n, vocab] (int32 [n])."""
+        return mx.random.categorical(mx.log(probs), axis=-1, key=self.next_key()).astype(mx.int32)
+
+    def uniform(self, shape: tuple) -> mx.array:
+        return mx.random.uniform(shape=shape, key=self.next_key())
+
+    def exponential(self, shape: tuple) -> mx.array:
+        """Exp(1) draws (never 0: -log of a uniform in [0, 1), floored)."""
+        return -mx.log1p(-mx.minimum(self.uniform(shape), 1 - 2 ** -24))
+
+
+def rejection_verify(p: mx.array, q: mx.array, drafted: mx.array, sampler: Sampler):
+    """Exact speculative sampling of one verify step (docs/dflash2.md), lazy: p [b, vocab] the target's
+    distributions at the block's positions, q [b-1, vocab] the draft's rows, drafted [b-1] ids drawn from
+    them. Drafted token j is accepted with probability min(1, p_j(x_j) / q_j(x_j)); at the first rejection
+    the emitted token is a sample of normalize(max(0, p_j - q_j)), after a fully accepted block a sample of
+    p_{b-1}. Returns (accepted flags [b-1] int32, the token to emit if the block stops at each position [b])."""
+    rows = drafted[:, None]
+    px = mx.take_along_axis(p[:-1], rows, axis=-1)[:, 0]
+    qx = mx.take_along_axis(q, rows, axis=-1)[:, 0]
+    accept = sampler.uniform(qx.shape) * qx < px  # u < p / q, with q(x) > 0 for a drawn x
+    residual = mx.maximum(p[:-1] - q, 0)
+    residual = mx.where(residual.sum(axis=-1, keepdims=True) > 0, residual, p[:-1])  # p = q: never rejected
+    resampled = sampler.from_probs(residual / residual.sum(axis=-1, keepdims=True))
+    bonus = sampler.from_probs(p[-1:])
+    return accept.astype(mx.int32), mx.concatenate([resampled, bonus])
 
 
 class TurnCache:
@@ -219,6 +261,8 @@ def _speculative_decode(
     last_id = first
     generated, step, draft_share = 1, 0, 0.0
     mask_id = draft_cache.draft.mask_token_id if use_draft else 0
+    # exact rejection sampling needs the draft's q: DFlash 2 at T > 0; DFlash 1 keeps exact match
+    rejection = use_draft and draft_cache.draft.selector is not None and not sampler.params.greedy
     mask = mx.full((max(block_size - 1, 1),), mask_id, dtype=mx.int32)
     while generated < max_new_tokens:
         b = min(block_size, max_new_tokens - generated)  # the last block shrinks: never more than asked
@@ -226,23 +270,35 @@ def _speculative_decode(
             turn.ids = None
         t_start = time.perf_counter()
         timed = b > 1 and step % TIMING_EVERY == 0
-        drafted = None
+        drafted = q = None
         block = last
         if b > 1:
             proposal = mx.concatenate([last, mask[: b - 1]])[None]
-            drafted = draft_cache.propose(proposal, target.embed, target.lm_head)  # greedy proposals
+            if rejection:  # a DFlash 2 draft at T > 0: its walk sampled, q kept
+                noise = sampler.exponential((b - 1, draft_cache.draft.selector.top_k))
+                drafted, q = draft_cache.propose_sampled(proposal, target.embed, target.lm_head,
+                                                         sampler.params.temperature, noise)
+            else:  # argmax proposals (a DFlash 2 draft's argmax walk)
+                drafted = draft_cache.propose(proposal, target.embed, target.lm_head)
             block = mx.concatenate([last, drafted])
             if timed:
                 mx.eval(block)
         t_mid = time.perf_counter()
         rollback.snapshot(b)
         logits, features = target.forward(block[None], cache, capture=use_draft)
-        choice = sampler(logits[0])  # the target's own token at every block position
-        host = (mx.concatenate([drafted, choice]) if drafted is not None else choice).tolist()  # the one sync
+        if q is not None:
+            agree, choice = rejection_verify(sampler.probs(logits[0]), q, drafted, sampler)
+            host = mx.concatenate([drafted, choice, agree]).tolist()  # the one sync
+            kept = host[2 * b - 1:]
+        else:
+            choice = sampler(logits[0])  # the target's own token at every block position
+            host = (mx.concatenate([drafted, choice]) if drafted is not None else choice).tolist()  # the one sync
         t_end = time.perf_counter()
-        drafted_ids, chosen = host[: b - 1], host[b - 1:]
+        drafted_ids, chosen = host[: b - 1], host[b - 1: 2 * b - 1]
+        if q is None:  # exact match: kept while the target's own token agrees
+            kept = [int(d == c) for d, c in zip(drafted_ids, chosen)]
         accepted = 0
-        while accepted < b - 1 and drafted_ids[accepted] == chosen[accepted]:
+        while accepted < b - 1 and kept[accepted]:
             accepted += 1
         rollback.rollback(b, accepted + 1, lambda keep, block=block: target.forward(block[None, :keep], cache, capture=False))
         if use_draft:
