@@ -179,13 +179,13 @@ class MostlyRightDraftCache(DraftCache):
         return ids, (mx.arange(vocab)[None, :] == ids[:, None]).astype(mx.float32)
 
 
-@pytest.mark.parametrize("block", [4, 16])
-def test_rejection_sampling_keeps_right_tokens_and_replaces_wrong_ones(built, block):
+@pytest.mark.parametrize("name,block", [("qwen3", 4), ("qwen3", 16), ("qwen3_5-last", 8)])
+def test_rejection_sampling_keeps_right_tokens_and_replaces_wrong_ones(built, name, block):
     """At a near-zero temperature (1e-6: the fixture has a top-2 margin of 1e-4) p is one-hot on the
     target's argmax: a right drafted token is kept (p/q = 1), a wrong one rejected and replaced from
     max(0, p - q) = the argmax, and a fully accepted block ends with the bonus token. The ids are the
-    greedy ids and the caches stay as at T = 0."""
-    target, _, engine = built("qwen3")
+    greedy ids and the caches stay as at T = 0 (qwen3_5: the gated-delta states rolled back too)."""
+    target, _, engine = built(name)
     ids = engine.prepare(GenerationRequest(prompt=PROMPT))
     reference = mlx_lm_greedy(target, ids, NEW)
     cache = engine.target.make_cache()
@@ -199,7 +199,7 @@ def test_rejection_sampling_keeps_right_tokens_and_replaces_wrong_ones(built, bl
         assert draft_cache.length == len(ids) + len(out) - 1
         accepted += [] if step.prefill else [step.accepted]
     assert out == reference
-    # every 5th proposal is wrong: block 4 has fully accepted blocks (the bonus token), both have rejections
+    # every 5th proposal is wrong: block 4 has fully accepted blocks (the bonus token), all have rejections
     assert max(accepted) == min(4, block - 1) and min(accepted) < block - 1
 
 
@@ -215,3 +215,15 @@ def test_seeded_sampling_repeats(built):
     first = sample(5)
     assert sample(5) == first
     assert sample(6)[0] != first[0]
+
+
+def test_dflash1_drafts_keep_exact_match_at_positive_temperature(built, monkeypatch):
+    import dflash_tui.engines.mlx.loop as loop
+
+    def refuse(*args):
+        raise AssertionError("rejection sampling ran for a DFlash 1 draft")
+
+    monkeypatch.setattr(loop, "rejection_verify", refuse)
+    _, _, engine = built("dflash1-sliding")
+    summary = run(engine, prompt=PROMPT, max_new_tokens=12, temperature=1.0, seed=2, block_size=4, stop_ids=[])[1]
+    assert summary.generated_tokens == 12
