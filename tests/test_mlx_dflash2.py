@@ -165,6 +165,16 @@ def test_rejection_rule_emits_p():
     assert 0.5 * np.abs(broken - p).sum() > 0.1
 
 
+def test_the_walk_noise_samples_q():
+    """A slot picks argmax(q / E) with E the sampler's Exp(1) draws: over 40,000 rows the picks are
+    distributed as q (total variation above 0.02: probability below 1e-12 as above)."""
+    q = mx.array([0.4, 0.3, 0.2, 0.07, 0.03])
+    noise = Sampler(SamplingParams(temperature=1.0, seed=11)).exponential((40000, 5))
+    assert abs(float(noise.mean()) - 1.0) < 0.02 and float(noise.min()) >= 0
+    picks = np.array(mx.argmax(q[None] / noise, axis=-1))
+    assert 0.5 * np.abs(np.bincount(picks, minlength=5) / 40000 - np.array(q)).sum() < 0.02
+
+
 class MostlyRightDraftCache(DraftCache):
     """A DFlash 2 draft cache proposing the target's greedy continuation, wrong at every 5th position
     (tests.oracles.oracle_proposals), with q one-hot on what it proposes."""
