@@ -812,3 +812,67 @@ def test_the_remote_engine_sends_its_block_size_and_says_so_where_it_cannot(serv
     assert "block size 4 cannot be sent" in notes and "draft window 8 cannot be sent" in notes
     assert "dflash" not in foreign.requests[-1][1]
 
+
+
+# -- issue 31: tools through the chat template -------------------------------------------------------------
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+HISTORY = [{"role": "user", "content": "Weather in Paris?"},
+           {"role": "assistant", "content": None, "tool_calls": [
+               {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                                 "arguments": "{\"city\": \"Paris\"}"}}]},
+           {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
+
+
+def test_tools_and_tool_history_render_through_the_chat_template(guarded, tools_pair):
+    """tools, an assistant's tool_calls and the tool's result reach the template as transformers passes them
+    (arguments as an object); the prompt ids equal the template's own rendering."""
+    from dflash_tui.engines.prompting import load_tokenizer
+
+    tokenizer = load_tokenizer(tools_pair[0])
+    rendered = [dict(m) for m in HISTORY]
+    rendered[1] = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    want = tokenizer.apply_chat_template(rendered, tools=TOOLS, add_generation_prompt=True, tokenize=True,
+                                         enable_thinking=True, return_dict=False)
+    got = httpx.post(guarded.root + "/tokenize", json={"model": "tiny", "messages": HISTORY, "tools": TOOLS},
+                     headers=AUTH, timeout=60).json()["tokens"]
+    assert got == list(want) and "<tools>" in tokenizer.decode(got) and "<tool_response>" in tokenizer.decode(got)
+    body = {"model": "tiny", "messages": HISTORY, "tools": TOOLS, "max_tokens": 4, "temperature": 0,
+            "return_token_ids": True}
+    answer = httpx.post(guarded.base + "/chat/completions", json=body, headers=AUTH, timeout=60)
+    assert answer.status_code == 200 and answer.json()["prompt_token_ids"] == got
+    none = httpx.post(guarded.base + "/chat/completions", json=body | {"tool_choice": "none"}, headers=AUTH, timeout=60)
+    assert "<tools>" not in tokenizer.decode(none.json()["prompt_token_ids"])  # "none": the tools stay out
+
+
+def test_a_forced_tool_call_that_does_not_parse_is_text_never_a_500(guarded, server):
+    """A named tool_choice starts the answer with the call's opening; the random tiny target's junk after it
+    is no call, so the answer is that text with no tool_calls. The openai client's tools helpers work."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=guarded.base, api_key=KEY, max_retries=0)
+    for stream in (False, True):
+        kwargs = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS,
+                      tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=12,
+                      temperature=0, stream=stream)
+        if stream:
+            chunks = list(client.chat.completions.create(**kwargs))
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            calls = [c for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+        else:
+            whole = client.chat.completions.create(**kwargs)
+            content, calls, finish = whole.choices[0].message.content, whole.choices[0].message.tool_calls, \
+                whole.choices[0].finish_reason
+        assert content.startswith('<tool_call>\n{"name": "get_weather", "arguments": ') and not calls
+        assert finish in ("stop", "length")
+    auto = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
+                                          max_tokens=4, temperature=0)
+    assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    bad = httpx.post(guarded.base + "/chat/completions", headers=AUTH, timeout=30, json=chat_body("hi") | {
+        "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nowhere"}}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tool_choice"
+    plain = httpx.post(server.base + "/chat/completions", timeout=30, json=chat_body("hi") | {"tools": TOOLS})
+    assert plain.status_code == 400 and "no tools branch" in plain.json()["error"]["message"]

@@ -247,8 +247,8 @@ async def pieces(state: ServeState, job: Job, params: Params, split: Optional[Th
                 got.calls += last.calls
             piece.content, piece.calls = got.text, got.calls
             calls += len(got.calls)
-            if finish == "stop" and calls:
-                piece.finish = "tool_calls"
+            if finish == "stop" and calls:  # the answer ended with its calls (not cut off by max_tokens)
+                finish = piece.finish = "tool_calls"
         yield piece
 
 

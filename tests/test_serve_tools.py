@@ -1,0 +1,139 @@
+"""Tool calls (issue 31, item 1): the formats Qwen3 / Qwen3-Coder and Llama 3.1 write, parsed into OpenAI
+`tool_calls` whatever the chunking; a malformed call is text; the streamed chunks are what the openai
+client accumulates; and `dflash generate --tools FILE.json` renders the tools and prints the calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from dflash_tui.serve.tools import ToolCallParser, forced_opening, parse_hermes_block, parse_llama_json, parse_text
+
+WEATHER = {"city": "Paris", "days": 3, "units": {"temp": "C"}}
+HERMES = ('Let me look that up.\n<tool_call>\n{"name": "get_weather", "arguments": ' + json.dumps(WEATHER)
+          + '}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+CODER = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
+         "</parameter>\n<parameter=units>\n{\"temp\": \"C\"}\n</parameter>\n</function>\n</tool_call>")
+LLAMA = '<|python_tag|>{"name": "get_weather", "parameters": ' + json.dumps(WEATHER) + '}; {"name": "get_time", "parameters": {}}'
+
+
+def chunked(parser: ToolCallParser, text: str, cut: int) -> tuple[str, list[dict]]:
+    out, calls = [], []
+    for i in range(0, len(text), cut):
+        got = parser.add(text[i:i + cut])
+        out.append(got.text)
+        calls += got.calls
+    last = parser.flush()
+    return "".join(out) + last.text, calls + last.calls
+
+
+def names_args(calls: list[dict]) -> list[tuple[str, dict]]:
+    return [(c["name"], json.loads(c["arguments"])) for c in calls]
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 5, 7, 11, 64, 1000])
+def test_hermes_json_and_xml_forms_parse_whatever_the_chunking(cut):
+    text, calls = chunked(ToolCallParser("hermes"), HERMES, cut)
+    assert text == "Let me look that up.\n\n"
+    assert names_args(calls) == [("get_weather", WEATHER), ("get_time", {})]
+    assert all(c["id"].startswith("call_") for c in calls) and calls[0]["id"] != calls[1]["id"]
+    text, calls = chunked(ToolCallParser("hermes"), CODER, cut)
+    assert text == "" and names_args(calls) == [("get_weather", WEATHER)]
+
+
+@pytest.mark.parametrize("cut", [1, 4, 9, 1000])
+def test_llama_json_calls_are_the_whole_answer(cut):
+    text, calls = chunked(ToolCallParser("llama3_json"), LLAMA, cut)
+    assert text == "" and names_args(calls) == [("get_weather", WEATHER), ("get_time", {})]
+    text, calls = chunked(ToolCallParser("llama3_json"), "The weather is fine {not a call}.", cut)
+    assert text == "The weather is fine {not a call}." and calls == []
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": </tool_call> and more'),
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'),  # cut off by max_tokens
+    ("hermes", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</tool_call>"),
+    ("hermes", '<tool_call>["not", "an", "object"]</tool_call>'),
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Pa'),
+    ("llama3_json", '{"parameters": {}}'),
+])
+def test_a_malformed_call_comes_back_as_the_text_it_was(fmt, text):
+    for cut in (1, 3, len(text)):
+        got, calls = chunked(ToolCallParser(fmt), text, cut)
+        assert calls == [] and got == text
+
+
+def test_plain_text_passes_through_and_partial_tags_are_held_back_only_until_they_differ():
+    parser = ToolCallParser("hermes")
+    assert parser.add("a <tool").text == "a "
+    assert parser.add("box> b").text == "<toolbox> b"
+    assert parser.flush().text == ""
+    assert parse_text("hermes", "no call here") == ("no call here", [])
+
+
+def test_a_forced_opening_is_continued_by_the_model():
+    opening = forced_opening("hermes", {"type": "function", "function": {"name": "get_weather"}})
+    assert opening == '<tool_call>\n{"name": "get_weather", "arguments": '
+    text, calls = chunked(ToolCallParser("hermes", opening), '{"city": "Paris"}}\n</tool_call>', 2)
+    assert text == "" and names_args(calls) == [("get_weather", {"city": "Paris"})]
+    llama = forced_opening("llama3_json", {"type": "function", "function": {"name": "f"}})
+    text, calls = chunked(ToolCallParser("llama3_json", llama), '{"x": 1}}', 3)
+    assert names_args(calls) == [("f", {"x": 1})]
+    assert forced_opening("hermes", "required") == "<tool_call>\n" and forced_opening("hermes", "auto") == ""
+    assert parse_hermes_block('{"name": "f", "arguments": "{\\"a\\": 1}"}')["arguments"] == '{"a": 1}'
+    assert parse_llama_json("just text") is None
+
+
+def test_streamed_tool_calls_are_chunks_the_openai_client_accumulates():
+    """The shaper's chunks for a parsed call: the id and name, then the arguments as a delta, then
+    finish_reason tool_calls; each is a valid ChatCompletionChunk, and the non-streamed message has them."""
+    openai_types = pytest.importorskip("openai.types.chat")
+    pytest.importorskip("starlette")
+    from dflash_tui.engines.events import StepEvent
+    from dflash_tui.serve.api import Params
+    from dflash_tui.serve.app import ChatShaper, Piece
+
+    parser = ToolCallParser("hermes")
+    texts = [HERMES[i:i + 9] for i in range(0, len(HERMES), 9)]
+
+    def source():
+        async def gen():
+            for n, text in enumerate(texts):
+                last = n == len(texts) - 1
+                got = parser.add(text)
+                if last:
+                    tail = parser.flush()
+                    got.text += tail.text
+                    got.calls += tail.calls
+                event = StepEvent(drafted=[], accepted=0, emitted=[n], pieces=[(text, "target")],
+                                  finish_reason="stop" if last else None)
+                yield Piece(content=got.text, calls=got.calls, event=event, ids=[n],
+                            finish="tool_calls" if last else None)
+            yield Piece(summary=None, finish="tool_calls")
+        return gen()
+
+    async def stream() -> list[dict]:
+        shaper = ChatShaper(Params(model="tiny", include_usage=True), [1, 2, 3], chat=True)
+        return [json.loads(raw.decode()[6:]) for raw in [b async for b in shaper.stream(source())][:-1]]
+
+    chunks = asyncio.run(stream())
+    for chunk in chunks:
+        openai_types.ChatCompletionChunk.model_validate(chunk)
+    calls: dict[int, dict] = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            for delta in choice["delta"].get("tool_calls") or []:
+                slot = calls.setdefault(delta["index"], {"name": "", "arguments": ""})
+                slot["name"] += (delta.get("function") or {}).get("name") or ""
+                slot["arguments"] += (delta.get("function") or {}).get("arguments") or ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", WEATHER),
+                                                                                    ("get_time", {})]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
+    assert chunks[-1]["usage"]["completion_tokens"] == len(texts)
+    parser = ToolCallParser("hermes")
+    whole = asyncio.run(ChatShaper(Params(model="tiny"), [1], chat=True).whole(source()))
+    message = openai_types.ChatCompletion.model_validate(whole).choices[0].message
+    assert message.content == "Let me look that up." and [c.function.name for c in message.tool_calls] == [
+        "get_weather", "get_time"]
