@@ -7,6 +7,7 @@
   layer read, and the same causality resolution applied to a DFlash 1 draft.
 - T = 0: the ids are mlx-lm's greedy ids at blocks 1, 2, 4, 8, 16 (the last block shrinks), and a chat
   whose turns reuse the kept caches gives the ids of the same chat prefilled afresh.
+- Inconsistent DFlash 2 checkpoints are refused in one sentence; `model.`-prefixed weights load.
 - T > 0: the rejection rule's emitted token is distributed as p (and a rule that always accepts is
   caught); a draft that is mostly right runs the accept, reject and bonus paths to the target's ids at a
   near-zero temperature; seeded runs repeat, with and without the kept caches.
@@ -237,3 +238,35 @@ def test_dflash1_drafts_keep_exact_match_at_positive_temperature(built, monkeypa
     _, _, engine = built("dflash1-sliding")
     summary = run(engine, prompt=PROMPT, max_new_tokens=12, temperature=1.0, seed=2, block_size=4, stop_ids=[])[1]
     assert summary.generated_tokens == 12
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(drop=["candidate_selector.successor_codebook"]), "declares a DFlash 2 draft but has no tensor"),
+    (dict(drop=["layers.0.attention_conv.base_kernel"]), "declares a DFlash 2 draft but has no tensor"),
+    (dict(architecture="DFlashDraftModel", top_k=None), "carries DFlash 2 tensors"),
+    (dict(top_k=None), "selector_top_k"),
+])
+def test_inconsistent_dflash2_checkpoints_are_refused_in_one_sentence(pairs, tmp_path, options, message):
+    from dflash_tui.engines import CheckpointError
+
+    target, _ = pairs("qwen3")
+    draft = tiny_dflash2.make_dflash2_draft(tmp_path / "draft", target, [0, 2], **options)
+    with pytest.raises(CheckpointError, match=message) as caught:
+        engine_for("mlx", target, draft)
+    assert "\n" not in str(caught.value)
+
+
+def test_model_prefixed_weights_load_as_published(pairs, tmp_path):
+    from mlx.utils import tree_flatten
+
+    from dflash_tui.engines.checkpoints import DraftInfo
+    from dflash_tui.engines.mlx.draft import DFlashDraft
+
+    target, _ = pairs("qwen3")
+    plain = DFlashDraft.load(DraftInfo.read(str(tiny_dflash2.make_dflash2_draft(tmp_path / "a", target, [0, 2]))),
+                             mx.float32)
+    prefixed = DFlashDraft.load(DraftInfo.read(str(tiny_dflash2.make_dflash2_draft(tmp_path / "b", target, [0, 2],
+                                                                                  prefix="model."))), mx.float32)
+    a, b = dict(tree_flatten(plain.parameters())), dict(tree_flatten(prefixed.parameters()))
+    assert a.keys() == b.keys() and "candidate_selector.predecessor_codebook" in a
+    assert all(mx.array_equal(a[k], b[k]) for k in a)
