@@ -137,3 +137,48 @@ def test_streamed_tool_calls_are_chunks_the_openai_client_accumulates():
     message = openai_types.ChatCompletion.model_validate(whole).choices[0].message
     assert message.content == "Let me look that up." and [c.function.name for c in message.tool_calls] == [
         "get_weather", "get_time"]
+
+
+def test_generate_with_tools_renders_them_and_prints_the_parsed_calls(pairs, tmp_path):
+    """`dflash generate --tools FILE.json`: the tools go through the target's template (the prompt grows by
+    the tools block), and the calls parsed from the answer are printed (none from a random tiny target)."""
+    pytest.importorskip("torch")
+    import shutil
+
+    from click.testing import CliRunner
+
+    from dflash_tui.cli import main
+    from dflash_tui.engines.prompting import load_tokenizer
+    from tests.test_serve import TOOLS, TOOLS_TEMPLATE
+
+    target, draft = pairs("qwen3")
+    copy = tmp_path / "target"
+    shutil.copytree(target, copy)
+    (copy / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    tools_file = tmp_path / "tools.json"
+    tools_file.write_text(json.dumps(TOOLS))
+    args = ["generate", "--target", str(copy), "--draft", str(draft), "--engine", "cuda", "--dtype", "float32",
+            "-n", "6", "-t", "0", "Weather in Paris?"]
+    result = CliRunner().invoke(main, args + ["--tools", str(tools_file), "--json"])
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    assert events[-2] == {"event": "tool_calls", "tool_calls": []}
+    tokenizer = load_tokenizer(copy)
+    want = tokenizer.apply_chat_template([{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS,
+                                         add_generation_prompt=True, tokenize=True, enable_thinking=True,
+                                         return_dict=False)
+    assert events[-1]["prompt_tokens"] == len(want)
+    plain = CliRunner().invoke(main, args + ["--tools", str(tools_file)])
+    assert plain.exit_code == 0 and "0 tool calls parsed" in plain.stderr
+    refused = CliRunner().invoke(main, ["generate", "--target", str(target), "--draft", str(draft), "--engine",
+                                        "cuda", "-n", "2", "--tools", str(tools_file), "hi"])
+    assert refused.exit_code != 0 and "no tools branch" in refused.output
+
+
+def test_the_tool_calls_of_an_answer_are_printed_as_openai_calls():
+    from dflash_tui.cli.generate import tool_calls
+
+    calls = tool_calls("<think>\nweather?\n</think>\n\n" + HERMES, True, "hermes")
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", WEATHER), ("get_time", {})]
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)

@@ -96,6 +96,31 @@ class AnswerFilter:
         return [(text, origin) for text, origin in out if text]
 
 
+def with_tools(loaded, request, tools):
+    """The request's messages rendered with `tools` by the target's template (as `dflash serve` does)."""
+    import dataclasses
+
+    from dflash_tui.serve.tools import render_ids, tool_format
+
+    tokenizer = getattr(loaded, "tokenizer", None)
+    if tokenizer is None:
+        raise UserError("--tools needs the target's tokenizer here; on a server, send tools through its API.")
+    fmt = tool_format(tokenizer)
+    if fmt is None:
+        raise UserError("The target's chat template has no tools branch, so --tools cannot be used with it.")
+    ids = render_ids(tokenizer, request.messages, request.thinking, tools)
+    return dataclasses.replace(request, messages=None, prompt_ids=ids), fmt
+
+
+def tool_calls(text: str, thinking: bool, fmt: str) -> list[dict]:
+    """The OpenAI tool calls in an answer (its reasoning trace left out)."""
+    from dflash_tui.serve.tools import parse_text, wire_call
+
+    _, _, answer = thinking_layout(text, thinking)
+    _, calls = parse_text(fmt, text[answer:])
+    return [{k: v for k, v in wire_call(c, i).items() if k != "index"} for i, c in enumerate(calls)]
+
+
 @click.command()
 @click.argument("prompt")
 @engine_options
@@ -113,8 +138,10 @@ class AnswerFilter:
 @click.option("--raw", is_flag=True, help="Send PROMPT as plain text: no chat template, no special tokens.")
 @click.option("--hide-thinking", is_flag=True, help="Print only the answer, not the reasoning trace before it.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per step, then the summary.")
+@click.option("--tools", "tools_file", metavar="FILE.json",
+              help="OpenAI tools (a JSON list) for the chat template; the tool calls in the answer are printed as JSON.")
 def generate(prompt, profile, target, draft, engine, url, model, api_key, device, dtype, block_size, draft_window, max_new_tokens,
-             temperature, top_p, top_k, min_p, seed, thinking, system, raw, hide_thinking, as_json):
+             temperature, top_p, top_k, min_p, seed, thinking, system, raw, hide_thinking, as_json, tools_file):
     """Generate an answer to PROMPT ('-' reads standard input).
 
     On a terminal the text streams coloured by origin: green tokens were drafted and accepted,
@@ -139,9 +166,19 @@ def generate(prompt, profile, target, draft, engine, url, model, api_key, device
                                  top_k=top_k, min_p=min_p, seed=seed, thinking=thinking, **content)
     ensure_local(config)
     preflight(config, [request])  # the prompt, its template and the context, before any weight loads
+    tools = None
+    if tools_file:
+        from dflash_tui.serve.tools import load_tools_file
+
+        if raw:
+            raise UserError("--tools goes through the chat template, which --raw leaves out; drop one of them.")
+        tools = load_tools_file(tools_file)
     loaded = load_engine(config)
     for warning in loaded.warnings:
         click.echo(printable(f"note: {warning}"), err=True)
+    tool_fmt = None
+    if tools:
+        request, tool_fmt = with_tools(loaded, request, tools)
     colour = color_enabled()
     shown = AnswerFilter(request.thinking) if hide_thinking else None
     for event in loaded.generate(request):
@@ -154,8 +191,15 @@ def generate(prompt, profile, target, draft, engine, url, model, api_key, device
             click.echo(click.style(text, **ORIGIN_STYLE[origin]) if colour else text, nl=False)
         sys.stdout.flush()
     summary = loaded.last_summary
+    calls = tool_calls(summary.text, request.thinking, tool_fmt) if tools else None
     if as_json:
+        if calls is not None:
+            click.echo(json.dumps({"event": "tool_calls", "tool_calls": calls}))
         click.echo(json.dumps({"event": "summary", **summary.to_dict()}))
     else:
         click.echo()
+        for call in calls or []:
+            click.echo(printable(json.dumps(call, ensure_ascii=False)))
+        if calls is not None:
+            click.echo(f"{len(calls)} tool call{'' if len(calls) == 1 else 's'} parsed", err=True)
         click.echo(stats_line(summary), err=True)
