@@ -26,6 +26,7 @@ from dflash_tui.core.settings import profile_for, server_text
 from dflash_tui.engines.engine import free_memory
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.process import quiet_loaders
+from dflash_tui.tui.contrast import readable_variables
 from dflash_tui.tui.preferences import load_preferences, save_preferences
 from dflash_tui.tui.screens import ChatScreen, HelpScreen, LoadErrorScreen, SystemPromptScreen
 from dflash_tui.tui.widgets.header import temperature_text
@@ -232,7 +233,13 @@ class DflashApp(App):
         if self.engine is not None and self._owns_engine:
             self.engine.close()
 
-    # -- the theme, remembered ----------------------------------------------------------------------
+    # -- the theme, readable and remembered -----------------------------------------------------------
+    def get_css_variables(self) -> dict[str, str]:
+        """The theme's variables, with every text colour at 3:1 or more on its background (contrast.py)."""
+        variables = readable_variables(super().get_css_variables())
+        self.theme_variables = variables
+        return variables
+
     def watch_theme(self, theme: str) -> None:
         """Every theme change (the palette's theme picker) is saved; a failure is said once per run."""
         if theme == self.preferences.theme:

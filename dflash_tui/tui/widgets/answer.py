@@ -12,67 +12,28 @@ import time
 from typing import Iterable, Optional
 
 from rich.cells import cell_len
-from rich.color import Color as RichColor
-from rich.color import ColorSystem
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.color import Color
 from textual.containers import Vertical
+from textual.content import Content
 from textual.message import Message
-from textual.theme import Theme
 from textual.widgets import Button, Collapsible, Markdown, Static
 from textual.widgets._collapsible import CollapsibleTitle
 
 from dflash_tui.core.conversation import THINK_CLOSE, thinking_layout
 from dflash_tui.core.terminal import printable
 from dflash_tui.engines.detokenize import StreamingDetokenizer
+from dflash_tui.tui.contrast import MIN_CONTRAST, in_256_colours, readable, theme_background  # noqa: F401 - re-exported
 
 LAYOUT_EVERY_S = 0.3  # while streaming, a new row shows within this; text in existing rows every frame
-MIN_CONTRAST = 3.0  # WCAG's minimum for large or bold text; token colours must reach it on every theme
 # (colour, attributes) per origin, for dark and for light backgrounds. No "dim": it would blend the ghosts
 # into the background; the strike-through sets them apart.
 PALETTES = {
     True: {"draft": ("#56d364", "bold"), "target": ("#79c0ff", ""), "ghost": ("#f85149", "strike")},
     False: {"draft": ("#1a7f37", "bold"), "target": ("#0550ae", ""), "ghost": ("#cf222e", "strike")},
 }
-
-
-def contrast(a: Color, b: Color) -> float:
-    """WCAG contrast ratio of two colours (1 to 21)."""
-    def luminance(c: Color) -> float:
-        channels = [v / 255 for v in (c.r, c.g, c.b)]
-        r, g, b = [v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in channels]
-        return 0.2126 * r + 0.7152 * g + 0.0722 * b
-
-    light, dark = sorted((luminance(a), luminance(b)), reverse=True)
-    return (light + 0.05) / (dark + 0.05)
-
-
-def theme_background(theme: Theme) -> Color:
-    """The colour a theme paints behind text; an ANSI theme's is the terminal's, taken as black or white."""
-    background = Color.parse(theme.to_color_system().generate()["background"])
-    if background.ansi is not None:
-        return Color(0, 0, 0) if theme.dark else Color(255, 255, 255)
-    return background
-
-
-def in_256_colours(colour: Color) -> Color:
-    """`colour` as a 256-colour terminal (tmux's default) shows it."""
-    rgb = RichColor.from_rgb(colour.r, colour.g, colour.b).downgrade(ColorSystem.EIGHT_BIT).get_truecolor()
-    return Color(rgb.red, rgb.green, rgb.blue)
-
-
-def readable(colour: Color, background: Color) -> Color:
-    """`colour`, moved away from the background's lightness until it reaches MIN_CONTRAST, in truecolor
-    and as a 256-colour terminal renders both."""
-    dark = background.brightness < 0.5
-    for _ in range(40):
-        if contrast(colour, background) >= MIN_CONTRAST and \
-                contrast(in_256_colours(colour), in_256_colours(background)) >= MIN_CONTRAST:
-            break
-        colour = colour.lighten(0.03) if dark else colour.darken(0.03)
-    return colour
 
 
 def origin_styles(background: Color) -> dict[str, Style]:
@@ -300,18 +261,12 @@ class AnswerView(Vertical):
     def finish(self, status: str, footer: Optional[str] = None) -> None:
         self.status = status
         self.render_text()
-        t = Text()
-        if status == "cancelled":
-            t.append("⏹ cancelled", style="bold yellow")
-            if footer:
-                t.append(" · ")
-        elif status == "error":
-            t.append("✗ failed", style="bold red")
-            if footer:
-                t.append(" · ")
+        # theme variables, so the mark follows the theme (in readable colours: contrast.readable_variables)
+        mark = {"cancelled": ("⏹ cancelled", "bold $text-warning"), "error": ("✗ failed", "bold $text-error")}
+        parts = [mark[status]] if status in mark else []
         if footer:
-            t.append(footer, style="dim")
-        self.query_one(".answer-footer", Static).update(t)
+            parts += [" · "] * bool(parts) + [printable(footer)]
+        self.query_one(".answer-footer", Static).update(Content.assemble(*parts))
         self.add_class(f"-{status}")
 
     async def show_markdown(self, on: bool) -> None:
