@@ -713,8 +713,10 @@ def test_max_tokens_beyond_the_context_is_vllms_400_unless_clamped(server, guard
     assert error["param"] == "max_tokens" and error["code"] == "context_length_exceeded"
     assert error["message"].startswith("This model's maximum context length is 512 tokens. However, you requested ")
     assert "600 in the completion" in error["message"]
-    clamped = httpx.post(guarded.base + "/chat/completions", json=body | {"stream": False}, headers=AUTH, timeout=120)
-    assert clamped.status_code == 200
+    with httpx.stream("POST", guarded.base + "/chat/completions", json=body | {"stream": True}, headers=AUTH,
+                      timeout=120) as clamped:  # accepted: the first step is enough (hanging up cancels the rest)
+        assert clamped.status_code == 200
+        assert any('"step"' in line for line in clamped.iter_lines())
 
 
 def test_models_by_id_usage_after_a_stop_string_and_cors(server, guarded, local):
@@ -868,6 +870,16 @@ def test_a_forced_tool_call_that_does_not_parse_is_text_never_a_500(guarded, ser
                 whole.choices[0].finish_reason
         assert content.startswith('<tool_call>\n{"name": "get_weather", "arguments": ') and not calls
         assert finish in ("stop", "length")
+    # the openai client's structured-output helper (langchain's with_structured_output does the same): refused
+    from pydantic import BaseModel
+
+    class Weather(BaseModel):
+        city: str
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.parse(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                      response_format=Weather)
+    assert refused.value.status_code == 400 and "'response_format'" in refused.value.message
     auto = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
                                           max_tokens=4, temperature=0)
     assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
