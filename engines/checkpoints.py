@@ -380,6 +380,15 @@ class DraftInfo:
     fc_in_features: Optional[int]
     config: dict
     weight_shapes: dict[str, list[int]] = field(default_factory=dict)  # from the safetensors headers
+    arch: str = "dflash"  # or "dflash2": a candidate selector and dynamic convolutions (docs/dflash2.md)
+    causal: list[bool] = field(default_factory=list)  # per layer, inside the block (resolve_causal)
+    embedding_scale: float = 1.0  # input_embedding_scale: the block's input embeddings are multiplied by it
+    selector_top_k: Optional[int] = None  # DFlash 2: candidates per mask slot
+    conv_taps: Optional[int] = None
+    conv_groups: Optional[int] = None
+    selector_dim: Optional[int] = None
+    logit_multiplier: float = 1.0  # output_multiplier / final_logit_softcapping of the selector's target-head
+    logit_softcap: Optional[float] = None  # logits (the draft's config first, then the target's: `with_target`)
 
     @classmethod
     def read(cls, name: str) -> "DraftInfo":
@@ -420,7 +429,7 @@ class DraftInfo:
         if fc is None or len(fc) != 2:
             raise CheckpointError(printable(f"The draft '{name}' has no 2-D fc.weight in its safetensors files; it is "
                                             "incomplete or not a DFlash draft."))
-        return cls(
+        info = cls(
             path=path,
             hidden_size=hidden,
             num_layers=layers,
@@ -432,7 +441,108 @@ class DraftInfo:
             fc_in_features=fc[1],
             config=config,
             weight_shapes=shapes,
+            causal=resolve_causal(config, where),
+            embedding_scale=_scale(config, dflash, "input_embedding_scale", where) or 1.0,
+            logit_multiplier=_scale(config, dflash, "output_multiplier", where) or 1.0,
+            logit_softcap=_scale(config, dflash, "final_logit_softcapping", where),
         )
+        _read_dflash2(info, dflash, where)
+        return info
+
+    def with_target(self, target_config: dict) -> "DraftInfo":
+        """The target's output_multiplier / final_logit_softcapping where the draft's config names none:
+        the selector reads the target's head as the target itself would."""
+        text = text_config(target_config)
+        where = f"The target's config.json (read for the draft {self.path})"
+        if "output_multiplier" not in self.config and "output_multiplier" not in self.config["dflash_config"]:
+            self.logit_multiplier = _scale(text, {}, "output_multiplier", where) or 1.0
+        if self.logit_softcap is None:
+            self.logit_softcap = _scale(text, {}, "final_logit_softcapping", where)
+        return self
+
+
+    @property
+    def dflash2(self) -> Optional["Dflash2Dims"]:
+        """The selector and convolution sizes of a DFlash 2 draft (None for DFlash 1)."""
+        if self.arch != "dflash2":
+            return None
+        return Dflash2Dims(self.conv_taps, self.conv_groups, self.selector_dim, self.selector_top_k)
+
+
+@dataclass(frozen=True)
+class Dflash2Dims:
+    """What a DFlash 2 draft's extra modules are built with (docs/dflash2.md)."""
+    taps: int
+    groups: int
+    selector_dim: int
+    top_k: int
+
+
+DFLASH2_ARCH = "DFlash2DraftModel"
+SELECTOR = ("candidate_selector.hidden_projection.weight", "candidate_selector.predecessor_codebook",
+            "candidate_selector.successor_codebook")
+
+
+def _scale(config: dict, dflash: dict, key: str, where: str) -> Optional[float]:
+    """A positive number read at the top level, else in dflash_config (None when neither has it)."""
+    value = config.get(key, dflash.get(key))
+    if value is None:
+        return None
+    if not (_number(value) and value > 0):
+        raise CheckpointError(f"{where} has {key} {json.dumps(value)[:40]}, not a positive number; re-export the draft.")
+    return float(value)
+
+
+def resolve_causal(config: dict, where: str = "The draft's config.json") -> list[bool]:
+    """Whether each draft layer is causal inside the block, resolved as vLLM does: a top-level `is_causal`,
+    then `dflash_config.is_causal`, then `dflash_config.causal`; otherwise sliding-window layers are causal
+    and full-attention layers are not (docs/dflash2.md)."""
+    dflash = config.get("dflash_config") or {}
+    for holder, key, name in ((config, "is_causal", "is_causal"), (dflash, "is_causal", "dflash_config.is_causal"),
+                              (dflash, "causal", "dflash_config.causal")):
+        value = holder.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, bool):
+            raise CheckpointError(f"{where} has {name} {json.dumps(value)[:40]}, not true or false; re-export the draft.")
+        return [value] * config["num_hidden_layers"]
+    return [w is not None for w in layer_windows(config)]
+
+
+def _read_dflash2(info: DraftInfo, dflash: dict, where: str) -> None:
+    """DFlash 2 is declared by the architecture or by `selector_top_k`, and carried by the selector and the
+    convolution tensors: either without the other is refused, so a DFlash 2 head never runs as DFlash 1."""
+    config, shapes = info.config, info.weight_shapes
+    declared = DFLASH2_ARCH in (config.get("architectures") or []) or "selector_top_k" in dflash
+    carried = [k for k in shapes if k.startswith("candidate_selector.") or ".attention_conv." in k or ".mlp_conv." in k]
+    if not declared:
+        if carried:
+            raise CheckpointError(printable(
+                f"The draft {info.path} carries DFlash 2 tensors ({carried[0]}) but its config.json declares a "
+                f"DFlash 1 draft; set architectures to [\"{DFLASH2_ARCH}\"] and dflash_config.selector_top_k, "
+                "or re-export the draft."))
+        return
+    info.arch = "dflash2"
+    top_k = dflash.get("selector_top_k")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
+        raise CheckpointError(f"{where} declares a DFlash 2 draft but has dflash_config.selector_top_k "
+                              f"{json.dumps(top_k)[:40]}, not a positive integer; re-export the draft.")
+    info.selector_top_k = top_k
+    for name in (*SELECTOR, "layers.0.attention_conv.base_kernel", "layers.0.attention_conv.kernel_projection.weight"):
+        if name not in shapes:
+            raise CheckpointError(printable(
+                f"The draft {info.path} declares a DFlash 2 draft but has no tensor {name}; the checkpoint is "
+                "incomplete or not a DFlash 2 draft, re-download it."))
+    kernel, proj = shapes["layers.0.attention_conv.base_kernel"], shapes["layers.0.attention_conv.kernel_projection.weight"]
+    if len(kernel) != 3 or kernel[0] != 2 or len(proj) != 2 or proj[0] % (2 * kernel[1]):
+        raise CheckpointError(printable(
+            f"The draft {info.path} has a base_kernel of shape {kernel} and a kernel_projection of shape {proj}, "
+            "not [2, taps, hidden] and [2 x taps x groups, hidden]; re-export the draft."))
+    info.conv_taps, info.conv_groups = kernel[1], proj[0] // (2 * kernel[1])
+    if info.hidden_size % info.conv_groups:
+        raise CheckpointError(f"The draft {info.path} has {info.conv_groups} convolution groups, which do not divide "
+                              f"its hidden size {info.hidden_size}; re-export the draft.")
+    info.selector_dim = shapes[SELECTOR[0]][0]
 
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
@@ -510,9 +620,22 @@ def draft_weight_shapes(config: dict, fc_in: int) -> dict[str, list[int]]:
     return shapes
 
 
-def check_draft_weights(config: dict, shapes: dict[str, list[int]], fc_in: int, path: Path) -> None:
+def dflash2_weight_shapes(info: DraftInfo, vocab: int) -> dict[str, list[int]]:
+    """The convolution and selector tensors of a DFlash 2 draft, with the shapes its first layer and the
+    target's vocabulary (the codebooks have one row per token) imply."""
+    hidden, taps, groups, dim = info.hidden_size, info.conv_taps, info.conv_groups, info.selector_dim
+    shapes = {SELECTOR[0]: [dim, hidden], SELECTOR[1]: [vocab, dim], SELECTOR[2]: [vocab, dim]}
+    for n in range(info.num_layers):
+        for side in ("attention_conv", "mlp_conv"):
+            shapes[f"layers.{n}.{side}.base_kernel"] = [2, taps, hidden]
+            shapes[f"layers.{n}.{side}.kernel_projection.weight"] = [2 * taps * groups, hidden]
+    return shapes
+
+
+def check_draft_weights(config: dict, shapes: dict[str, list[int]], fc_in: int, path: Path,
+                        extra: Optional[dict[str, list[int]]] = None) -> None:
     """The draft's tensors match its config.json (extra tensors are ignored), named in one sentence."""
-    for name, expected in draft_weight_shapes(config, fc_in).items():
+    for name, expected in {**draft_weight_shapes(config, fc_in), **(extra or {})}.items():
         found = shapes.get(name)
         if found is None:
             raise CheckpointError(f"The draft {path} has no tensor {name}; the checkpoint is incomplete, re-download it.")
@@ -574,7 +697,9 @@ def validate_pair(target: TargetInfo, draft: DraftInfo, profile_layer_ids: Optio
             f"The {where} uses mask token id {draft.mask_token_id}, outside the target's {target.vocab_size} "
             "embedding rows; use the draft trained for this target."
         )
-    check_draft_weights(draft.config, draft.weight_shapes, draft.fc_in_features, draft.path)
+    check_draft_weights(draft.config, draft.weight_shapes, draft.fc_in_features, draft.path,
+                        dflash2_weight_shapes(draft, target.vocab_size) if draft.arch == "dflash2" else None)
+    draft.with_target(target.config)
 
 
 def default_target_layer_ids(num_target_layers: int, num_ids: int) -> list[int]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dflash_tui.engines import EngineConfig, GenerationRequest, UserError, load_engine
-from dflash_tui.engines.cuda.draft import DraftCache
+from dflash_tui.engines.cuda.draft import DraftCache, Proposal
 from dflash_tui.engines.cuda.loop import Sampler, speculative_decode
 from dflash_tui.engines.sampling import SamplingParams
 from tests.oracles import edited_copy, oracle_proposals, run, transformers_greedy
@@ -30,9 +30,9 @@ class OracleDraftCache(DraftCache):
         super().__init__(draft, window)
         self.reference, self.prompt_len = reference, prompt_len
 
-    def propose(self, block, embed, lm_head):
+    def propose(self, block, embed, lm_head, noise=None, temperature=None):
         ids = oracle_proposals(self.reference, self.length, self.prompt_len, block.shape[1] - 1)
-        return torch.tensor(ids)
+        return Proposal(torch.tensor(ids))
 
 
 @pytest.mark.parametrize("block", [2, 4, 8, 16])

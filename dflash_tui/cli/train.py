@@ -83,6 +83,11 @@ def check_values(cfg) -> None:
 @click.option("--init-draft", default=None, metavar="DIR",
               help="Start from this draft's weights instead of random ones (fine-tune an existing draft for a "
                    "retrained or fine-tuned target); its shape, target layers and block size must match.")
+@click.option("--arch", type=click.Choice(["dflash", "dflash2"]), default="dflash", show_default=True,
+              help="dflash2: add DFlash 2's candidate selector and dynamic convolutions (docs/dflash2.md); with "
+                   "--init-draft a DFlash 1 draft, they start from its weights.")
+@click.option("--selector-top-k", type=int, default=8, show_default=True,
+              help="DFlash 2: candidates per block position the selector scores.")
 @click.option("--fresh", is_flag=True, help="Start over even if OUT/train_state.pt exists.")
 def train_draft(**options) -> None:
     """Train a DFlash draft for TARGET on conversations (self-distillation by default).

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_tui.engines.checkpoints import DraftInfo
+from dflash_tui.engines.checkpoints import Dflash2Dims, DraftInfo, layer_windows, resolve_causal
 from dflash_tui.engines.cuda.attention import packed_gqa
 from dflash_tui.engines.errors import CheckpointError
 
@@ -87,12 +87,50 @@ class DraftAttention(nn.Module):
         return self._attend(x, q, span.read(k_buf), span.read(v_buf), span.mask)
 
 
+class DynamicConv(nn.Module):
+    """DFlash 2's grouped dynamic depthwise convolution around one sublayer (docs/dflash2.md): one
+    projection of the sublayer's normed input gives per-position coefficients for both sides, side 0
+    convolves the sublayer's input and side 1 its output, over the block's positions only."""
+
+    def __init__(self, hidden: int, taps: int, groups: int):
+        super().__init__()
+        self.taps, self.groups = taps, groups
+        self.base_kernel = nn.Parameter(torch.zeros(2, taps, hidden))
+        self.kernel_projection = nn.Linear(hidden, 2 * taps * groups, bias=False)
+
+    def identity_(self) -> "DynamicConv":
+        """Tap 0 = 1, the rest 0, no content term: the sublayer as DFlash 1 runs it."""
+        with torch.no_grad():
+            self.base_kernel.zero_()
+            self.base_kernel[:, 0] = 1
+            self.kernel_projection.weight.zero_()
+        return self
+
+    def coefficients(self, x: torch.Tensor, block: int) -> torch.Tensor:
+        """[..., n, hidden] normed input -> [..., n // block, block, 2, taps, hidden] coefficients."""
+        *lead, n, hidden = x.shape
+        content = self.kernel_projection(x).view(*lead, n // block, block, 2, self.taps, self.groups, 1)
+        content = content.expand(*content.shape[:-1], hidden // self.groups).reshape(*lead, n // block, block, 2,
+                                                                                    self.taps, hidden)
+        return self.base_kernel + content
+
+    def apply(self, coef: torch.Tensor, side: int, u: torch.Tensor) -> torch.Tensor:
+        """Side `side` of the convolution over u [..., n, hidden], blocks of coef's block length."""
+        *lead, blocks, block, _, taps, hidden = coef.shape
+        u = u.reshape(*lead, blocks, block, hidden)
+        out = coef[..., side, 0, :] * u
+        for t in range(1, min(taps, block)):  # tap t reads t positions back; the anchor has no predecessor
+            out = out + F.pad(coef[..., t:, side, t, :] * u[..., : block - t, :], (0, 0, t, 0))
+        return out.reshape(*lead, blocks * block, hidden)
+
+
 class DraftLayer(nn.Module):
-    def __init__(self, cfg: dict, window: Optional[int]):
+    def __init__(self, cfg: dict, window: Optional[int], causal: bool = False, dims: Optional[Dflash2Dims] = None):
         super().__init__()
         hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
         eps = cfg.get("rms_norm_eps", 1e-6)
         self.self_attn = DraftAttention(cfg, window)
+        self.causal = causal  # inside the block (checkpoints.resolve_causal)
         self.mlp = nn.ModuleDict(
             {
                 "gate_proj": nn.Linear(hidden, inter, bias=False),
@@ -102,22 +140,86 @@ class DraftLayer(nn.Module):
         )
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.attention_conv = DynamicConv(hidden, dims.taps, dims.groups) if dims else None
+        self.mlp_conv = DynamicConv(hidden, dims.taps, dims.groups) if dims else None
 
-    def forward(self, h, k_ctx, v_ctx, cos, sin, mask=None):
-        return self._mlp(h + self.self_attn(self.input_layernorm(h), k_ctx, v_ctx, cos, sin, mask))
+    def forward(self, h, k_ctx, v_ctx, cos, sin, mask=None, block: Optional[int] = None):
+        """`block`: the length of each block along h's rows (the convolutions never cross blocks)."""
+        def attend(x):
+            return self.self_attn(x, k_ctx, v_ctx, cos, sin, mask)
+        return self._mlp(self._wrapped(h, self.input_layernorm(h), attend, self.attention_conv, block), block)
 
     def forward_buffered(self, h, k_buf, v_buf, cos, sin, span: "Span"):
-        return self._mlp(h + self.self_attn.forward_buffered(self.input_layernorm(h), k_buf, v_buf, cos, sin, span))
+        def attend(x):
+            return self.self_attn.forward_buffered(x, k_buf, v_buf, cos, sin, span)
+        return self._mlp(self._wrapped(h, self.input_layernorm(h), attend, self.attention_conv, None), None)
 
-    def _mlp(self, h):
-        x = self.post_attention_layernorm(h)
-        return h + self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](x)) * self.mlp["up_proj"](x))
+    @staticmethod
+    def _wrapped(h, x, sublayer, conv: Optional[DynamicConv], block: Optional[int]):
+        """h + sublayer(x), with DFlash 2's convolution on both sides of the sublayer when it has one."""
+        if conv is None:
+            return h + sublayer(x)
+        coef = conv.coefficients(x, block or x.shape[-2])
+        return h + conv.apply(coef, 1, sublayer(conv.apply(coef, 0, x)))
+
+    def _mlp(self, h, block: Optional[int]):
+        def mlp(x):
+            return self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](x)) * self.mlp["up_proj"](x))
+        return self._wrapped(h, self.post_attention_layernorm(h), mlp, self.mlp_conv, block)
 
 
-def layer_windows(cfg: dict) -> list[Optional[int]]:
-    """The trained sliding window of each layer (None for full attention)."""
-    types = cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"]
-    return [cfg.get("sliding_window") if t == "sliding_attention" else None for t in types]
+class CandidateSelector(nn.Module):
+    """DFlash 2's candidate selector (docs/dflash2.md): the target head's top-K per mask slot, scored
+    pairwise with the slot before, walked left to right from the verified anchor."""
+
+    def __init__(self, hidden: int, vocab: int, dim: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.hidden_projection = nn.Linear(hidden, dim, bias=False)
+        self.predecessor_codebook = nn.Parameter(torch.zeros(vocab, dim))
+        self.successor_codebook = nn.Parameter(torch.zeros(vocab, dim))
+
+    def pair_scores(self, hidden: torch.Tensor, candidates: torch.Tensor, predecessors: torch.Tensor) -> torch.Tensor:
+        """<pred[a] * proj(h_s), succ[c]> for slots s: hidden [..., s, H], candidates [..., s, K],
+        predecessors [..., s, P] token ids -> [..., s, P, K]."""
+        z = self.hidden_projection(hidden)  # [..., s, d]
+        pred = self.predecessor_codebook[predecessors] * z.unsqueeze(-2)  # [..., s, P, d]
+        succ = self.successor_codebook[candidates]  # [..., s, K, d]
+        return (pred @ succ.transpose(-1, -2)).float()
+
+    def walk(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor, noise: torch.Tensor,
+             temperature: torch.Tensor) -> "Proposal":
+        """One block's chain: hidden [s, H] and head logits [s, V] of the mask slots, the anchor id [1],
+        noise [s, K] (Exp(1) draws; ones for the argmax walk) and a temperature tensor (1 for argmax).
+        Each slot picks argmax(softmax(score / T) / noise): a sample of softmax(score / T), or with unit
+        noise its argmax. All on the device: no host sync."""
+        unary, candidates = torch.topk(logits.float(), min(self.top_k, logits.shape[-1]), dim=-1)  # sorted
+        slots = candidates.shape[0]
+        predecessors = torch.cat([anchor.view(1, 1).expand(1, candidates.shape[1]), candidates[:-1]])
+        pairs = self.pair_scores(hidden, candidates, predecessors)  # [s, K (predecessor), K]
+        chosen, q = [], []
+        prev = torch.zeros((), dtype=torch.long, device=logits.device)  # slot 0's predecessors are all the anchor
+        for slot in range(slots):
+            probs = ((unary[slot] + pairs[slot, prev]) / temperature).softmax(-1)
+            prev = (probs / noise[slot]).argmax(-1)
+            chosen.append(prev)
+            q.append(probs)
+        index = torch.stack(chosen)
+        return Proposal(candidates.gather(1, index[:, None])[:, 0], candidates, torch.stack(q))
+
+
+class Proposal:
+    """A drafted block's ids [s] and, for a DFlash 2 draft, the distribution each was drawn from: the
+    candidates [s, K] and their probabilities q [s, K] (None for DFlash 1's argmax)."""
+
+    def __init__(self, ids: torch.Tensor, candidates: Optional[torch.Tensor] = None, q: Optional[torch.Tensor] = None):
+        self.ids, self.candidates, self.q = ids, candidates, q
+
+    def first(self, n: int) -> "Proposal":
+        """The first n slots (a shrunk last block run padded to the captured size)."""
+        if n == self.ids.shape[0]:
+            return self
+        return Proposal(self.ids[:n], *(t[:n] if t is not None else None for t in (self.candidates, self.q)))
 
 
 def rope_config(cfg: dict):
@@ -136,7 +238,7 @@ def rotary_embedding(cfg: dict) -> nn.Module:
 
 
 class DFlashDraft(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, dims: Optional[Dflash2Dims] = None):
         super().__init__()
         self.config = cfg
         dflash = cfg["dflash_config"]
@@ -144,18 +246,24 @@ class DFlashDraft(nn.Module):
         self.mask_token_id: int = int(dflash["mask_token_id"])
         self.block_size: int = int(cfg.get("block_size", 16))
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
-        self.layers = nn.ModuleList(DraftLayer(cfg, w) for w in layer_windows(cfg))
+        self.dims = dims
+        self.layers = nn.ModuleList(DraftLayer(cfg, w, c, dims) for w, c in zip(layer_windows(cfg), resolve_causal(cfg)))
         self.norm = RMSNorm(hidden, eps)
         self.fc = nn.Linear(len(self.target_layer_ids) * hidden, hidden, bias=False)
         self.hidden_norm = RMSNorm(hidden, eps)
         self.rotary = rotary_embedding(cfg)
+        self.embedding_scale = float(cfg.get("input_embedding_scale", dflash.get("input_embedding_scale", 1.0)))
+        self.logit_multiplier, self.logit_softcap = 1.0, None  # the selector's head logits (DraftInfo.with_target)
+        self.candidate_selector = (CandidateSelector(hidden, cfg["vocab_size"], dims.selector_dim, dims.top_k)
+                                   if dims else None)
 
     @classmethod
     def load(cls, info: DraftInfo, device, dtype) -> "DFlashDraft":
         from safetensors.torch import load_file
 
         with torch.device("meta"):
-            model = cls(info.config)
+            vocab = info.vocab_size or (info.weight_shapes.get("candidate_selector.predecessor_codebook") or [0])[0]
+            model = cls({**info.config, "vocab_size": vocab}, info.dflash2)
         state: dict[str, torch.Tensor] = {}
         for file in sorted(Path(info.path).glob("*.safetensors")):
             state.update(load_file(str(file)))
@@ -170,7 +278,34 @@ class DFlashDraft(nn.Module):
         model = model.to(device=device, dtype=dtype).eval()
         # Rotary frequencies are not in the checkpoint and stay float32 whatever the weights' dtype.
         model.rotary = rotary_embedding(info.config).to(device)
+        model.logit_multiplier, model.logit_softcap = info.logit_multiplier, info.logit_softcap
         return model
+
+    def embed(self, embedding: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """The block's input embeddings: the target's, times input_embedding_scale."""
+        x = embedding(ids)
+        return x * self.embedding_scale if self.embedding_scale != 1.0 else x
+
+    def head_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """The target head's logits for draft hidden states, as the selector reads them."""
+        logits = lm_head(hidden.to(lm_head.weight.device))
+        if self.logit_multiplier != 1.0:
+            logits = logits * self.logit_multiplier
+        if self.logit_softcap:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
+
+    def propose(self, hidden: torch.Tensor, anchor: torch.Tensor, lm_head: nn.Module, noise=None,
+                temperature=None) -> Proposal:
+        """The drafted ids for a block's mask slots from its hidden states [1, b, H]: DFlash 1 takes each
+        slot's argmax, DFlash 2 walks its selector (noise/temperature: CandidateSelector.walk)."""
+        logits = self.head_logits(hidden[0, 1:], lm_head)
+        if self.candidate_selector is None:
+            return Proposal(logits.argmax(dim=-1))
+        if noise is None:
+            noise = torch.ones(logits.shape[0], self.candidate_selector.top_k, device=logits.device)
+            temperature = torch.ones((), device=logits.device)
+        return self.candidate_selector.walk(hidden[0, 1:].to(logits.device), logits, anchor, noise, temperature)
 
     def rope(self, positions: torch.Tensor, like: torch.Tensor):
         """cos, sin for positions [b, n], in the dtype of `like`."""
@@ -180,12 +315,14 @@ class DFlashDraft(nn.Module):
         """fc(concat of target layer outputs) -> RMSNorm: [b, n, len(ids)*hidden] -> [b, n, hidden]."""
         return self.hidden_norm(self.fc(features))
 
-    def block_hidden(self, block_embeds, k_ctx: list, v_ctx: list, positions, mask=None) -> torch.Tensor:
-        """Final normed hidden states of the block given each layer's context K/V."""
+    def block_hidden(self, block_embeds, k_ctx: list, v_ctx: list, positions, masks: Optional[list] = None,
+                     block: Optional[int] = None) -> torch.Tensor:
+        """Final normed hidden states of the blocks along block_embeds' rows (each `block` long) given each
+        layer's context K/V and attention mask (None: everything visible)."""
         cos, sin = self.rope(positions, block_embeds)
         h = block_embeds
-        for layer, k, v in zip(self.layers, k_ctx, v_ctx):
-            h = layer(h, k, v, cos, sin, mask)
+        for i, (layer, k, v) in enumerate(zip(self.layers, k_ctx, v_ctx)):
+            h = layer(h, k, v, cos, sin, masks[i] if masks else None, block)
         return self.norm(h)
 
     def block_hidden_buffered(self, block_embeds, cache: "DraftCache", positions, spans: list["Span"]) -> torch.Tensor:
@@ -195,6 +332,15 @@ class DFlashDraft(nn.Module):
         for layer, k, v, span in zip(self.layers, cache.k_bufs, cache.v_bufs, spans):
             h = layer.forward_buffered(h, k, v, cos, sin, span)
         return self.norm(h)
+
+
+def visible(queries: torch.Tensor, keys: torch.Tensor, start, causal: bool, window: Optional[int]) -> torch.Tensor:
+    """Which keys (absolute positions [..., m]) each block query (absolute positions [..., n]) sees, for a
+    block starting at `start`: every context row (< start) and, unless the layer is causal, every block row;
+    a sliding layer of window w only rows less than w positions back (docs/dflash2.md)."""
+    q, k = queries[..., :, None], keys[..., None, :]
+    ok = (k < start) | (k <= q) if causal else torch.ones_like(q > k)
+    return ok & (q - k < window) if window else ok
 
 
 class Span:
@@ -301,26 +447,38 @@ class DraftCache:
         start, n = self.length, block_embeds.shape[1]
         self.reserve(start + n, like=block_embeds)
         positions = torch.arange(start, start + n, device=block_embeds.device).unsqueeze(0)
-        spans = [Span(self._lo(i), start, n) for i in range(len(self.draft.layers))]
+        spans = []
+        for i, layer in enumerate(self.draft.layers):
+            lo, window = self._lo(i), layer.self_attn.window
+            mask = None
+            if layer.causal or window:
+                keys = torch.arange(lo, start + n, device=positions.device)
+                mask = visible(positions[0], keys, start, layer.causal, window)[None, None]
+            spans.append(Span(lo, start, n, mask=mask))
         return self.draft.block_hidden_buffered(block_embeds, self, positions, spans)
 
     def static_hidden(self, block_embeds: torch.Tensor, positions: torch.Tensor, reach: int) -> torch.Tensor:
         """Graph path: the same at device `positions` [n] (= start..start+n-1), over the buffer up to `reach`."""
         slots = torch.arange(reach, device=positions.device)
-        end = positions[-1]
+        start, end = positions[0], positions[-1]
         masks = {}
         spans = []
-        for w in self.windows:
-            if w not in masks:
-                lo = (positions[0] - w).clamp(min=0) if w else 0
-                masks[w] = ((slots >= lo) & (slots <= end))[None, None, None]
-            spans.append(Span(positions=positions, mask=masks[w], reach=reach))
+        for w, layer in zip(self.windows, self.draft.layers):
+            key = (w, layer.causal, layer.self_attn.window)
+            if key not in masks:
+                lo = (start - w).clamp(min=0) if w else 0
+                mask = ((slots >= lo) & (slots <= end))[None, :]
+                if layer.causal or layer.self_attn.window:
+                    mask = mask & visible(positions, slots, start, layer.causal, layer.self_attn.window)
+                masks[key] = mask[None, None]
+            spans.append(Span(positions=positions, mask=masks[key], reach=reach))
         return self.draft.block_hidden_buffered(block_embeds, self, positions[None], spans)
 
-    def propose(self, block: torch.Tensor, embed: nn.Module, lm_head: nn.Module) -> torch.Tensor:
-        """Greedy draft ids for block positions 1.. ([b-1]); block is [1, b] = [last token, mask...]."""
-        hidden = self.hidden(embed(block))
-        return lm_head(hidden[0, 1:].to(lm_head.weight.device)).argmax(dim=-1).to(block.device)
+    def propose(self, block: torch.Tensor, embed: nn.Module, lm_head: nn.Module, noise=None,
+                temperature=None) -> Proposal:
+        """The drafted ids for block positions 1.. ([b-1]); block is [1, b] = [last token, mask...]."""
+        hidden = self.hidden(self.draft.embed(embed, block))
+        return self.draft.propose(hidden, block[0, :1], lm_head, noise, temperature)
 
     def entries(self) -> int:
         """Context positions the next block attends to (in the first layer)."""

@@ -33,6 +33,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from dflash_tui.engines.cuda.cache import TIER, bucket_layers, tier
+from dflash_tui.engines.cuda.draft import Proposal
 
 
 def why_eager(target, device: torch.device) -> Optional[str]:
@@ -128,11 +129,15 @@ class StepGraphs:
         if b not in self._static:
             device = self.target.device
             mask_id = self.draft.mask_token_id if self.draft is not None else 0
+            selector = self.draft.candidate_selector if self.draft is not None else None
             self._static[b] = {
                 "arange": torch.arange(b, device=device),
                 "positions": torch.arange(b, device=device),
                 "block": torch.zeros(1, b, dtype=torch.long, device=device),
                 "masks": torch.full((1, b - 1), mask_id, dtype=torch.long, device=device),
+                # a DFlash 2 walk's inputs, filled before each replay (Sampler.walk_noise)
+                "noise": torch.ones(max(b - 1, 1), selector.top_k if selector else 1, device=device),
+                "temperature": torch.ones((), device=device),
             }
         return self._static[b]
 
@@ -145,10 +150,11 @@ class StepGraphs:
 
         def draft_block():
             ids = torch.cat([s["block"][:, :1], s["masks"]], dim=1)
-            hidden = self.draft_cache.static_hidden(self.target.embed(ids), s["positions"], reach)
-            proposals = self.target.lm_head(hidden[0, 1:].to(self.target.lm_head.weight.device)).argmax(dim=-1)
-            s["block"][0, 1:].copy_(proposals)
-            return s["block"]
+            hidden = self.draft_cache.static_hidden(self.draft.embed(self.target.embed, ids), s["positions"], reach)
+            walk = (s["noise"], s["temperature"]) if self.draft.candidate_selector is not None else (None, None)
+            proposal = self.draft.propose(hidden, s["block"][0, :1], self.target.lm_head, *walk)
+            s["block"][0, 1:].copy_(proposal.ids)
+            return s["block"], proposal.candidates, proposal.q  # tensors only: a traced graph returns no objects
 
         return draft_block
 
@@ -225,13 +231,21 @@ class StepGraphs:
         buffers = tuple(layer.k_buf.data_ptr() if layer.k_buf is not None else 0 for layer in bucket_layers(cache))
         return self.cache is cache and buffers == self._buffers and self.covers(start, b)
 
-    def draft_step(self, last: torch.Tensor, start: int, b: int) -> torch.Tensor:
-        """Fill the static inputs (device-side copies, no sync) and run the draft: the block [1, b]."""
+    def draft_step(self, last: torch.Tensor, start: int, b: int, sampler) -> tuple[torch.Tensor, Optional[Proposal]]:
+        """Fill the static inputs (device-side copies and draws, no sync) and run the draft: the block [1, b]
+        and its Proposal (None at block 1)."""
         s = self._static[b]
         torch.add(s["arange"], start, out=s["positions"])
         s["block"][:, :1].copy_(last.view(1, 1))
         self._reach = self.reach(start, b)
-        return self.graphs[("draft", b, self._reach)]() if b > 1 else s["block"]
+        if b == 1:
+            return s["block"], None
+        if self.draft.candidate_selector is not None:
+            noise, temperature = sampler.walk_noise(b - 1, s["noise"].shape[1], s["noise"].device)
+            s["noise"].copy_(noise)
+            s["temperature"].copy_(temperature)
+        block, candidates, q = self.graphs[("draft", b, self._reach)]()
+        return block, Proposal(block[0, 1:], candidates, q)
 
     def verify_step(self, b: int) -> torch.Tensor:
         """Verify the block drafted last, in place: logits [1, b, vocab]; the draft's K/V are written."""

@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 import torch
 
 from dflash_tui.engines.cuda.cache import CachePool, TurnCache, bucket_layers, reserve
-from dflash_tui.engines.cuda.draft import DFlashDraft, DraftCache
+from dflash_tui.engines.cuda.draft import DFlashDraft, DraftCache, Proposal
 from dflash_tui.engines.cuda.graphs import StepGraphs
 from dflash_tui.engines.cuda.target import Target
 from dflash_tui.engines.engine import RawStep
@@ -43,9 +43,35 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [n, vocab] -> ids [n]."""
-        p = self.params
-        if p.greedy:
+        if self.params.greedy:
             return logits.argmax(dim=-1)
+        return self.race(self.probs(logits))
+
+    def race(self, probs: torch.Tensor) -> torch.Tensor:
+        """One sample per row of probs [n, vocab] (rows need not be normalized)."""
+        race = torch.empty_like(probs).exponential_(generator=self.generator).clamp_(min=torch.finfo(probs.dtype).tiny)
+        return (probs / race).argmax(dim=-1)
+
+    def walk_noise(self, slots: int, top_k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """A DFlash 2 selector walk's noise [slots, K] and temperature: Exp(1) draws and T when sampling,
+        ones and 1 for the argmax walk (CandidateSelector.walk)."""
+        if self.params.greedy:
+            return torch.ones(slots, top_k, device=device), torch.ones((), device=device)
+        noise = torch.empty(slots, top_k, device=device).exponential_(generator=self.generator)
+        return noise.clamp_(min=torch.finfo(noise.dtype).tiny), torch.full((), self.params.temperature, device=device)
+
+    def verify(self, logits: torch.Tensor, proposal: Optional["Proposal"]) -> torch.Tensor:
+        """The target's token at every block position [b], from logits [b, vocab], such that keeping the
+        drafted ids up to the first position where they differ is the acceptance rule. Greedy, or a draft
+        without a distribution (DFlash 1): the target's own choice (exact match). A DFlash 2 draft at T > 0:
+        exact rejection sampling (docs/dflash2.md; `rejection_choice`)."""
+        if self.params.greedy or proposal is None or proposal.q is None:
+            return self(logits)
+        return rejection_choice(self.probs(logits), proposal, self.generator, self.race)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The target's distribution after temperature, top_k, top_p and min_p: [n, vocab] float32."""
+        p = self.params
         logits = logits.float() / p.temperature
         if p.top_k > 0:
             kth = torch.topk(logits, min(p.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
@@ -58,9 +84,34 @@ class Sampler:
         if p.min_p > 0:
             probs = logits.softmax(dim=-1)
             logits = logits.masked_fill(probs < p.min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
-        probs = logits.softmax(dim=-1)
-        race = torch.empty_like(probs).exponential_(generator=self.generator).clamp_(min=torch.finfo(probs.dtype).tiny)
-        return (probs / race).argmax(dim=-1)
+        return logits.softmax(dim=-1)
+
+
+def acceptance(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """The chance of keeping a drafted token x: min(1, p(x) / q(x))."""
+    return (p_x / q_x.clamp(min=torch.finfo(q_x.dtype).tiny)).clamp(max=1.0)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """What the target samples from at the first rejection: max(0, p - q), normalized (p itself where that
+    is all zero, which happens only where p = q and so no rejection can occur)."""
+    rest = (p - q).clamp(min=0)
+    total = rest.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, rest / total.clamp(min=torch.finfo(p.dtype).tiny), p)
+
+
+def rejection_choice(p: torch.Tensor, proposal: "Proposal", generator, race) -> torch.Tensor:
+    """Exact speculative sampling over one block, on the device: p [b, vocab] the target's distributions,
+    the proposal's ids [b-1] drawn from q (candidates and probabilities [b-1, K]). Position j keeps x_j with
+    probability acceptance(p_j(x_j), q_j(x_j)), else holds a draw from residual(p_j, q_j), which never
+    equals x_j; the last position holds a draw from p (the bonus token after a fully accepted block).
+    The loop then keeps the drafted ids up to the first position that differs: that is the rule."""
+    n = proposal.ids.shape[0]
+    q = torch.zeros_like(p[:n]).scatter_(1, proposal.candidates, proposal.q.to(p.dtype))
+    x = proposal.ids[:, None]
+    kept = torch.rand(n, device=p.device, generator=generator) < acceptance(p[:n].gather(1, x)[:, 0], q.gather(1, x)[:, 0])
+    instead = race(residual(p[:n], q))
+    return torch.cat([torch.where(kept, proposal.ids, instead), race(p[n:])])
 
 
 class Clock:
@@ -177,19 +228,24 @@ def speculative_decode(
         if tracked:
             turn.ids = None
         t_draft = clock.mark()
+        proposal = None
         if on_graphs:  # a shrunk last block runs padded to the captured size; only its first b positions count
-            block = graphs.draft_step(last, start, block_size)
+            block, proposal = graphs.draft_step(last, start, block_size, sampler)
             t_verify = clock.mark()
             logits = graphs.verify_step(block_size)
         else:
             block = mask_block[:, :b].clone()
             block[0, :1] = last
             if b > 1:
-                block[0, 1:] = draft_cache.propose(block, target.embed, target.lm_head)  # greedy proposals
+                selector = draft_cache.draft.candidate_selector
+                walk = sampler.walk_noise(b - 1, selector.top_k, device) if selector is not None else (None, None)
+                proposal = draft_cache.propose(block, target.embed, target.lm_head, *walk)
+                block[0, 1:] = proposal.ids
             t_verify = clock.mark()
             target.before_verify(cache)
             logits, features = target.forward(block, start, cache, last_only=False, capture=use_draft)
-        choice = sampler(logits[0, :b])  # the target's own token at every block position (a padded block's first b)
+        # the target's token at every block position (a padded block's first b), by the acceptance rule
+        choice = sampler.verify(logits[0, :b], proposal.first(b - 1) if proposal is not None and b > 1 else None)
         t_end = clock.mark()
         host = to_host(torch.cat([block[0, 1:b], choice]))  # the step's one host sync
         drafted, chosen = host[: b - 1], host[b - 1:]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dflash_tui.engines.cuda.draft import visible
+
 
 def bf16_autocast_pays(device: torch.device) -> bool:
     """Whether bfloat16 autocast speeds training up on `device`: on a GPU, and on a CPU with native bf16
@@ -113,8 +115,28 @@ class BlockObjective:
         labels = ids.gather(1, label_pos.clamp(max=T - 1).reshape(S, -1)).view(S, N, B - 1)
         weights = torch.exp(-(offsets[1:].float() - 1) / self.gamma)[None, None, :] * valid
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none").view_as(weights)
+        if self.draft.candidate_selector is not None:
+            predecessors = ids.gather(1, (label_pos - 1).clamp(max=T - 1).reshape(S, -1)).view(S, N, B - 1)
+            ce = ce + self.selector_loss(hidden, logits, predecessors, labels, weights)
         loss = (ce * weights).sum() / weights.sum().clamp(min=1e-6)
         return loss, int(valid.sum())
+
+    def selector_loss(self, hidden, logits, predecessors, labels, weights) -> torch.Tensor:
+        """DFlash 2's selector term per mask slot (docs/dflash2.md, "Training"): the cross-entropy of the
+        slot's scores, given its true predecessor, against its true token where that token is among the
+        top-K candidates of the head's logits; 0 where it is not."""
+        draft = self.draft
+        unary = logits * draft.logit_multiplier
+        if draft.logit_softcap:
+            unary = torch.tanh(unary / draft.logit_softcap) * draft.logit_softcap
+        top, candidates = torch.topk(unary, draft.candidate_selector.top_k, dim=-1)
+        pairs = draft.candidate_selector.pair_scores(hidden.float(), candidates, predecessors[..., None])[..., 0, :]
+        scores = top + pairs
+        hit = candidates == labels[..., None]
+        found = hit.any(dim=-1) & (weights > 0)
+        ce = F.cross_entropy(scores.reshape(-1, scores.shape[-1]), hit.float().argmax(-1).reshape(-1),
+                             reduction="none").view_as(weights)
+        return ce * found
 
     def block_hiddens(self, ids: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
         """The draft's final hidden states [S, N, B, H] for N blocks per sequence in one pass: block j of
@@ -126,16 +148,24 @@ class BlockObjective:
         pos = (anchors[:, :, None] + offsets).reshape(S, N * B)  # block positions [S, NB]
         tokens = torch.full((S, N, B), self.mask_id, dtype=torch.long, device=dev)
         tokens[:, :, 0] = ids.gather(1, anchors)
+        d = self.draft
         with torch.no_grad():
-            embeds = self.target.embed(tokens.reshape(S, N * B)).float()
+            embeds = d.embed(self.target.embed, tokens.reshape(S, N * B)).float()
         block_anchor = anchors.repeat_interleave(B, dim=1)  # [S, NB]
-        ctx_ok = torch.arange(T, device=dev)[None, None, :] < block_anchor[:, :, None]  # [S, NB, T]
+        ctx_pos = torch.arange(T, device=dev)
+        ctx_ok = ctx_pos[None, None, :] < block_anchor[:, :, None]  # [S, NB, T]
         block_id = torch.arange(N, device=dev).repeat_interleave(B)
         same = (block_id[:, None] == block_id[None, :]).expand(S, -1, -1)  # [S, NB, NB]
-        mask = torch.cat([ctx_ok, same], dim=-1).unsqueeze(1)  # [S, 1, NB, T + NB]
-        d = self.draft
+        masks = {}
+        for layer in d.layers:  # per kind of layer: causal inside the block, a sliding window (draft.visible)
+            key = (layer.causal, layer.self_attn.window)
+            if key not in masks:
+                keys = torch.cat([ctx_pos.expand(S, T), pos], dim=1)  # [S, T + NB] absolute positions
+                seen = visible(pos, keys, block_anchor[:, :, None], *key)  # the context and the block rows
+                masks[key] = (torch.cat([ctx_ok, same], dim=-1) & seen).unsqueeze(1)  # [S, 1, NB, T + NB]
         ctx = d.context(feats)
         cos, sin = d.rope(torch.arange(T, device=dev).expand(S, T), ctx)
         kv = [layer.self_attn.project_context(ctx, cos, sin) for layer in d.layers]
-        hidden = d.block_hidden(embeds, [k for k, _ in kv], [v for _, v in kv], pos, mask)
+        hidden = d.block_hidden(embeds, [k for k, _ in kv], [v for _, v in kv], pos,
+                                [masks[(layer.causal, layer.self_attn.window)] for layer in d.layers], block=B)
         return hidden.view(S, N, B, -1)

@@ -15,7 +15,14 @@ from typing import Callable, Optional
 
 import torch
 
-from dflash_tui.engines.checkpoints import DraftInfo, TargetInfo, default_target_layer_ids, draft_config
+from dflash_tui.engines.checkpoints import (
+    DFLASH2_ARCH,
+    Dflash2Dims,
+    DraftInfo,
+    TargetInfo,
+    default_target_layer_ids,
+    draft_config,
+)
 from dflash_tui.engines.config import MAX_BLOCK_SIZE
 from dflash_tui.engines.cuda.draft import DFlashDraft, save_draft
 from dflash_tui.engines.cuda.engine import pick_device
@@ -62,6 +69,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     fresh: bool = False  # ignore a saved train_state.pt
     init_draft: Optional[str] = None  # start from this draft's weights instead of random ones
+    arch: str = "dflash"  # or "dflash2": add the candidate selector and the dynamic convolutions
+    selector_top_k: int = 8  # DFlash 2: candidates per mask slot
     gen_batch: int = 1  # responses written per batch; 1 = one at a time through the real decoding loop
     work_dir: Optional[str] = None  # where responses.jsonl and train_state.pt live; None: out
     save_every_s: float = 300.0  # write train_state.pt this often during training
@@ -142,6 +151,8 @@ def check_args(c: TrainConfig) -> None:
         (c.gen_batch >= 1, f"--gen-batch {c.gen_batch} must be at least 1"),
         (c.dtype in SAVE_DTYPES, f"--dtype {c.dtype} is unknown (use float32, float16 or bfloat16)"),
         (c.compute in ("auto", "float32", "bfloat16"), f"--compute {c.compute} is unknown (use auto, float32 or bfloat16)"),
+        (c.arch in ("dflash", "dflash2"), f"--arch {c.arch} is unknown (use dflash or dflash2)"),
+        (1 <= c.selector_top_k <= 256, f"--selector-top-k {c.selector_top_k} is outside 1-256"),
     ]
     for ok, what in checks:
         if not ok:
@@ -172,6 +183,13 @@ def mask_id(tokenizer, given: Optional[str], info: TargetInfo) -> int:
     raise UserError("The target's tokenizer has no mask token and no spare embedding row; pass --mask-token with a rarely used token.")
 
 
+def dflash2_dims(hidden: int, top_k: int) -> Dflash2Dims:
+    """A new DFlash 2 draft's sizes (docs/dflash2.md, "Training"): 4 taps, 8 channel groups (fewer where
+    8 does not divide the hidden size), a selector of min(hidden, 64) dimensions."""
+    groups = max(g for g in (8, 4, 2, 1) if hidden % g == 0)
+    return Dflash2Dims(taps=4, groups=groups, selector_dim=min(hidden, 64), top_k=top_k)
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, progress: Optional[Callable[[Progress], None]] = None):
         self.cfg = cfg
@@ -197,6 +215,11 @@ class Trainer:
         self.eos = self.info.stop_ids()
         self.gamma = cfg.gamma if cfg.gamma is not None else default_gamma(cfg.block_size)
         self.draft_config = draft_config(self.info.config, cfg.draft_layers, self.layer_ids, cfg.block_size, self.mask_id)
+        self.dims = None
+        if cfg.arch == "dflash2":
+            self.draft_config["architectures"] = [DFLASH2_ARCH]
+            self.draft_config["dflash_config"]["selector_top_k"] = cfg.selector_top_k
+            self.dims = dflash2_dims(self.draft_config["hidden_size"], cfg.selector_top_k)
         init = self._check_init(cfg.init_draft) if cfg.init_draft else None  # before any weight loads
         for option, folder in self.folders.items():  # take them now: an unwritable one fails before the work
             claim_output_dir(folder, option=option)
@@ -211,8 +234,15 @@ class Trainer:
             raise UserError(f"The mask token id {self.mask_id} is outside the target's {vocab_rows} embedding rows; "
                             "pass --mask-token with a token the target's vocabulary has.")
         torch.manual_seed(cfg.seed)
-        self.draft = DFlashDraft(self.draft_config).to(self.device)
+        self.draft = DFlashDraft(self.draft_config, self.dims).to(self.device)
         self.draft.rotary.to(self.device)
+        if self.dims is not None:  # the convolutions start as the identity, the codebooks small and random
+            for layer in self.draft.layers:
+                layer.attention_conv.identity_()
+                layer.mlp_conv.identity_()
+            for book in (self.draft.candidate_selector.predecessor_codebook,
+                         self.draft.candidate_selector.successor_codebook):
+                torch.nn.init.normal_(book, std=0.02)
         self.init_digest = self._start_from(init) if init else None
         autocast = bf16_autocast_pays(self.device) if cfg.compute == "auto" else cfg.compute == "bfloat16"
         self.objective = BlockObjective(self.target, self.draft, self.layer_ids, cfg.block_size, cfg.anchors_per_seq,
@@ -235,12 +265,21 @@ class Trainer:
         if differ:
             raise UserError(f"--init-draft {folder} differs from the draft this run trains in {', '.join(differ)}; "
                             "pass the matching --block-size, --draft-layers, --target-layer-ids and --mask-token, or drop --init-draft.")
+        if info.arch == "dflash2" and self.cfg.arch != "dflash2":
+            raise UserError(f"--init-draft {folder} is a DFlash 2 draft; pass --arch dflash2 to go on training it "
+                            "(a DFlash 1 run would drop its selector and convolutions).")
+        if info.dflash2 is not None and info.dflash2 != self.dims:
+            raise UserError(f"--init-draft {folder} has selector and convolution sizes {info.dflash2}, not this run's "
+                            f"{self.dims}; pass the matching --selector-top-k or drop --init-draft.")
         return info
 
     def _start_from(self, info: DraftInfo) -> str:
-        """Load the checked draft's weights; their digest joins the resume key."""
+        """Load the checked draft's weights; their digest joins the resume key. A DFlash 1 draft starts a
+        DFlash 2 run: its backbone is taken, the convolutions stay the identity and the selector as drawn."""
         loaded = DFlashDraft.load(info, self.device, torch.float32)
-        self.draft.load_state_dict(loaded.state_dict())
+        missing, _ = self.draft.load_state_dict(loaded.state_dict(), strict=False)
+        assert all(".attention_conv." in k or ".mlp_conv." in k or k.startswith("candidate_selector.")
+                   for k in missing), missing  # _check_init matched everything else
         return ",".join(_file_digest(f) for f in sorted(Path(info.path).glob("*.safetensors")))
 
     def _responses_progress(self, message: str, done: int, total: int) -> None:
@@ -254,7 +293,7 @@ class Trainer:
             "block_size": c.block_size, "draft_layers": c.draft_layers, "target_layer_ids": self.layer_ids,
             "mask_token_id": self.mask_id, "lr": c.lr, "batch_size": c.batch_size, "max_len": c.max_len,
             "gamma": self.gamma, "seed": c.seed, "responses": c.responses, "anchors_per_seq": c.anchors_per_seq,
-            "init_draft": self.init_digest,
+            "init_draft": self.init_digest, "arch": c.arch, "selector_top_k": c.selector_top_k if self.dims else None,
         }
 
     # -- data ----------------------------------------------------------------------------------
