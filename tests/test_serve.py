@@ -888,3 +888,30 @@ def test_a_forced_tool_call_that_does_not_parse_is_text_never_a_500(guarded, ser
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tool_choice"
     plain = httpx.post(server.base + "/chat/completions", timeout=30, json=chat_body("hi") | {"tools": TOOLS})
     assert plain.status_code == 400 and "no tools branch" in plain.json()["error"]["message"]
+
+
+# -- issue 31: prefix reuse across requests ------------------------------------------------------------------
+
+
+def test_a_resent_conversation_prefills_only_its_new_tokens(server, local):
+    """The server keeps the caches of the most recent request: the next one that shares a prefix prefills the
+    rest only (usage.prompt_tokens_details.cached_tokens), with the ids of a fresh run; the extension's
+    reuse_cache false (what bench and replay send) prefills it whole."""
+    first = local.prepare(GenerationRequest(messages=[{"role": "user", "content": PROMPTS[0]}]))
+
+    def complete(ids, **ext):
+        body = {"model": "tiny", "prompt": ids, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
+        if ext:
+            body["dflash"] = ext
+        return httpx.post(server.base + "/completions", json=body, timeout=60).json()
+
+    one = complete(first)
+    follow = first + one["choices"][0]["token_ids"] + local.tokenizer.encode(" and then?", add_special_tokens=False)
+    two = complete(follow)
+    fresh = list(local.generate(GenerationRequest(prompt_ids=follow, max_new_tokens=8, temperature=0.0)))
+    assert two["choices"][0]["token_ids"] == [t for e in fresh for t in e.emitted]
+    cached = two["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= len(first) and cached == two["dflash"]["summary"]["reused_prompt_tokens"]
+    again = complete(follow, reuse_cache=False)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["choices"][0]["token_ids"] == two["choices"][0]["token_ids"]

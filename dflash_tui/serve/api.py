@@ -166,6 +166,7 @@ class Params:
     ignore_eos: bool = False
     draft_window: Optional[int] = None
     clamp_max_tokens: bool = False
+    reuse_cache: Optional[bool] = None  # the extension's: None takes the server's --prefix-reuse
     tools: Optional[list[dict]] = None
     tool_choice: Any = None  # None, "auto", "none", "required" or {"type": "function", "function": {"name"}}
     messages: Optional[list[dict]] = None
@@ -233,6 +234,8 @@ def parse(body: Any, names: list[str], chat: bool) -> Params:
     p.block_size = _int(ext, "block_size", 1)
     p.draft_window = _int(ext, "draft_window", 1)
     p.clamp_max_tokens = bool(ext.get("clamp_max_tokens", False))
+    if ext.get("reuse_cache") is not None:
+        p.reuse_cache = bool(ext["reuse_cache"])
     p.stop_ids = _ids(ext.get("stop_ids"), "stop_ids", EXTENSION)
     p.stop_token_ids = _ids(body.get("stop_token_ids"), "stop_token_ids", "stop_token_ids") or []
     p.ignore_eos = bool(body.get("ignore_eos", False))

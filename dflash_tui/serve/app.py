@@ -50,6 +50,7 @@ class ServeState:
     max_body: int = MAX_BODY
     clamp_max_tokens: bool = False  # --clamp-max-tokens: cut max_tokens to the context instead of a 400
     allowed_origins: tuple = ()  # --allowed-origins: CORS (off when empty)
+    prefix_reuse: bool = True  # --prefix-reuse: start from the caches the previous request left
 
     @property
     def max_positions(self) -> Optional[int]:
@@ -293,7 +294,8 @@ def _generation_request(state: ServeState, params: Params, ids: list[int], think
     return check_request(lambda: GenerationRequest(
         prompt_ids=ids, max_new_tokens=max_new, temperature=pick("temperature"), top_p=pick("top_p"),
         top_k=pick("top_k"), min_p=pick("min_p"), seed=seed, block_size=params.block_size,
-        thinking=thinking, stop_ids=stop_ids))
+        thinking=thinking, stop_ids=stop_ids,
+        reuse_cache=params.reuse_cache if params.reuse_cache is not None else state.prefix_reuse))
 
 
 @dataclass

@@ -66,13 +66,19 @@ def _settings(profile: Optional[str], engine: Optional[str], block_size: Optiona
               help="Comma-separated origins browsers may call from (CORS; off by default), or '*'.")
 @click.option("--shutdown-grace", default=3.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds running answers may go on after SIGTERM before they end with an error.")
+@click.option("--prefix-reuse/--no-prefix-reuse", default=True, show_default=True,
+              help="Start each request from the caches the previous one left, where its ids share a prefix "
+                   "(one prefix is kept: the most recent request's).")
 def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning_split, names, max_body,
-          clamp_max_tokens, allowed_origins, shutdown_grace) -> None:
+          clamp_max_tokens, allowed_origins, shutdown_grace, prefix_reuse) -> None:
     """Serve a profile's pair over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models,
     /tokenize, /metrics and /health.
 
     The pair loads once, in the engine process, and answers one request at a time; others wait in a
-    queue of --max-queue. Interleaved clients share one cache, so they get no turn-cache reuse.
+    queue of --max-queue. The caches of the most recent request are kept: a request that resends its
+    conversation prefills only what is new (usage.prompt_tokens_details.cached_tokens says how much
+    was reused); interleaved clients share that one prefix, so a client whose turn follows another's
+    prefills its whole prompt.
     Each streamed chunk carries the DFlash step (drafted, accepted, origins) in a `dflash` field that
     standard clients ignore; `dflash chat --engine remote --url http://HOST:PORT/v1` shows it all.
     """
@@ -94,7 +100,7 @@ def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning
     run_server(config, served, defaults, host=host, port=port, api_key=api_key, max_queue=max_queue,
                reasoning_split=reasoning_split, say=lambda text: click.echo(printable(text), err=True),
                max_body=body_limit, clamp_max_tokens=clamp_max_tokens, allowed_origins=origins,
-               shutdown_grace=shutdown_grace)
+               shutdown_grace=shutdown_grace, prefix_reuse=prefix_reuse)
 
 
 @click.command("serve-command")

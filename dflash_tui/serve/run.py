@@ -89,7 +89,7 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
           api_key: Optional[str] = None, max_queue: int = 64, reasoning_split: bool = True,
           in_process: bool = False, say=lambda text: print(text, file=sys.stderr, flush=True),
           max_body: int = MAX_BODY, clamp_max_tokens: bool = False, allowed_origins: tuple = (),
-          shutdown_grace: float = SHUTDOWN_GRACE_S) -> None:
+          shutdown_grace: float = SHUTDOWN_GRACE_S, prefix_reuse: bool = True) -> None:
     """Load the engine (in the engine process unless `in_process`), then serve until interrupted."""
     check_host(host, api_key)
     check_port(host, port)
@@ -107,7 +107,8 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
     worker = EngineWorker(engine, max_queue=max_queue, metrics=metrics)
     state = ServeState(engine=engine, worker=worker, metrics=metrics, names=names, defaults=defaults,
                        reasoning_split=reasoning_split, api_key=api_key, max_body=max_body,
-                       clamp_max_tokens=clamp_max_tokens, allowed_origins=tuple(allowed_origins))
+                       clamp_max_tokens=clamp_max_tokens, allowed_origins=tuple(allowed_origins),
+                       prefix_reuse=prefix_reuse)
     app = build_app(state)
     for warning in engine.warnings:
         say(f"note: {warning}")

@@ -339,7 +339,8 @@ class RemoteEngine:
                 body["prompt"] = list(request.prompt_ids) if text is None else text
         if self.kind == "dflash":
             body[EXTENSION] = {"block_size": request.block_size or self.requested_block_size,
-                               "stop_ids": request.stop_ids, "clamp_max_tokens": True}
+                               "stop_ids": request.stop_ids, "clamp_max_tokens": True,
+                               "reuse_cache": request.reuse_cache}
             if self.requested_draft_window is not None:
                 body[EXTENSION]["draft_window"] = self.requested_draft_window
         elif self.kind in ("vllm", "sglang"):
