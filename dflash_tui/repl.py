@@ -24,7 +24,7 @@ from dflash_tui.core.conversation import (
 )
 from dflash_tui.core.figures import UNKNOWN, fixed, known
 from dflash_tui.core.settings import loading_line, profile_for
-from dflash_tui.core.terminal import color_enabled, printable
+from dflash_tui.core.terminal import color_enabled, printable, typing_hidden
 from dflash_tui.engines import load_engine
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.process import quiet_loaders
@@ -116,7 +116,7 @@ class Repl:
         if not turn or not turn.summary:
             return f"no turns yet · {self.status()}"
         m = turn.summary
-        speed, kind = self.conv.speedup(m.decode_tokens_per_s, m.block_size, m.prompt_tokens + m.generated_tokens)
+        speed, kind = self.conv.summary_speedup(m)  # the TUI's figure: the turn's steps against a block-1 probe
         if m.draft_s is None or m.verify_s is None:
             split = f"draft/verify {UNKNOWN}"
         else:
@@ -126,7 +126,8 @@ class Repl:
         peak = UNKNOWN if m.peak_memory_bytes is None else f"{m.peak_memory_bytes / 2**20:.0f} MB ({m.peak_memory_kind})"
         lines = [
             f"{m.generated_tokens} tokens · {m.decode_tokens_per_s:.1f} tok/s · "
-            + (f"{speed:.2f}x vs block 1 ({kind})" if speed else "speedup –"),
+            + (f"speedup ≈{speed:.1f}x (measured)" if kind == "measured" else f"speedup {speed:.1f}x (block 1)"
+               if speed is not None else "speedup – (not yet measured)"),
             f"tau {fixed(m.mean_acceptance_length)} (session {fixed(self.conv.session_tau())}) · acceptance {hist}",
             f"{split} · peak {peak} · context {m.prompt_tokens + m.generated_tokens}",
             f"{m.engine} · {m.device} · {m.dtype} · {self.status()}",
@@ -150,16 +151,17 @@ class Repl:
         raw = active.earlier  # a continuation's text so far is on screen already: it only sets the thinking layout
         thinking = active.request.thinking
         try:
-            for event in self.conv.stream(active):
-                for piece, origin in event.pieces:
-                    start, end, _ = thinking_layout(raw + piece, thinking)
-                    in_think = start < end and len(raw) < end
-                    raw += piece
-                    self.out.write(self.paint(piece, "think" if in_think and self.colour else origin))
-                if self.ghosts and event.rejected_text:
-                    self.out.write(self.paint(event.rejected_text, "ghost") if self.colour
-                                   else f"[{printable(event.rejected_text)}]")
-                self.out.flush()
+            with typing_hidden():  # ctrl+c stops the answer without a ^C echoed into its text
+                for event in self.conv.stream(active):
+                    for piece, origin in event.pieces:
+                        start, end, _ = thinking_layout(raw + piece, thinking)
+                        in_think = start < end and len(raw) < end
+                        raw += piece
+                        self.out.write(self.paint(piece, "think" if in_think and self.colour else origin))
+                    if self.ghosts and event.rejected_text:
+                        self.out.write(self.paint(event.rejected_text, "ghost") if self.colour
+                                       else f"[{printable(event.rejected_text)}]")
+                    self.out.flush()
         except UserError as exc:
             self.failed = True
             self.info(str(exc))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dflash_tui.core import sessions
-from tests import tiny
+from tests import tiny, waiting
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def test_piped_stdin_reads_prompts_line_by_line(profile, data_dir):
     out = result.stdout.decode()
     assert "\033[" not in out  # not a terminal: no colour codes
     assert "thinking OFF" in err and "block size 2" in err and "ghosts on" in err
-    assert "tau" in err and "x vs block 1 (measured)" in err and "unknown command /bogus" in err  # timed after each turn
+    assert "tau" in err and "x (measured)" in err and "unknown command /bogus" in err  # timed after each turn
     assert err.count("tokens ·") == 3 + 1  # three answers, and /stats
     found = sorted(sessions.list_sessions(), key=lambda s: s.created)
     assert len(found) == 2  # /new started a second session
@@ -213,3 +213,65 @@ def test_plain_chat_on_a_foreign_server_says_where_it_connects_and_shows_unknown
     assert session.turns[0]["settings"]["block_size"] is None  # not the profile's 16, which it never ran
     shown = CliRunner().invoke(main, ["sessions", "show", session.id])
     assert "_block – · thinking on · 6 tokens · " in shown.stdout and " · tau –_" in shown.stdout
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="a pseudo-terminal (termios)")
+def test_ctrl_c_stops_an_answer_without_a_caret_c_in_its_text_and_stats_show_the_tui_speedup(profile, data_dir,
+                                                                                              monkeypatch):
+    """Issue 32: ctrl+c in a terminal stopped the answer but the terminal echoed `^C` into its text
+    (`98, 62, 4^C7`). A real pseudo-terminal: its line discipline gets ctrl+c (and a key typed ahead) while
+    the answer streams and echoes neither; its modes are back after. /stats gives the TUI's speedup."""
+    import pty
+    import select
+    import termios
+
+    from dflash_tui.core.conversation import ChatSettings, Conversation
+    from dflash_tui.core.settings import profile_for as load_profile
+    from dflash_tui.engines import load_engine
+    from dflash_tui.repl import Repl
+
+    master, slave = pty.openpty()
+    terminal = os.fdopen(slave, "r")
+    monkeypatch.setattr(sys, "stdin", terminal)
+    modes = termios.tcgetattr(slave)
+    assert modes[3] & termios.ECHOCTL and modes[3] & termios.ECHO  # a terminal as a shell leaves it
+
+    def read_until(fd, wanted: bytes) -> bytes:
+        got, end = b"", waiting.limit(60)
+        while wanted not in got:
+            ready, _, _ = select.select([fd], [], [], end)
+            assert ready, f"{wanted!r} never came: {got!r}"
+            got += os.read(fd, 1024)
+        return got
+
+    class PressesCtrlC(io.StringIO):
+        """The person presses ctrl+c (and types a key ahead) once the answer's third piece shows."""
+
+        writes = 0
+
+        def write(self, text):
+            self.writes += 1
+            if self.writes == 3:
+                os.write(master, b"\x03q\n")
+                read_until(slave, b"q\n")  # the line discipline has taken the ctrl+c before it
+                conv.last_request.cancel.set()  # what the REPL's SIGINT handler does
+            return super().write(text)
+
+    p = load_profile(str(profile))
+    conv = Conversation(load_engine(p.engine_config("cuda")), ChatSettings.from_profile(p), profile=p)
+    err = io.StringIO()
+    repl = Repl(conv, out=PressesCtrlC(), err=err, colour=False)
+    try:
+        repl.handle("count to fifty")
+        assert conv.turns[-1].status == "cancelled"
+        assert termios.tcgetattr(slave) == modes  # restored once the answer stopped
+        os.write(master, b"z")
+        echoed = read_until(master, b"z")  # echo is back on: everything echoed before it is in `echoed`
+        assert b"^C" not in echoed and b"q" not in echoed, echoed
+        repl.handle("/stats")
+        speed, kind = conv.summary_speedup(conv.turns[-1].summary)
+        assert kind == "measured" and f"speedup ≈{speed:.1f}x (measured)" in err.getvalue()
+    finally:
+        conv.close()
+        terminal.close()
+        os.close(master)

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import contextmanager
 
 from dflash_tui.engines.text import printable
 
-__all__ = ["color_enabled", "json_text", "printable"]
+__all__ = ["color_enabled", "json_text", "printable", "typing_hidden"]
 
 
 def color_enabled(stream=None) -> bool:
@@ -36,3 +37,28 @@ def json_text(value, **kwargs) -> str:
     """json.dumps(value, ensure_ascii=False, **kwargs) with nothing in it a terminal acts on: readable
     non-ASCII text, every control character escaped."""
     return json.dumps(value, ensure_ascii=False, **kwargs).translate(_JSON_RAW)
+
+
+@contextmanager
+def typing_hidden(stream=None):
+    """While an answer streams to a terminal: ctrl+c is not echoed as `^C` into the answer's text (ECHOCTL),
+    nor is text typed ahead (ECHO; the next prompt gets it). The terminal's modes are restored after. A
+    stream that is no terminal (a pipe, a file) is left alone."""
+    stream = sys.stdin if stream is None else stream
+    try:
+        import termios
+
+        fd = stream.fileno()
+        saved = termios.tcgetattr(fd) if os.isatty(fd) else None
+    except (ImportError, AttributeError, OSError, ValueError):  # no termios (Windows), a closed or fake stream
+        saved = None
+    if saved is None:
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
