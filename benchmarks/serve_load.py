@@ -11,6 +11,11 @@ the request to the first streamed token) includes the wait in the queue: p50 / p
 number of clients while the aggregate rate stays near the engine's single-stream rate. Every answer
 is checked: one finish_reason per request, and (against `dflash serve`) the streamed step ids equal
 the summary's ids. Loopback only unless --url says otherwise.
+
+The multi-turn rows drive one conversation of --turns turns through the `openai` client, resending the
+whole history each turn as agents and chat clients do, with the server's prefix reuse on (the default)
+and off (the request's `"dflash": {"reuse_cache": false}`): the time to first token of turns 7-8
+against turns 1-2, and how many prompt tokens the server took from its kept caches (cached_tokens).
 """
 
 from __future__ import annotations
@@ -111,6 +116,55 @@ async def run(base: str, api_key: str | None, clients: int, requests: int, max_t
     return [r for rows in per_client for r in rows], wall
 
 
+TURNS = ["What is 48 + 75?", "And 75 + 48?", "Now subtract 13.", "Double it.", "Is that even?",
+         "Divide it by 4.", "Round that.", "Add 100 to it.", "What is it times 3?", "Say it in words."]
+
+
+def multi_turn(base: str, api_key: str | None, turns: int, max_tokens: int, reuse: bool) -> list[dict]:
+    """One conversation through the openai client: per turn, TTFT and the reused prompt tokens."""
+    import openai
+
+    client = openai.OpenAI(base_url=base, api_key=api_key or "unused", max_retries=0, timeout=600)
+    model = client.models.list().data[0].id
+    messages: list[dict] = []
+    rows = []
+    for n in range(turns):
+        messages.append({"role": "user", "content": TURNS[n % len(TURNS)]})
+        sent = time.perf_counter()
+        first, content, cached = None, [], None
+        stream = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"dflash": {"reuse_cache": reuse}})
+        for chunk in stream:
+            if first is None and chunk.choices:
+                delta = chunk.choices[0].delta
+                if delta.content or (delta.model_extra or {}).get("reasoning_content"):
+                    first = time.perf_counter()
+            for choice in chunk.choices:
+                content.append(choice.delta.content or "")
+            if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
+                cached = chunk.usage.prompt_tokens_details.cached_tokens
+        messages.append({"role": "assistant", "content": "".join(content)})
+        rows.append({"ttft": (first or time.perf_counter()) - sent, "cached": cached})
+    return rows
+
+
+def print_multi_turn(base: str, api_key: str | None, turns: int, max_tokens: int) -> None:
+    if turns < 8:
+        return
+    print(f"\nmulti-turn: one conversation of {turns} turns resent whole each turn (openai client)")
+    print(f"{'reuse':>5} {'TTFT 1-2':>10} {'TTFT 7-8':>10} {'cached 7-8':>10}")
+    late = {}
+    for reuse in (True, False):
+        rows = multi_turn(base, api_key, turns, max_tokens, reuse)
+        early = statistics.mean(r["ttft"] for r in rows[:2])
+        late[reuse] = statistics.mean(r["ttft"] for r in rows[6:8])
+        cached = [r["cached"] for r in rows[6:8]]
+        shown = "?" if None in cached else f"{statistics.mean(cached):.0f}"
+        print(f"{'on' if reuse else 'off':>5} {early * 1000:>8.0f}ms {late[reuse] * 1000:>8.0f}ms {shown:>10}")
+    print(f"turns 7-8 TTFT, reuse off / on: {late[False] / late[True]:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", help="A running OpenAI-compatible server (…/v1); default: start dflash serve")
@@ -119,6 +173,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--requests", type=int, default=3, help="Requests per client, one after another")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=8, help="Turns of the multi-turn rows (0: leave them out)")
     args = parser.parse_args()
     proc = None
     base = args.url
@@ -134,6 +189,7 @@ def main() -> None:
             tau = f"{statistics.mean(taus):6.2f}" if taus else f"{'?':>6}"
             print(f"{clients:>7} {len(rows):>8} {percentile(ttfts, 0.5) * 1000:>8.0f}ms "
                   f"{percentile(ttfts, 0.95) * 1000:>8.0f}ms {sum(r['tokens'] for r in rows) / wall:>10.1f} {tau}")
+        print_multi_turn(base, args.api_key, args.turns, args.max_tokens)
     finally:
         if proc is not None:
             proc.terminate()

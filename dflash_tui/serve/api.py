@@ -110,8 +110,7 @@ def refuse_unsupported(body: dict, chat: bool) -> None:
         kind = fmt.get("type") if isinstance(fmt, dict) else fmt
         if kind != "text":
             raise _unsupported("response_format", f" with type {kind!r} (no guided decoding: only 'text')")
-    logprobs = body.get("logprobs")
-    if logprobs not in (None, False) and not (not chat and logprobs == 0 and not isinstance(logprobs, bool)):
+    if body.get("logprobs") not in (None, False):
         raise _unsupported("logprobs", " yet")
     if body.get("top_logprobs") not in (None, 0):
         raise _unsupported("top_logprobs", " yet")
