@@ -383,7 +383,7 @@ async def _body(request: Request, state: ServeState) -> Any:
     raw = b"".join(chunks)
     if size < 65536:
         return _decode_json(raw)
-    return await anyio.to_thread.run_sync(_decode_json, raw)
+    return await off_loop(state, _decode_json, raw)
 
 
 async def off_loop(state: ServeState, fn, *args):

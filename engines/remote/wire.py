@@ -7,7 +7,10 @@ and `Summary` a local engine would have produced:
   (one per emitted id), `pieces` ([text, origin] pairs of the raw text, thinking tags included),
   `rejected`, `rejected_text`, `draft_s`, `verify_s`, `prefill`, `finish_reason`;
 - the last chunk (and a non-streamed response): `"dflash": {"summary": {...}}`, the engine's Summary;
-- a request may carry `"dflash": {"block_size": n, "stop_ids": [...]}`.
+- a request may carry `"dflash": {"block_size": n, "stop_ids": [...], "draft_window": w, "reuse_cache": bool,
+  "clamp_max_tokens": bool}`: `stop_ids` replaces the eos ids (OpenAI's `stop_token_ids` adds to them),
+  `draft_window` must equal the server's own (it cannot change per request), `reuse_cache` overrides the
+  server's --prefix-reuse, `clamp_max_tokens` cuts a max_tokens beyond the context instead of a 400.
 """
 
 from __future__ import annotations
