@@ -6,6 +6,7 @@ The target is a tiny Qwen3 trained here for a few dozen steps to continue the al
 letter, so its greedy responses are predictable and a draft can learn them (self-distillation).
 """
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -430,3 +431,79 @@ def test_ownership_rule(tmp_path):
     for folder in (new, published):
         with pytest.raises(UserError, match="--data"):
             check_output_dir(folder, option="--out", target=target, data=folder / "responses.jsonl")
+
+
+# -- DFlash 2 (docs/dflash2.md, "Training") ---------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", [dict(), dict(causal=True), dict(sliding_window=5, causal=None)],
+                         ids=["published", "causal", "sliding"])
+def test_batched_dflash2_blocks_match_the_decoding_loop(counting, tmp_path, variant):
+    """The objective's one masked pass over many blocks equals the loop's DraftCache for a DFlash 2 draft:
+    its convolutions stay inside each block, and causal and sliding layers see what the loop shows them."""
+    from transformers import DynamicCache
+
+    from dflash_tui.engines.checkpoints import DraftInfo
+    from dflash_tui.engines.cuda.draft import DFlashDraft, DraftCache
+    from tests.tiny_dflash2 import make_dflash2_draft
+
+    trainer = Trainer(config(counting, tmp_path / "d", target_layer_ids="1,3", arch="dflash2"))
+    target, _ = counting
+    folder = make_dflash2_draft(tmp_path / "d2", target, [1, 3], block_size=8, **variant)
+    info = DraftInfo.read(str(folder))
+    trainer.objective.draft = draft = DFlashDraft.load(info, torch.device("cpu"), torch.float32)
+    tok = trainer.tokenizer
+    seq = tok.apply_chat_template([{"role": "user", "content": "k"}], add_generation_prompt=True, tokenize=True,
+                                  return_dict=False)
+    seq = list(seq) + tok.encode(alphabet("k", 30)[1:], add_special_tokens=False)
+    ids = torch.tensor([seq])
+    anchors = torch.tensor([[5, 9, 14, 20]])
+    with torch.no_grad():
+        batched = trainer.objective.block_hiddens(ids, trainer.objective.features(ids), anchors)
+        _, features = trainer.target.forward(ids, 0, DynamicCache(config=trainer.target.model.config),
+                                             last_only=False, capture=True)
+        for j, a in enumerate(anchors[0].tolist()):
+            cache = DraftCache(draft, None)
+            cache.append(features[:, :a])
+            block = torch.full((1, 8), trainer.mask_id)
+            block[0, 0] = seq[a]
+            expected = cache.hidden(draft.embed(trainer.target.embed, block))
+            torch.testing.assert_close(batched[0, j], expected[0], atol=1e-4, rtol=1e-4)
+
+
+def test_dflash2_starts_from_a_dflash1_draft_and_loads_in_both_engines(counting, trained, tmp_path):
+    """--arch dflash2 --init-draft DFLASH1: the backbone is the DFlash 1 draft's and the convolutions start
+    as the identity (so the acceptance starts where DFlash 1 ended); after training the output is in the
+    published DFlash 2 layout and both engines load it, lossless at T = 0. A DFlash 2 draft cannot be
+    continued as DFlash 1."""
+    from safetensors import safe_open
+
+    from tests.oracles import engine_for, run, transformers_greedy
+
+    first, result, _, _ = trained
+    trainer = Trainer(config(counting, tmp_path / "d2", arch="dflash2", init_draft=result.out, max_steps=30))
+    for name, tensor in first.draft.state_dict().items():
+        torch.testing.assert_close(trainer.draft.state_dict()[name], tensor, atol=1e-3, rtol=1e-3)
+    _, held = trainer.split()
+    prompts = trainer.val_prompts(held)
+    assert trainer.estimate_tau(prompts) >= result.tau - 0.5  # the identity convolutions: DFlash 1's blocks
+    out = Path(trainer.run().out)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["dflash_config"]["selector_top_k"] == 8
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert {"candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook",
+            "layers.0.attention_conv.base_kernel", "layers.1.mlp_conv.kernel_projection.weight"} <= names
+    target, _ = counting
+    engines = ["cuda"] + (["mlx"] if importlib.util.find_spec("mlx_lm") else [])
+    for name in engines:
+        engine = engine_for(name, target, out)
+        ids = engine.prepare(GenerationRequest(prompt="k", thinking=False))
+        expected = transformers_greedy(target, ids, NEW)
+        for block in (1, 8):
+            summary = run(engine, prompt_ids=ids, max_new_tokens=NEW, temperature=0, block_size=block, stop_ids=[])[1]
+            assert summary.token_ids == expected, (name, block)
+        if name == "cuda":
+            assert summary.mean_acceptance_length > 2  # a trained draft is accepted
+    back = run_cli(cli_args(counting, tmp_path / "o", "--init-draft", str(out), "--block-size", "8"))
+    assert back.exit_code == 2 and "--arch dflash2" in back.output, back.output
+    assert load_engine(EngineConfig(target=str(target), draft=str(out), engine="cuda", device="cpu")).draft.dims
