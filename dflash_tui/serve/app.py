@@ -308,7 +308,20 @@ class Prepared:
 
 
 def _prompt_ids(state: ServeState, params: Params, thinking: bool) -> Prepared:
-    """The chat template and the tokenizer: run in a worker thread, never on the event loop."""
+    """The chat template and the tokenizer, then the context check: run in a worker thread, never on
+    the event loop."""
+    prepared = _render(state, params, thinking)
+    ids = prepared.ids
+    limit = state.max_positions
+    if limit and len(ids) >= limit:
+        where = "messages" if params.messages is not None else "prompt"
+        raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, your {where} resulted "
+                       f"in {len(ids)} tokens. Please reduce the length of the {where}.", where,
+                       "context_length_exceeded")
+    return prepared
+
+
+def _render(state: ServeState, params: Params, thinking: bool) -> Prepared:
     engine = state.engine
     prepared = Prepared(ids=[])
     tools_in_history = params.messages is not None and any(
@@ -334,13 +347,6 @@ def _prompt_ids(state: ServeState, params: Params, thinking: bool) -> Prepared:
             check_ids(state, list(params.prompt), "prompt")
             probe = check_request(lambda: GenerationRequest(prompt_ids=list(params.prompt)))
         prepared.ids = check_request(lambda: engine.prepare(probe))
-    ids = prepared.ids
-    limit = state.max_positions
-    if limit and len(ids) >= limit:
-        where = "messages" if params.messages is not None else "prompt"
-        raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, your {where} resulted "
-                       f"in {len(ids)} tokens. Please reduce the length of the {where}.", where,
-                       "context_length_exceeded")
     return prepared
 
 
@@ -448,14 +454,7 @@ def build_app(state: ServeState):
         params = parse({**body, "max_tokens": None}, state.names, chat)
         thinking = params.thinking if params.thinking is not None else state.defaults.get("thinking", True)
 
-        def work() -> list[int]:
-            if params.tools or chat and any(m.get("tool_calls") or m["role"] == "tool" for m in params.messages):
-                return _prompt_ids(state, params, thinking).ids
-            probe = check_request(lambda: GenerationRequest(messages=params.messages, thinking=thinking) if chat
-                                  else GenerationRequest(prompt=params.prompt))
-            return check_request(lambda: state.engine.prepare(probe))
-
-        ids = await off_loop(state, work)
+        ids = (await off_loop(state, _render, state, params, thinking)).ids
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.max_positions})
 
     async def detokenize(request: Request) -> Response:
