@@ -28,22 +28,10 @@ from tests import tiny_dflash2  # noqa: E402 - after the importorskip above
 from tests.oracles import engine_for, mlx_lm_greedy, oracle_proposals, run  # noqa: E402 - after the importorskip above
 from tests.reference_dflash2 import ReferenceDraft, target_context_features  # noqa: E402 - after the importorskip above
 from tests.test_turn_cache import assert_same_chat, chat  # noqa: E402 - after the importorskip above
+from tests.tiny_dflash2 import DRAFTS  # noqa: E402 - after the importorskip above
 
 PROMPT = "What is 48 + 75?"
 NEW = 24
-# name: (family, target layer ids, tiny_dflash2 options)
-DRAFTS = {
-    "qwen3": ("qwen3", [0, 2], {}),
-    "qwen3-variant": ("qwen3", [0, 2], dict(sliding_window=5, layer_types=["sliding_attention", "full_attention"],
-                                            embedding_scale=1.5, output_multiplier=1.3, softcap=6.0, taps=3, groups=8,
-                                            causal=True, causal_key="dflash_config.causal", top_k=5)),
-    "qwen3_5-last": ("qwen3_5", [1, 3], dict(sliding_window=4, layer_types=["sliding_attention"] * 2)),
-    # DFlash 1 with a sliding layer: no flag, so that layer is causal inside the block
-    "dflash1-sliding": ("qwen3", [0, 2], dict(with_dflash2_tensors=False, top_k=None, architecture="DFlashDraftModel",
-                                              sliding_window=4)),
-}
-
-
 @pytest.fixture(scope="module")
 def built(pairs, tmp_path_factory):
     """(target, draft, engine) by DRAFTS name; engines loaded once."""

@@ -136,3 +136,16 @@ def make_dflash2_draft(
     weights = {prefix + k: v.to(torch.float32).contiguous() for k, v in weights.items()}
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+# The drafts both engines' DFlash 2 tests run, by name: (family, target layer ids, make_dflash2_draft options)
+DRAFTS = {
+    "qwen3": ("qwen3", [0, 2], {}),
+    "qwen3-variant": ("qwen3", [0, 2], dict(sliding_window=5, layer_types=["sliding_attention", "full_attention"],
+                                            embedding_scale=1.5, output_multiplier=1.3, softcap=6.0, taps=3, groups=8,
+                                            causal=True, causal_key="dflash_config.causal", top_k=5)),
+    "qwen3_5-last": ("qwen3_5", [1, 3], dict(sliding_window=4, layer_types=["sliding_attention"] * 2)),
+    # DFlash 1 with a sliding layer: no flag, so that layer is causal inside the block
+    "dflash1-sliding": ("qwen3", [0, 2], dict(with_dflash2_tensors=False, top_k=None, architecture="DFlashDraftModel",
+                                              sliding_window=4)),
+}

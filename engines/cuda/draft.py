@@ -198,13 +198,13 @@ class CandidateSelector(nn.Module):
         predecessors = torch.cat([anchor.view(1, 1).expand(1, candidates.shape[1]), candidates[:-1]])
         pairs = self.pair_scores(hidden, candidates, predecessors)  # [s, K (predecessor), K]
         chosen, q = [], []
-        prev = torch.zeros((), dtype=torch.long, device=logits.device)  # slot 0's predecessors are all the anchor
-        for slot in range(slots):
-            probs = ((unary[slot] + pairs[slot, prev]) / temperature).softmax(-1)
-            prev = (probs / noise[slot]).argmax(-1)
+        prev = torch.zeros(1, dtype=torch.long, device=logits.device)  # slot 0's predecessors are all the anchor
+        for slot in range(slots):  # index_select, not pairs[slot, prev]: a tensor index would sync with the host
+            probs = ((unary[slot] + pairs[slot].index_select(0, prev)[0]) / temperature).softmax(-1)
+            prev = (probs / noise[slot]).argmax(-1, keepdim=True)
             chosen.append(prev)
             q.append(probs)
-        index = torch.stack(chosen)
+        index = torch.cat(chosen)
         return Proposal(candidates.gather(1, index[:, None])[:, 0], candidates, torch.stack(q))
 
 

@@ -231,9 +231,11 @@ class StepGraphs:
         buffers = tuple(layer.k_buf.data_ptr() if layer.k_buf is not None else 0 for layer in bucket_layers(cache))
         return self.cache is cache and buffers == self._buffers and self.covers(start, b)
 
-    def draft_step(self, last: torch.Tensor, start: int, b: int, sampler) -> tuple[torch.Tensor, Optional[Proposal]]:
+    def draft_step(self, last: torch.Tensor, start: int, b: int, sampler, live: Optional[int] = None
+                   ) -> tuple[torch.Tensor, Optional[Proposal]]:
         """Fill the static inputs (device-side copies and draws, no sync) and run the draft: the block [1, b]
-        and its Proposal (None at block 1)."""
+        and its Proposal (None at block 1). `live`: the positions that count in a shrunk last block run
+        padded to b; the walk's noise is drawn for those only, as the eager loop draws it."""
         s = self._static[b]
         torch.add(s["arange"], start, out=s["positions"])
         s["block"][:, :1].copy_(last.view(1, 1))
@@ -241,8 +243,10 @@ class StepGraphs:
         if b == 1:
             return s["block"], None
         if self.draft.candidate_selector is not None:
-            noise, temperature = sampler.walk_noise(b - 1, s["noise"].shape[1], s["noise"].device)
-            s["noise"].copy_(noise)
+            slots = (live or b) - 1
+            noise, temperature = sampler.walk_noise(slots, s["noise"].shape[1], s["noise"].device)
+            s["noise"][:slots].copy_(noise)
+            s["noise"][slots:].fill_(1.0)
             s["temperature"].copy_(temperature)
         block, candidates, q = self.graphs[("draft", b, self._reach)]()
         return block, Proposal(block[0, 1:], candidates, q)

@@ -230,7 +230,7 @@ def speculative_decode(
         t_draft = clock.mark()
         proposal = None
         if on_graphs:  # a shrunk last block runs padded to the captured size; only its first b positions count
-            block, proposal = graphs.draft_step(last, start, block_size, sampler)
+            block, proposal = graphs.draft_step(last, start, block_size, sampler, b)
             t_verify = clock.mark()
             logits = graphs.verify_step(block_size)
         else:
