@@ -598,7 +598,7 @@ def test_a_body_over_the_limit_is_413_and_health_answers_while_a_big_prompt_is_r
     assert refused.status_code == 400
     error = refused.json()["error"]
     assert error["code"] == "context_length_exceeded" and error["message"].startswith(
-        "This model's maximum context length is 512 tokens. However, your messages resulted in ")
+        "This model's maximum context length is 512 tokens. However, your request has ")
 
 
 def _exchange(conn, method: str, path: str, body: bytes = b"", content_type: str = "application/json"):

@@ -315,8 +315,8 @@ def _prompt_ids(state: ServeState, params: Params, thinking: bool) -> Prepared:
     limit = state.max_positions
     if limit and len(ids) >= limit:
         where = "messages" if params.messages is not None else "prompt"
-        raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, your {where} resulted "
-                       f"in {len(ids)} tokens. Please reduce the length of the {where}.", where,
+        raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, your request has "
+                       f"{len(ids)} input tokens. Please reduce the length of the input {where}.", where,
                        "context_length_exceeded")
     return prepared
 
