@@ -242,17 +242,29 @@ async def test_palette_commands_include_profiles_engines_and_system_prompt(profi
 
 @pytest.mark.asyncio
 async def test_engine_switch_reloads_and_keeps_history(profile, data_dir):
+    """The engine before's notices go with it (issue 32: "No CUDA device" stayed after switching to mlx);
+    a turn it ran keeps its figures but not its peak memory, which is not the new engine's."""
+    from dflash_tui.tui.widgets import NoticeLine
+
+    def engine_notices():
+        return [str(n.render()) for n in app.screen.query(NoticeLine) if "No CUDA device" in str(n.render())]
+
     app = make_app(profile)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         await send(pilot, "before the switch")
+        assert len(engine_notices()) == 1 and app._last_stats.peak_bytes
         old = app.engine
         app.switch_engine("cuda")
         await waiting.until(pilot, lambda: app.engine is not None and app.engine is not old and not app.loading)
         await pilot.pause()
         assert [t.user for t in app.conversation.turns] == ["before the switch"]
+        assert len(engine_notices()) == 1  # the new engine's own, not the old one's beside it
+        app.conversation.turns[-1].summary.engine = "mlx"  # as if the turn had run on the engine before
+        app.chat.refresh_chrome()
+        assert app._last_stats.peak_bytes is None and app._last_stats.tokens_per_s
         await send(pilot, "after")
-        assert len(app.conversation.turns) == 2
+        assert len(app.conversation.turns) == 2 and app._last_stats.peak_bytes
 
 
 # -- the controller without the UI ----------------------------------------------------------------

@@ -15,7 +15,7 @@ pytest.importorskip("textual")
 pytest.importorskip("torch")
 
 from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
-from tests.tui_helpers import SIZE, make_app, ready, send  # noqa: E402 - after the importorskip above
+from tests.tui_helpers import SIZE, make_app, ready, recorded_turn, send, write_session  # noqa: E402 - after the importorskip above
 
 
 @pytest.fixture
@@ -194,6 +194,25 @@ async def test_resumed_answers_keep_their_colours(profile, engine, data_dir):
         assert last_answer(again).segments == streamed
 
 
+
+@pytest.mark.asyncio
+async def test_a_resumed_thinking_header_keeps_its_token_count(profile, engine, data_dir):
+    """Defect 9: a resumed answer's thinking header said "thinking", its token count lost."""
+    from textual.widgets import Collapsible
+
+    from dflash_tui.core import sessions
+
+    thought = "<think>\nadd the ones, then the tens\n</think>"
+    turn = recorded_turn(engine, "48 + 75?", f"{thought}\n\n123")
+    session = write_session("20260101-100000-0000", turn)
+    app = make_app(profile, engine, resume=sessions.load_session(session))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await waiting.until(pilot, lambda: last_answer(app) is not None and last_answer(app).status == "completed")
+        count = len(engine.tokenizer.encode(thought, add_special_tokens=False))
+        assert last_answer(app).query_one(Collapsible).title == f"thinking · {count} tokens"
+
+
 @pytest.mark.asyncio
 async def test_first_screen_offers_the_profiles_examples(tmp_path, pair, engine, data_dir):
     from textual.widgets import Button
@@ -223,8 +242,25 @@ async def test_first_screen_offers_the_profiles_examples(tmp_path, pair, engine,
         await pilot.press("enter")
         await waiting.until(pilot, lambda: app.turns_done == 1)
         assert app.finished[-1].user == "Sort 3 1 2" and not app.screen.query(Welcome)
-        await pilot.press("ctrl+n")  # a new session starts at the welcome again
+        assert not welcome.query(".welcome-demo")  # not the demo pair: no word about it
+        assert "resumes" not in " ".join(str(w.render()) for w in welcome.query(".welcome-hint"))  # none yet
+        await pilot.press("ctrl+n")  # a new session starts at the welcome again, and says how to resume one
         await waiting.until(pilot, lambda: app.screen.query(Welcome))
+        hints = " ".join(str(w.render()) for w in app.screen.query_one(Welcome).query(".welcome-hint"))
+        assert "ctrl+o resumes one of your 1 earlier session (from the shell: dflash chat --resume ID)" in hints
+
+
+@pytest.mark.asyncio
+async def test_the_demo_profile_says_what_its_model_is_for_in_one_line(engine, data_dir):
+    """Issue 32 (build 7): nothing told a first-time user what the demo model can and cannot do."""
+    from dflash_tui.tui.widgets.answer import Welcome
+
+    app = make_app("demo", engine)  # the built-in demo profile's first screen (the tiny engine answers)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        line = app.screen.query_one(Welcome).query_one(".welcome-demo")
+        assert "short, independent questions" in str(line.render()) and "--profile qwen3-8b" in str(line.render())
+        assert line.region.height <= 2 and line.region.width <= 78  # two rows at most at 80x24
 
 
 @pytest.mark.asyncio
@@ -568,22 +604,25 @@ async def test_every_text_on_screen_reaches_3_to_1_on_every_builtin_theme(profil
     from dflash_tui.tui.widgets import AnswerView
     from dflash_tui.tui.widgets.answer import origin_styles
 
-    writer = sessions.SessionWriter({"created": "2026-01-01T10:00:00+00:00", "profile": {"name": "tiny"},
-                                     "engine": "cuda"}, session_id="20260101-100000-0000")
-    writer.append_turn({"index": 0, "status": "cancelled", "user": "stopped", "answer": "half an", "settings": {},
-                        "prompt_ids": [], "emitted_ids": [], "steps": [], "summary": None})
-    writer.close()
-    app = make_app(profile, engine, block_size=4, resume=sessions.load_session("20260101-100000-0000"))
+    session = write_session("20260101-100000-0000",
+                            recorded_turn(engine, "stopped", "half an answ", status="cancelled"),
+                            recorded_turn(engine, "think", "<think>\nadd the ones, then the tens\n</think>\n\n123"))
+    app = make_app(profile, engine, block_size=4, resume=sessions.load_session(session))
     async with app.run_test(size=(80, 24), notifications=True) as pilot:  # the pilot hides toasts by default
         await ready(pilot)
         await send(pilot, "colours")
         await pilot.press("ctrl+g")  # ghosts shown too
         answers = app.screen.query(AnswerView)
-        assert [a.status for a in answers] == ["cancelled", "completed"]
-        assert answers.last().query_one(".thinking-text").display
+        assert [a.status for a in answers] == ["cancelled", "completed", "completed"]
+        thinking = answers[1]
+        assert {kind for _, kind in thinking.segments} == {"draft", "target", "ghost"}
         for severity in ("information", "warning", "error"):
             app.notify(f"a {severity} toast", severity=severity, timeout=600)
         await waiting.until(pilot, lambda: sum("toast" in str(t.render()) for t in app.screen.query(Toast)) == 3, 60)
+        app.screen.query_one("#conversation").scroll_to_widget(answers[0], animate=False, top=True)
+        await pilot.pause()
+        shown = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+        assert "⏹ cancelled" in shown and "thinking · 25 tokens" in shown and "error toast" in shown, shown
         failures = await every_theme_reads(pilot, "chat")
         app.theme = "textual-light"
         await pilot.pause()

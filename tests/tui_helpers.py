@@ -104,3 +104,30 @@ def unreadable_text(app) -> list[str]:
                 if wcag(a, c) < 3:
                     found.append(f"{segment.text.strip()!r} ({wcag(a, c):.2f}, {how})")
     return found
+
+
+def recorded_turn(engine, user: str, answer: str, status: str = "completed", block: int = 4) -> dict:
+    """A session record of `answer` as the engine's tokens, streamed at `block`: the first id the target's,
+    then steps that each accept block - 2 drafted ids, reject one (a ghost) and add the target's own."""
+    ids = engine.tokenizer.encode(answer, add_special_tokens=False)
+    steps, at = [], 1
+    while at < len(ids):
+        accepted = min(block - 2, len(ids) - at - 1)
+        steps.append({"drafted": ids[at:at + accepted] + [ids[0]], "accepted": accepted})
+        at += accepted + 1
+    return {"status": status, "user": user, "answer": answer, "prompt_ids": [], "emitted_ids": ids,
+            "settings": {"block_size": block, "thinking": answer.startswith("<think>")}, "steps": steps,
+            "summary": None}
+
+
+def write_session(session_id: str, *turns: dict) -> str:
+    """A recorded session of `turns` (see `recorded_turn`) in the data dir; returns its id."""
+    from dflash_tui.core import sessions
+
+    created = f"{session_id[:4]}-{session_id[4:6]}-{session_id[6:8]}T10:00:00+00:00"
+    writer = sessions.SessionWriter({"created": created, "profile": {"name": "tiny"}, "engine": "cuda"},
+                                    session_id=session_id)
+    for index, turn in enumerate(turns):
+        writer.append_turn({"index": index, **turn})
+    writer.close()
+    return session_id

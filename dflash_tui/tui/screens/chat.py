@@ -40,7 +40,7 @@ from dflash_tui.engines.events import Summary
 from dflash_tui.tui.screens.replay import ReplayScreen
 from dflash_tui.tui.screens.sessions import SessionsScreen
 from dflash_tui.tui.widgets import AnswerView, ChatHeader, NoticeLine, PromptInput, StatsLine, StatsPanel, UserMessage
-from dflash_tui.tui.widgets.answer import Welcome, recorded_segments
+from dflash_tui.tui.widgets.answer import Welcome, recorded_segments, recorded_think_tokens
 from dflash_tui.tui.widgets.header import temperature_text
 from dflash_tui.tui.widgets.stats import StatsData
 
@@ -195,8 +195,10 @@ class ChatScreen(Screen):
         for notice in notices:
             self.notice(notice)
         app.conversation.on_notice = self.notice
+        for stale in self.query(".engine-notice"):  # the engine before's ("No CUDA device…" after a switch)
+            stale.remove()
         for notice in app.engine.warnings:
-            self.notice(notice)
+            self.notice(notice, classes="engine-notice")
         if app.pending_resume is not None:
             session, app.pending_resume = app.pending_resume, None
             self.resume_session(session)
@@ -269,6 +271,8 @@ class ChatScreen(Screen):
             step_s = None if m.draft_s is None or m.verify_s is None else m.draft_s + m.verify_s
             d.context_tokens = m.prompt_tokens + m.generated_tokens
             d.peak_bytes, d.peak_kind = m.peak_memory_bytes, m.peak_memory_kind
+            if engine is None or (m.engine, m.device) != (engine.name, engine.device):
+                d.peak_bytes = None  # the engine before a switch measured it: not this one's memory
             d.reused_tokens, d.prefilled_tokens = m.reused_prompt_tokens, m.prefilled_prompt_tokens
             turn_block = m.block_size or turn_block
             d.state = "done"
@@ -281,11 +285,11 @@ class ChatScreen(Screen):
         self.query_one("#stats-panel", StatsPanel).show(d)
         self.query_one("#stats-line", StatsLine).show(d)
 
-    def notice(self, text: str) -> None:
+    def notice(self, text: str, classes: str = "") -> None:
         if not self.is_mounted:
             return
         view = self._view
-        view.mount(NoticeLine(f"· {text}"))  # the anchor shows it, unless the reader scrolled up
+        view.mount(NoticeLine(f"· {text}", classes=classes))  # the anchor shows it, unless the reader scrolled up
 
     def toast(self, kind: str, text: str, timeout: float = 2) -> None:
         """A toast that replaces the last one of its `kind` (repeated keys must not pile them up)."""
@@ -300,7 +304,8 @@ class ChatScreen(Screen):
         if self.conversation is None or self.conversation.turns or self.query(Welcome):
             return
         profile = self.app.profile
-        self._view.mount(Welcome(profile.name, profile.description, getattr(profile, "examples", ())))
+        self._view.mount(Welcome(profile.name, profile.description, getattr(profile, "examples", ()),
+                                 demo=is_builtin_demo(profile), earlier=len(sessions.session_paths())))
 
     def on_welcome_chosen(self, message: Welcome.Chosen) -> None:
         self.fill_prompt(message.text)
@@ -387,6 +392,8 @@ class ChatScreen(Screen):
         status = turn.status if turn else ("error" if error else "cancelled")
         summary = turn.summary if turn else None
         if view is not None:
+            if view.thinking and turn is not None and turn.continues is None:  # exact, as a resume counts it
+                view.think_tokens = recorded_think_tokens(self.app.engine.decode, turn.emitted_ids)
             view.finish(status, footer_for(summary, turn.save_error if turn else None))
         self.active, self.active_view = None, None
         self.turns_done += 1
@@ -568,9 +575,11 @@ class ChatScreen(Screen):
         for turn, record in zip(self.conversation.turns, session.turns):
             view.mount(UserMessage(turn.user) if turn.continues is None else NoticeLine(CONTINUING))
             answer = AnswerView(thinking=bool(turn.thinking), ghosts=self.ghosts)
-            segments = recorded_segments(decode, record.get("prompt_ids", []), record.get("emitted_ids", []),
-                                         record.get("steps", []))
+            emitted = record.get("emitted_ids", [])
+            segments = recorded_segments(decode, record.get("prompt_ids", []), emitted, record.get("steps", []))
             answer.set_recorded(turn.answer, segments)
+            if turn.thinking and turn.continues is None:  # its header's count: the ids up to the thinking's end
+                answer.think_tokens = recorded_think_tokens(decode, emitted)
             view.mount(answer)
             answer.call_after_refresh(answer.finish, turn.status, footer_for(turn.summary))
         count = len(session.turns)
@@ -653,6 +662,14 @@ class ChatScreen(Screen):
         if stopped:
             answer.segments, answer.raw = list(stopped.last().segments), stopped.last().raw
         self._start(active, answer, NoticeLine(CONTINUING))
+
+
+def is_builtin_demo(profile) -> bool:
+    """Whether `profile` is the built-in demo pair (a tiny model, not an assistant)."""
+    from dflash_tui.core.profiles import builtin_profile_dir
+
+    path = getattr(profile, "path", None)
+    return profile.name == "demo" and path is not None and path.resolve().parent == builtin_profile_dir().resolve()
 
 
 def following(view: VerticalScroll) -> bool:

@@ -65,6 +65,21 @@ def recorded_segments(decode, prompt_ids: list[int], emitted_ids: list[int], ste
     return [(text, kind) for text, kind in segments if text]
 
 
+def recorded_think_tokens(decode, emitted_ids: list[int]) -> int:
+    """How many of a recorded turn's ids its thinking took: up to the one that closes it (all of them while
+    it never closed), found by bisection over decoded prefixes."""
+    if not emitted_ids or THINK_CLOSE not in decode(emitted_ids):
+        return len(emitted_ids)
+    low, high = 1, len(emitted_ids)  # the shortest prefix whose text holds the close
+    while low < high:
+        mid = (low + high) // 2
+        if THINK_CLOSE in decode(emitted_ids[:mid]):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
 class UserMessage(Static):
     def __init__(self, text: str) -> None:
         t = Text()
@@ -93,12 +108,19 @@ class Welcome(Vertical):
             super().__init__()
             self.text = text
 
-    def __init__(self, name: str, description: str, examples: Iterable[str]) -> None:
+    DEMO = ("A tiny model: short, independent questions like these; it forgets past a few hundred tokens. "
+            "A real assistant: dflash chat --profile qwen3-8b")
+
+    def __init__(self, name: str, description: str, examples: Iterable[str], demo: bool = False,
+                 earlier: int = 0) -> None:
         super().__init__()
         self.title, self.description, self.examples = name, description, tuple(examples)
+        self.demo, self.earlier = demo, earlier
 
     def compose(self) -> ComposeResult:
         yield Static(f"{self.title}: {self.description}" if self.description else self.title, classes="welcome-title")
+        if self.demo:
+            yield Static(self.DEMO, classes="welcome-demo")
         if self.examples:
             yield Static("Try one (click it, or shift+tab to it and press enter; it fills the message box):",
                          classes="welcome-hint")
@@ -106,6 +128,10 @@ class Welcome(Vertical):
                 yield Button(printable(example), classes="welcome-example", compact=True)  # one row each
         yield Static("Green text came free from the draft, blue is the target's own; f1 lists every key.",
                      classes="welcome-hint")
+        if self.earlier:
+            sessions = f"{self.earlier} earlier session{'' if self.earlier == 1 else 's'}"
+            yield Static(f"ctrl+o resumes one of your {sessions} (from the shell: dflash chat --resume ID).",
+                         classes="welcome-hint")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
