@@ -65,6 +65,8 @@ def make_target(out: Path, family: str = "qwen3", layers: int = 4, hidden: int =
         return make_qwen3_5(out, tok, family, common, seed)
     elif family == "qwen3_next":
         return make_qwen3_next(out, tok, common, seed)
+    elif family == "gpt_oss":
+        return make_gpt_oss(out, tok, common, seed)
     else:
         raise ValueError(family)
     torch.manual_seed(seed)
@@ -90,6 +92,29 @@ def make_qwen3_next(out: Path, tok, common: dict, seed: int) -> Path:
         shared_expert_intermediate_size=common["hidden_size"], decoder_sparse_step=1)
     torch.manual_seed(seed)
     return save_hybrid(transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32), out, tok)
+
+
+GPT_OSS_WINDOW = 8  # the tiny gpt_oss targets' sliding window: every test prompt and answer crosses it
+
+
+def make_gpt_oss(out: Path, tok, common: dict, seed: int) -> Path:
+    """A gpt-oss target: sliding-window (GPT_OSS_WINDOW) and full attention layers alternating, a learned
+    attention sink per head, biased projections, a mixture of experts (clamped SwiGLU), YaRN RoPE as
+    published (factor 32 over 4,096 positions); saved by transformers 5 unquantized (bf16/f32 experts)."""
+    import torch
+    import transformers
+
+    config = transformers.GptOssConfig(
+        **{k: v for k, v in common.items() if k != "max_position_embeddings"}, max_position_embeddings=131072,
+        sliding_window=GPT_OSS_WINDOW, num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # the sinks drawn large enough to matter against logits of this size
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0, 1.0)
+    model.save_pretrained(str(out))
+    write_generation_config(out, tok)
+    return out
 
 
 def write_generation_config(out: Path, tok) -> None:
