@@ -253,6 +253,14 @@ class Engine:
         """The prompt ids a request stands for (chat template applied unless raw)."""
         return prompt_ids(self.tokenizer, request)
 
+    def acceptance_rule(self, sampling) -> str:
+        """How drafted tokens are kept (docs/engine-contract.md, "Version 3"): the target's greedy ids at
+        T = 0; at T > 0 exact rejection sampling with a DFlash 2 draft (its proposals carry q), else exact
+        match against the target's own samples."""
+        if sampling.greedy:
+            return "greedy"
+        return "rejection" if self.draft_info is not None and self.draft_info.arch == "dflash2" else "exact-match"
+
     def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
         ids = self.prepare(request)
         rows = self.target_info.vocab_size
@@ -333,5 +341,5 @@ class Engine:
             peak_memory_bytes=peak, peak_memory_kind=kind, block_size=block_size,
             engine=self.name, device=self.device, dtype=self.dtype, finish_reason=finish,
             reused_prompt_tokens=reused, prefilled_prompt_tokens=len(ids) - reused if out_ids else 0,
-            limit=limit if finish == "length" else None,
+            limit=limit if finish == "length" else None, acceptance_rule=self.acceptance_rule(sampling),
         )

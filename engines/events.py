@@ -13,7 +13,7 @@ from typing import Optional
 # The version of this contract (docs/engine-contract.md). Additions with a default keep the number;
 # a field that changes meaning or goes away bumps it. Version 2: None means unknown (a server that is not
 # `dflash serve` cannot report every figure); version 1 wrote 0 there.
-CONTRACT_VERSION = 2
+CONTRACT_VERSION = 3
 UNVERSIONED = 1  # the version of a Summary written before `contract` existed
 
 Piece = tuple[str, str]  # (text, origin) with origin "draft" or "target"
@@ -91,6 +91,7 @@ class Summary:
     reused_prompt_tokens: Optional[int] = 0  # prompt tokens whose caches a previous turn left (not prefilled again)
     prefilled_prompt_tokens: Optional[int] = 0  # prompt tokens this turn's prefill ran (0 in files from before the field)
     limit: Optional[str] = None  # with finish_reason "length": "tokens" (max_new_tokens) or "context" (the window is full)
+    acceptance_rule: Optional[str] = None  # "greedy", "exact-match" or "rejection" (docs/engine-contract.md); None: unknown
     contract: int = CONTRACT_VERSION  # the contract version this Summary was written under
 
     @property

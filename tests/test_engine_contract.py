@@ -113,7 +113,7 @@ def test_a_summary_written_before_the_contract_had_a_version_still_loads():
 def test_version_2_says_unknown_with_none_and_version_1_zeros_load_as_written():
     """Version 2 (None: unknown) survives JSON; a version-1 summary's 0 stays 0 (it said so then); a field a
     file lacks and has no default is None (the file does not say), not a made-up 0."""
-    assert CONTRACT_VERSION == 2
+    assert CONTRACT_VERSION == 3
     unknown = {"prompt_tokens": 9, "generated_tokens": 6, "token_ids": [], "text": "hi", "ttft_s": 0.01,
                "decode_s": 0.1, "decode_tokens_per_s": 50.0, "acceptance_lengths": None,
                "mean_acceptance_length": None, "histogram": None, "draft_s": None, "verify_s": None,

@@ -112,7 +112,7 @@ def test_a_foreign_server_leaves_what_it_cannot_know_unknown_not_zero():
     unknown = ("acceptance_lengths", "mean_acceptance_length", "histogram", "draft_s", "verify_s", "peak_memory_bytes",
                "peak_memory_kind", "block_size", "graphs", "reused_prompt_tokens", "prefilled_prompt_tokens")
     assert {name: getattr(s, name) for name in unknown} == dict.fromkeys(unknown)
-    assert s.contract == CONTRACT_VERSION == 2
+    assert s.contract == CONTRACT_VERSION == 3
     assert Summary.from_dict(json.loads(json.dumps(s.to_dict()))) == s  # None survives a session file
     assert "tau unknown" in " ".join(engine.last_notes)
     assert "dflash" not in server.requests[-1][1]  # nothing of ours is sent to a foreign server
