@@ -264,6 +264,26 @@ async def test_the_demo_profile_says_what_its_model_is_for_in_one_line(engine, d
 
 
 @pytest.mark.asyncio
+async def test_toasts_at_80x24_leave_the_message_box_and_the_figures_in_view(profile, engine, data_dir):
+    """Defect 9: toasts covered half the message box at 80x24. There they are one row each, at the top right
+    of the conversation, under the header and the stats line."""
+    from textual.widgets._toast import Toast
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:  # the pilot hides toasts by default
+        await ready(pilot)
+        app.chat.toast("block", "Block size 8 from the next turn.", timeout=600)
+        app.notify("Still answering; escape stops it.", severity="warning", timeout=600)
+        await waiting.until(pilot, lambda: len(app.screen.query(Toast)) == 2 and
+                            all(t.region.height for t in app.screen.query(Toast)), 60)
+        await pilot.pause()
+        kept = [app.screen.query_one(s).region for s in ("#prompt", "#stats-line", "#header")]
+        for toast in app.screen.query(Toast):
+            assert toast.region.height == 1, toast.region
+            assert not any(toast.region.overlaps(region) for region in kept), (toast.region, kept)
+
+
+@pytest.mark.asyncio
 async def test_repeated_block_key_replaces_its_toast_and_drops_no_keys(profile, engine, data_dir):
     from textual.widgets._toast import Toast
 
@@ -700,3 +720,30 @@ async def test_the_session_tau_says_when_the_session_mixes_block_sizes(profile, 
         app.chat.set_block(1)
         await send(pilot, "second")
         assert app._last_stats.session_mixed and "mixed blocks" in str(panel.render())
+
+
+@pytest.mark.asyncio
+async def test_switching_offline_to_a_profile_not_downloaded_says_so_at_once(profile, engine, data_dir, monkeypatch):
+    """Defect 9: offline, a profile that is not downloaded took about 15 s (an engine process started) before
+    its error, and left the header at `block ? · ? engine on ? · ?`. Now it is one sentence at once (before
+    any worker runs), and the header says that nothing is loaded."""
+    from dflash_tui.tui.screens import LoadErrorScreen
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(data_dir / "empty-hf-home"))  # nothing cached, whatever this machine has
+    app = make_app(profile, engine, engine_process=False)  # a load in a thread (quicker here than a process)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        app.switch_profile("qwen3-8b")
+        assert app.load_error is not None and not app.loading  # said before any load worker started
+        assert "HF_HUB_OFFLINE" in app.load_error and "hf download Qwen/Qwen3-8B" in app.load_error
+        await waiting.until(pilot, lambda: isinstance(app.screen, LoadErrorScreen), 60)
+        app.pop_screen()
+        await pilot.pause()
+        header = str(app.screen.query_one("#header-state").render())
+        assert "?" not in header and "qwen3-8b" in header and "not loaded" in header, header
+        app.switch_profile(str(profile))  # and back to one that is here
+        await waiting.until(pilot, lambda: app.conversation is not None and not app.loading)
+        await pilot.pause()
+        header = str(app.screen.query_one("#header-state").render())
+        assert app.load_error is None and "tiny" in header and "not loaded" not in header, header

@@ -23,6 +23,7 @@ from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ChatFlags, Conversation, open_conversation
 from dflash_tui.core.profiles import list_profiles
 from dflash_tui.core.settings import profile_for, server_text
+from dflash_tui.engines import hub
 from dflash_tui.engines.engine import free_memory
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.process import quiet_loaders
@@ -137,6 +138,8 @@ class DflashApp(App):
             if self.profile is None:
                 self.profile = profile_for(self.profile_ref)
             config = self.profile.engine_config(self.engine_flag, block_size=self.flags.block_size)
+            if config.engine != "remote":  # offline and not cached: said at once, not after an engine process starts
+                hub.require_cached({"target": config.target, "draft": config.draft})
         except UserError as exc:
             self.show_load_error(str(exc))
             return

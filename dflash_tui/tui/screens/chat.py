@@ -223,7 +223,8 @@ class ChatScreen(Screen):
         thinking = conv.settings.thinking if conv else self.thinking_before_load()
         temperature = temperature_text(conv.settings.temperature) if conv else None
         if engine is None:
-            header.show(name, "?", "?", "?", "?", thinking, self.ghosts, loading=app.loading, temperature=temperature)
+            header.show(name, "?", "?", "?", "?", thinking, self.ghosts, loading=app.loading, temperature=temperature,
+                        failed=app.load_error is not None)
         else:
             # the block size the next turn runs with; unknown ("–") on a server that runs its own and does not
             # say which (never the profile's, which it does not use)

@@ -28,18 +28,21 @@ class ChatHeader(Horizontal):
         yield Static("F1 help", id="header-help")
 
     def show(self, profile: str, engine: str, device: str, dtype: str, block_size, thinking: bool,
-             ghosts: bool, loading: bool = False, temperature: Optional[str] = None) -> None:
-        """`temperature` is `temperature_text` of the chat's; None (no chat yet) leaves it out."""
+             ghosts: bool, loading: bool = False, temperature: Optional[str] = None, failed: bool = False) -> None:
+        """`temperature` is `temperature_text` of the chat's; None (no chat yet) leaves it out. `failed`: no
+        engine could be loaded (said instead of its unknown block size, engine and device)."""
         state = Text.assemble("thinking ", ("ON", "bold reverse") if thinking else ("OFF", "bold"))
         fields = [("dflash", "bold"), (profile, ""), (state, "")]
         if loading:
             fields.append(("loading…", "italic"))
+        elif failed:
+            fields.append(("not loaded", "italic"))  # the error screen says why; ctrl+p switches
         else:
             fields.append((f"block {known(block_size)}", ""))  # None: a server that does not say which it runs
             if temperature is not None:
                 fields.append((f"temp {temperature}", ""))
         if ghosts:
             fields.append(("ghosts", ""))
-        if not loading:
+        if not loading and not failed:
             fields += [(f"{engine} engine on {device}", ""), (dtype, "")]
         self.query_one("#header-state", FittedLine).set_fields(fields)
