@@ -125,6 +125,7 @@ def test_kept_caches_between_turns_give_the_fresh_chat(built, temperature):
     reused = chat(engine, [16, 4, 8], reuse=True, temperature=temperature, seed=7)
     fresh = chat(engine, [16, 4, 8], reuse=False, temperature=temperature, seed=7)
     assert_same_chat(engine, reused, fresh)
+    assert {s.acceptance_rule for s in reused} == {"rejection" if temperature else "greedy"}
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

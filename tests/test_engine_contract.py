@@ -121,7 +121,7 @@ def test_version_2_says_unknown_with_none_and_version_1_zeros_load_as_written():
                "device": "h (vllm)", "dtype": "?", "finish_reason": "stop", "graphs": None,
                "reused_prompt_tokens": None, "prefilled_prompt_tokens": None, "contract": 2}
     summary = Summary.from_dict(json.loads(json.dumps(unknown)))
-    assert summary.to_dict() == {**unknown, "limit": None}
+    assert summary.to_dict() == {**unknown, "limit": None, "acceptance_rule": None}  # version 3's field: unknown
     v1 = {**unknown, "acceptance_lengths": [], "mean_acceptance_length": 0.0, "histogram": [], "draft_s": 0.0,
           "verify_s": 0.0, "peak_memory_bytes": 0, "peak_memory_kind": "unknown (remote)", "block_size": 1}
     for key in ("contract", "graphs", "reused_prompt_tokens", "prefilled_prompt_tokens"):
@@ -219,3 +219,12 @@ def test_draft_window_must_be_positive(pairs, engine_name):
     target, draft = pairs("qwen3")
     with pytest.raises(UserError, match="Draft window 0"):
         engine_for(engine_name, target, draft, draft_window=0)
+
+
+def test_the_summary_says_how_drafted_tokens_were_kept(loaded):
+    """Version 3: greedy at T = 0, exact match at T > 0 with a DFlash 1 draft (this pair's); a DFlash 2
+    draft's rejection sampling is tests/test_dflash2.py's."""
+    engine, ids, _ = loaded
+    assert run(engine, prompt_ids=ids, max_new_tokens=8, temperature=0, block_size=4)[1].acceptance_rule == "greedy"
+    sampled = run(engine, prompt_ids=ids, max_new_tokens=8, temperature=0.8, block_size=4, seed=1)[1]
+    assert sampled.acceptance_rule == "exact-match" and sampled.contract == CONTRACT_VERSION
