@@ -170,6 +170,47 @@ async def test_temperature_from_the_palette_applies_from_the_next_turn(profile, 
     assert [t["settings"]["temperature"] for t in turns] == [0.0, 0.6]
 
 
+@pytest.mark.asyncio
+async def test_any_temperature_or_top_p_typed_in_the_palette_applies_from_the_next_turn(profile, engine, data_dir):
+    """Issue 32 (build 6): free temperature and top_p entry in the palette, not only the fixed choices."""
+    from dflash_tui.tui.screens.chat import sampling_entry
+
+    assert sampling_entry("temp=0.45") == ("temperature", 0.45, "")
+    assert sampling_entry("Top-P: 0.9") == ("top_p", 0.9, "")
+    assert sampling_entry("top_p 1.5")[1] is None and sampling_entry("temperature -1")[1] is None
+    assert sampling_entry("temperature nan")[1] is None and sampling_entry("theme") is None
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+
+        async def typed(text: str, expect: str) -> None:
+            await pilot.press("ctrl+p")
+            await waiting.until(pilot, lambda: isinstance(app.screen, CommandPalette))
+            await pilot.press(*text)
+            commands = app.screen.query_one(CommandList)
+
+            def highlighted() -> str:
+                index = commands.highlighted
+                return str(commands.get_option_at_index(index).prompt) if index is not None else ""
+
+            await waiting.until(pilot, lambda: expect in highlighted())
+            await pilot.press("enter")
+            await waiting.until(pilot, lambda: not isinstance(app.screen, CommandPalette))
+
+        await typed("top_p 2", "top_p: top_p takes a number above 0, up to 1")
+        assert app.conversation.settings.top_p is None
+        await typed("temperature 0.45", "Set temperature to 0.45")
+        await typed("top_p 0.9", "Set top_p to 0.9")
+        settings = app.conversation.settings
+        assert (settings.temperature, settings.top_p) == (0.45, 0.9)
+        await pilot.pause()
+        header = str(app.screen.query_one("#header-state").render())
+        assert "temp 0.45 · top_p 0.9" in header, header
+        turn = await send(pilot, "sampled")
+    assert (turn.request.temperature, turn.request.top_p) == (0.45, 0.9)
+
+
 # -- the theme, remembered -------------------------------------------------------------------------
 
 

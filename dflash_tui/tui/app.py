@@ -285,6 +285,15 @@ class DflashApp(App):
         self.notify(f"Temperature {temperature_text(value)} from the next turn.", timeout=3)
         self.chat.refresh_chrome()
 
+    def set_sampling(self, name: str, value: float) -> None:
+        """A value typed in the palette (`SamplingCommands`): temperature or top_p, from the next turn."""
+        if name == "temperature":
+            self.set_temperature(value)
+        elif self.conversation is not None:
+            self.conversation.settings.top_p = value
+            self.notify(f"top_p {value:g} from the next turn.", timeout=3)
+            self.chat.refresh_chrome()
+
     def _temperature_commands(self) -> Iterable[SystemCommand]:
         profile = self.conversation.profile
         ours = profile.temperature if profile is not None else None

@@ -17,6 +17,8 @@ trimming, requests, session records) lives in `core.conversation`.
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from collections import deque
 from contextlib import contextmanager
@@ -105,6 +107,52 @@ class AnswerCommands(Provider):
                 yield Hit(score, matcher.highlight(title), callback, help=help_text)
 
 
+# "temperature 0.7", "temp=0.7", "top_p 0.9", "top-p: 0.9" typed in the palette
+FREE_SAMPLING = re.compile(r"^\s*(temperature|temp|top[ _-]?p)\s*[:=]?\s*(\S+)\s*$", re.IGNORECASE)
+
+
+def sampling_entry(query: str) -> Optional[tuple[str, Optional[float], str]]:
+    """A sampling value typed in the palette: (setting, value, "") when it is one the engines take, (setting,
+    None, why not) when it is not, None when the query is not one. Temperature: 0 (greedy) or more; top_p:
+    above 0 up to 1."""
+    match = FREE_SAMPLING.match(query)
+    if not match:
+        return None
+    name = "temperature" if match.group(1).lower().startswith("temp") else "top_p"
+    try:
+        value = float(match.group(2))
+    except ValueError:
+        return name, None, f"{match.group(2)!r} is not a number"
+    if not math.isfinite(value) or value < 0 or (name == "top_p" and not 0 < value <= 1):
+        return name, None, "temperature takes 0 (greedy) or more" if name == "temperature" else \
+            "top_p takes a number above 0, up to 1"
+    return name, value, ""
+
+
+class SamplingCommands(Provider):
+    """Any temperature or top_p typed in the palette ("temperature 0.7", "top_p 0.9"), beside the fixed
+    temperature choices the app offers."""
+
+    async def discover(self) -> Hits:
+        yield DiscoveryHit("Temperature or top_p: type a value", self._explain,
+                           help="e.g. temperature 0.7 or top_p 0.9, from the next turn")
+
+    def _explain(self) -> None:
+        self.app.notify("Type a value in the palette (ctrl+p): temperature 0.7, or top_p 0.9.", timeout=6)
+
+    async def search(self, query: str) -> Hits:
+        entry = sampling_entry(query)
+        if entry is None:
+            return
+        name, value, why = entry
+        app = self.app
+        if value is None:
+            yield Hit(1.0, f"{name}: {why}", lambda: app.notify(f"{name}: {why}.", severity="warning"))
+        else:
+            yield Hit(1.0, f"Set {name} to {value:g}", lambda: app.set_sampling(name, value),
+                      help="from the next turn")
+
+
 class TurnFinished(Message, bubble=False):
     """The generate worker is done with a turn (completed, cancelled or failed with `error`)."""
 
@@ -120,7 +168,7 @@ class BlockOneMeasured(Message, bubble=False):
 
 class ChatScreen(Screen):
     BINDINGS = KEYS
-    COMMANDS = {AnswerCommands}
+    COMMANDS = {AnswerCommands, SamplingCommands}
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
     app: "DflashApp"
@@ -230,7 +278,7 @@ class ChatScreen(Screen):
             # say which (never the profile's, which it does not use)
             block = (conv.settings.block_size if conv else engine.block_size) if reports_steps(engine) else None
             header.show(name, engine.name, engine.device, engine.dtype, block, thinking, self.ghosts,
-                        temperature=temperature)
+                        temperature=temperature, top_p=conv.settings.top_p if conv else None)
         self._show_stats(self._stats_data())
 
     def _stats_data(self) -> StatsData:

@@ -28,7 +28,8 @@ class ChatHeader(Horizontal):
         yield Static("F1 help", id="header-help")
 
     def show(self, profile: str, engine: str, device: str, dtype: str, block_size, thinking: bool,
-             ghosts: bool, loading: bool = False, temperature: Optional[str] = None, failed: bool = False) -> None:
+             ghosts: bool, loading: bool = False, temperature: Optional[str] = None, failed: bool = False,
+             top_p: Optional[float] = None) -> None:
         """`temperature` is `temperature_text` of the chat's; None (no chat yet) leaves it out. `failed`: no
         engine could be loaded (said instead of its unknown block size, engine and device)."""
         state = Text.assemble("thinking ", ("ON", "bold reverse") if thinking else ("OFF", "bold"))
@@ -41,6 +42,8 @@ class ChatHeader(Horizontal):
             fields.append((f"block {known(block_size)}", ""))  # None: a server that does not say which it runs
             if temperature is not None:
                 fields.append((f"temp {temperature}", ""))
+            if top_p is not None:  # None: the target's generation_config (left unsaid, as the profile's)
+                fields.append((f"top_p {top_p:g}", ""))
         if ghosts:
             fields.append(("ghosts", ""))
         if not loading and not failed:
