@@ -10,6 +10,11 @@ the identical prompt ids. Rates are the engine's own `decode_tokens_per_s` (afte
 Passes alternate direct and TUI runs and keep the best of each. CPU per token (Linux) separates what
 the engine does from what the machine gives it: on a busy machine with few cores the UI process's own
 CPU time comes out of the engine's share even though the engine runs in its own process.
+
+The speedup columns set the figure the TUI shows after each turn ("≈N.Nx (measured)": the turn's draft +
+verify steps against a block-1 probe, `Conversation.speedup`) beside a replay of the same prompt driven
+directly at block 1 and at block B in the same pass (decode tokens/s of B over 1, best of the passes for
+each). On a quiet machine they should agree within about 25% (issue 32).
 """
 
 from __future__ import annotations
@@ -90,21 +95,33 @@ def count_cpu(kind: str, tokens: int, seconds) -> None:
         CPU[kind][1] += seconds
 
 
-def direct(engine, settings, prompts) -> list[tuple[int, float]]:
+def direct(engine, settings, prompts, block_size=None) -> list[tuple[int, float]]:
+    """Decode each prompt directly at the settings' block size (or `block_size`): (tokens, decode seconds)."""
     out = []
     sink = io.StringIO()
     for prompt in prompts:
         request = GenerationRequest(messages=[{"role": "user", "content": prompt}], thinking=settings.thinking,
                                     max_new_tokens=settings.max_new_tokens, temperature=0.0,
-                                    block_size=settings.block_size)
+                                    block_size=block_size or settings.block_size)
         cpu = time.thread_time()
         for event in engine.generate(request):
             for text, _origin in event.pieces:
                 sink.write(text)
         s = engine.last_summary
-        count_cpu("direct", s.generated_tokens, time.thread_time() - cpu)
+        if block_size is None:
+            count_cpu("direct", s.generated_tokens, time.thread_time() - cpu)
         out.append((s.generated_tokens, s.decode_s))
     return out
+
+
+async def live_speedup(app, pilot):
+    """The speedup the TUI shows for the turn just finished, once its block-1 probe (a worker) is done."""
+    while any(w.group == "measure" and not w.is_finished for w in app.workers):
+        await asyncio.sleep(0.02)
+    await pilot.pause()
+    app.chat.refresh_chrome()
+    stats = app._last_stats
+    return stats.speedup if stats.speedup_kind == "measured" else None
 
 
 async def interleaved(profile_ref, engine, settings, prompts, repeats: int):
@@ -115,10 +132,11 @@ async def interleaved(profile_ref, engine, settings, prompts, repeats: int):
     app = DflashApp(profile=profile_ref, animate=False, max_new_tokens=settings.max_new_tokens,
                     thinking=settings.thinking, block_size=settings.block_size)
     base: dict[str, tuple[int, float]] = {}
-    tui: dict[str, tuple[int, float]] = {}
+    block1: dict[str, tuple[int, float]] = {}  # the same prompt directly at block 1: the replay's other side
+    tui: dict[str, tuple] = {}  # (tokens, decode seconds, the live speedup shown)
 
     def keep(table, prompt, result):
-        if prompt not in table or rate(*result) > rate(*table[prompt]):
+        if prompt not in table or rate(*result[:2]) > rate(*table[prompt][:2]):
             table[prompt] = result
 
     async with app.run_test(size=(120, 40)) as pilot:
@@ -133,6 +151,7 @@ async def interleaved(profile_ref, engine, settings, prompts, repeats: int):
         for _ in range(repeats):
             for prompt in prompts:
                 keep(base, prompt, direct(engine, settings, [prompt])[0])
+                keep(block1, prompt, direct(engine, settings, [prompt], block_size=1)[0])
                 app.chat.action_new_session()  # same prompt ids as the direct run: no history
                 before = app.turns_done
                 app.screen.query_one("#prompt").load_text(prompt)
@@ -145,9 +164,9 @@ async def interleaved(profile_ref, engine, settings, prompts, repeats: int):
                 if child is not None:
                     count_cpu("engine process", s.generated_tokens, process_cpu(pid) - child)
                 count_cpu("UI process", s.generated_tokens, time.process_time() - ui)
-                keep(tui, prompt, (s.generated_tokens, s.decode_s))
+                keep(tui, prompt, (s.generated_tokens, s.decode_s, await live_speedup(app, pilot)))
         flushes = app.flushes
-    return [base[p] for p in prompts], [tui[p] for p in prompts], flushes
+    return [base[p] for p in prompts], [block1[p] for p in prompts], [tui[p] for p in prompts], flushes
 
 
 def flush_interval() -> float:
@@ -158,6 +177,15 @@ def flush_interval() -> float:
 
 def rate(tokens: int, seconds: float) -> float:
     return (tokens - 1) / seconds if tokens > 1 and seconds > 0 else 0.0
+
+
+def total_rate(results) -> float:
+    """Decode tokens/s over every prompt's (tokens, seconds, …): each prompt's first token is not decode."""
+    return rate(sum(r[0] for r in results) - len(results) + 1, sum(r[1] for r in results))
+
+
+def speedup_text(value) -> str:
+    return "–" if value is None else f"≈{value:.1f}x"
 
 
 def main() -> None:
@@ -186,28 +214,39 @@ def main() -> None:
         settings.block_size = settings.block_size or engine.block_size
         direct(engine, settings, PROMPTS[:1])  # warm-up
         started = time.perf_counter()
-        base, tui, flushes = asyncio.run(interleaved(profile_ref, engine, settings, PROMPTS, args.repeats))
+        base, block1, tui, flushes = asyncio.run(interleaved(profile_ref, engine, settings, PROMPTS, args.repeats))
         elapsed = time.perf_counter() - started
 
     name = getattr(profile, "name", profile_ref)
     print(f"\nTUI overhead · profile {name} · {engine.name} engine on {engine.device} · {engine.dtype} · "
           f"block {settings.block_size} · thinking {'on' if settings.thinking else 'off'} · "
           f"max_new_tokens {settings.max_new_tokens} · UI flush every {flush_interval() * 1000:.0f} ms\n")
-    print("| prompt | tokens | direct tok/s | TUI tok/s | TUI / direct |")
-    print("|---|---:|---:|---:|---:|")
-    for prompt, (bt, bs), (tt, ts) in zip(PROMPTS, base, tui):
-        b, t = rate(bt, bs), rate(tt, ts)
-        print(f"| {prompt} | {tt} | {b:.1f} | {t:.1f} | {t / b * 100 if b else 0:.0f}% |")
-    b = rate(sum(x for x, _ in base) - len(base) + 1, sum(s for _, s in base))
-    t = rate(sum(x for x, _ in tui) - len(tui) + 1, sum(s for _, s in tui))
+    block = settings.block_size
+    print(f"| prompt | tokens | direct tok/s | TUI tok/s | TUI / direct | TUI speedup | replay {block} / 1 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for prompt, (bt, bs), (ot, os_), (tt, ts, live) in zip(PROMPTS, base, block1, tui):
+        b, t, one = rate(bt, bs), rate(tt, ts), rate(ot, os_)
+        print(f"| {prompt} | {tt} | {b:.1f} | {t:.1f} | {t / b * 100 if b else 0:.0f}% | {speedup_text(live)} | "
+              f"{speedup_text(b / one if one else None)} |")
+    b = total_rate(base)
+    t = total_rate(tui)
     ratio = t / b if b else 0.0
-    print(f"| **all** | {sum(x for x, _ in tui)} | {b:.1f} | {t:.1f} | **{ratio * 100:.0f}%** |")
+    # both speedups as the mean of the prompts' (where both sides have one), so they compare like with like
+    pairs = [(live, rate(*best[:2]) / rate(*slow[:2])) for (*_, live), best, slow in zip(tui, base, block1)
+             if live is not None and rate(*slow[:2])]
+    live = sum(p[0] for p in pairs) / len(pairs) if pairs else None
+    replay = sum(p[1] for p in pairs) / len(pairs) if pairs else None
+    print(f"| **all** | {sum(x for x, *_ in tui)} | {b:.1f} | {t:.1f} | **{ratio * 100:.0f}%** | "
+          f"{speedup_text(live)} (mean) | {speedup_text(replay)} (mean) |")
     print()
     for kind, (tokens, seconds) in CPU.items():
         if tokens:
             print(f"CPU per token, {kind}: {seconds / tokens * 1000:.2f} ms")
     print(f"\nUI flushes: {flushes} over all passes; best of {args.repeats} interleaved passes; run took {elapsed:.1f} s. "
           f"{'OK' if ratio >= 0.9 else 'BELOW'} the 90% bar.")
+    if live and replay:
+        print(f"The TUI's speedup is {live / replay * 100:.0f}% of the replay's "
+              f"({'within' if abs(live / replay - 1) <= 0.25 else 'outside'} the 25% a quiet machine keeps).")
 
 
 if __name__ == "__main__":
