@@ -431,6 +431,37 @@ def burst(app, *keys: str) -> None:
 
 
 @pytest.mark.asyncio
+async def test_the_session_picker_sorts_by_last_use_marks_the_open_one_and_searches(profile, engine, data_dir):
+    """Issue 32 (build 6): the picker by last use, the open session marked, a search across sessions."""
+    import os
+    import time
+
+    from dflash_tui.core import sessions
+    from dflash_tui.tui.screens import SessionsScreen
+    from dflash_tui.tui.screens.chat import ChatScreen
+
+    ids = write_sessions(3)  # newest created first
+    for ago, session_id in zip((300, 200, 100), ids):  # used in that order, the oldest created last of them
+        os.utime(sessions.load_session(session_id).path, (time.time() - ago,) * 2)
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "apples and pears")  # the chat open here: its file is the one written last
+        await pilot.press("ctrl+o")
+        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen)
+                            and app.screen.query_one("DataTable").row_count == 4, 60)
+        table = app.screen.query_one("DataTable")
+        rows = [str(table.get_row_at(n)[0]) for n in range(4)]
+        assert rows == [f"● {app.conversation.session_id}", *reversed(ids)]
+        await pilot.press("slash", *"question 1")  # words of a prompt, in any session
+        await waiting.until(pilot, lambda: table.row_count == 1, 60)
+        assert str(table.get_row_at(0)[0]) == ids[1]
+        assert "1 session of 4 hold 'question 1'" in str(app.screen.query_one("#sessions-status").render())
+        await pilot.press("enter")
+        await waiting.until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.conversation.session_id == ids[1])
+
+
+@pytest.mark.asyncio
 async def test_the_session_picker_acts_on_the_row_fast_keys_reached(profile, engine, data_dir):
     """Defect 3: ctrl+o then down down enter in one burst opened the first row."""
     from dflash_tui.tui.screens.chat import ChatScreen

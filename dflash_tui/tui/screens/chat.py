@@ -598,7 +598,8 @@ class ChatScreen(Screen):
             if session_id:
                 self.resume_session(session_id)
 
-        self.app.push_screen(SessionsScreen(), chosen)
+        conv = self.conversation
+        self.app.push_screen(SessionsScreen(conv.session_id if conv is not None else None), chosen)
 
     def resume_session(self, session) -> None:
         if self.conversation is None:

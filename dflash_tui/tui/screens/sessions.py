@@ -1,4 +1,6 @@
-"""The sessions browser: resume, delete (after a confirmation; never the chat open here), export."""
+"""The sessions browser: resume, delete (after a confirmation; never the chat open here), export. Sessions
+are listed by last use (the last turn written), the one open here marked ●; `/` searches every session's
+prompts and answers."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable, Input, Static
 
 from dflash_tui.core import sessions
 from dflash_tui.engines.errors import UserError
@@ -54,19 +56,25 @@ class SessionsScreen(ModalScreen[str | None]):
         Binding("e", "export", "export md"),
         Binding("j", "export_json", "export json"),
         Binding("escape,q", "close", "close"),
+        Binding("slash,ctrl+f", "search", "search"),
     ]
 
     def compose(self) -> ComposeResult:
         with Vertical(id="sessions-box"):
-            yield Static("sessions", classes="modal-title")
+            yield Static("sessions · last used first · ● open here", classes="modal-title")
+            yield Input(placeholder="/ search the prompts and answers of every session", id="sessions-search",
+                        compact=True)
             yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="sessions-status", markup=False)  # titles and errors are text, not markup
-            yield Static("enter resume · d delete · e export Markdown · j export JSON · escape close",
+            yield Static("enter resume · / search · d delete · e export md · j export json · escape close",
                          classes="modal-hint")
 
-    def __init__(self) -> None:
+    def __init__(self, open_id: str | None = None) -> None:
         super().__init__()
-        self.found = sessions.list_sessions()  # read before any key can reach the screen
+        self.open_id = open_id  # the chat's own session: marked, and never deleted from here
+        self.every = by_last_use(sessions.list_sessions())  # read before any key can reach the screen
+        self.found = self.every
+        self.query_text = ""
         self.row = 0
 
     def on_mount(self) -> None:
@@ -74,6 +82,20 @@ class SessionsScreen(ModalScreen[str | None]):
         table.add_columns("id", "created", "profile", "turns", "first prompt")
         self.reload(self.found)
         table.focus()
+
+    def action_search(self) -> None:
+        self.query_one("#sessions-search", Input).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        """Only the sessions whose prompts or answers hold every word typed (any case)."""
+        self.query_text = event.value
+        self.found = [s for s in self.every if matches(s, event.value)]
+        self.row = 0
+        self.reload(self.found, search=True)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_resume()
 
     def action_move(self, by: int) -> None:
         self.row = max(0, min(self.row + by, len(self.found) - 1))
@@ -91,20 +113,25 @@ class SessionsScreen(ModalScreen[str | None]):
         if table.row_count == len(self.found) and event.cursor_row == table.cursor_row:
             self.row = event.cursor_row
 
-    def reload(self, found=None) -> None:
+    def reload(self, found=None, search: bool = False) -> None:
         table = self.query_one(DataTable)
         table.clear()
-        found = sessions.list_sessions() if found is None else found
+        if found is None:  # read again (after a deletion), the search kept
+            self.every = by_last_use(sessions.list_sessions())
+            found = [s for s in self.every if matches(s, self.query_text)]
         self.found = found
         self.row = max(0, min(self.row, len(found) - 1))
         # the first prompt gets the width the other columns leave in the box (90% of the screen, up to 150)
         width = max(40, min(int(self.app.size.width * 0.9), 150) - 6 - 58)
         for s in found:
             title = s.title if len(s.title) <= width else s.title[:width - 1] + "…"
-            table.add_row(s.id, s.created[:16].replace("T", " "), s.profile_name or "?", str(len(s.turns)),
-                          title, key=s.id)
-        self.query_one("#sessions-status", Static).update(
-            f"{len(found)} session{'s' if len(found) != 1 else ''}" if found else "No sessions yet.")
+            table.add_row(("● " if s.id == self.open_id else "") + s.id, s.created[:16].replace("T", " "),
+                          s.profile_name or "?", str(len(s.turns)), title, key=s.id)
+        count = f"{len(found)} session{'s' if len(found) != 1 else ''}"
+        if self.query_text:
+            count += f" of {len(self.every)} " + (f"hold {self.query_text!r}" if found else
+                                                   f"(none holds {self.query_text!r})")
+        self.query_one("#sessions-status", Static).update(count if self.every else "No sessions yet.")
         self._show_row()
 
     def _selected(self) -> str | None:
@@ -163,3 +190,23 @@ class SessionsScreen(ModalScreen[str | None]):
 
     def action_export_json(self) -> None:
         self._export("json")
+
+
+def by_last_use(found: list) -> list:
+    """Sessions by their last turn written (the file's modification time), the last used first."""
+    def used(session) -> float:
+        try:
+            return session.path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    return sorted(found, key=lambda s: (used(s), s.created), reverse=True)
+
+
+def matches(session, text: str) -> bool:
+    """Whether every word of `text` is in the session's prompts or answers (any case); no words: all do."""
+    words = text.lower().split()
+    if not words:
+        return True
+    body = "\n".join(f"{t.get('user') or ''}\n{t.get('answer') or ''}" for t in session.turns).lower()
+    return all(word in body for word in words)
