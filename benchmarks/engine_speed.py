@@ -2,6 +2,11 @@
 
     python benchmarks/engine_speed.py                      # the demo pair, both engines where installed
     python benchmarks/engine_speed.py --profile qwen3-8b --engines cuda --block-sizes 1,4,8,16
+    python benchmarks/engine_speed.py --engines cuda --drafts profiles/demo/draft,profiles/demo/draft2
+
+--drafts adds a table of drafts side by side on the same target (DFlash 1 against DFlash 2): tau and tok/s at
+blocks 8 and 16, at temperature 0 and at temperature 1 (each draft with its acceptance rule: exact match
+for DFlash 1, rejection sampling for DFlash 2), every pass with the same seeds for every draft.
 
 Every row decodes the same prompts at temperature 0 up to the target's eos (so the same ids); ratios are to the
 framework's own generate ("vs generate") and to our block 1 ("vs block 1") on the same engine.
@@ -143,6 +148,66 @@ def table(engine_name: str, device: str, rows: list[Row], block_sizes: list[int]
     return "\n".join(lines)
 
 
+@dataclass
+class DraftRow:
+    """One draft at one block size and temperature, over every pass (pass r uses seed r for every draft)."""
+    draft: str
+    rule: str = ""
+    passes: list = field(default_factory=list)  # (tokens, seconds, acceptance lengths) per pass
+
+    def rates(self) -> list[float]:
+        return [t / s for t, s, _ in self.passes if s]
+
+    @property
+    def tau(self) -> float:
+        lengths = [n for _, _, ls in self.passes for n in ls]
+        return sum(lengths) / len(lengths) if lengths else 0.0
+
+
+def compare_drafts(name: str, args, drafts: list[str], prompts_for, blocks=(8, 16), temperatures=(0.0, 1.0)):
+    """Each draft on the same target, prompts, block sizes, temperatures and seeds: {(t, b): [DraftRow]}."""
+    rows: dict = {}
+    for draft in drafts:
+        _, config = load_settings(args.profile, name, args.target, draft)
+        engine = load_engine(config)
+        prompts_ids = prompts_for(engine)
+        kind = engine.draft_info.arch if engine.draft_info else "-"
+        for t in temperatures:
+            for b in blocks:
+                row = DraftRow(f"{os.path.basename(os.path.normpath(draft))} ({kind})")
+                rows.setdefault((t, b), []).append(row)
+                for rep in range(args.repeats + 1):  # the first pass is a warm-up
+                    tokens, seconds, lengths = 0, 0.0, []
+                    for ids in prompts_ids:
+                        start = time.perf_counter()
+                        list(engine.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=args.max_new_tokens,
+                                                               temperature=t, seed=rep, block_size=b)))
+                        seconds += time.perf_counter() - start
+                        s = engine.last_summary
+                        tokens += s.generated_tokens
+                        lengths += s.acceptance_lengths
+                        row.rule = s.acceptance_rule
+                    if rep:
+                        row.passes.append((tokens, seconds, lengths))
+                print(f"  {name}: {row.draft} T={t} block {b} done", file=sys.stderr, flush=True)
+    return rows
+
+
+def drafts_table(name: str, rows: dict) -> str:
+    lines = [f"drafts side by side, engine {name} (tau over every step of every pass; tok/s: the best pass; "
+             "spread: (fastest - slowest) / fastest; pass r samples with seed r for every draft)",
+             "| T | block | draft | acceptance rule | tau | vs first draft | rejected share (B - tau) | tok/s | spread |",
+             "|---:|---:|---|---|---:|---:|---:|---:|---:|"]
+    for (t, b), group in rows.items():
+        first = group[0].tau
+        for r in group:
+            rates = r.rates()
+            spread = (max(rates) - min(rates)) / max(rates) if rates else 0.0
+            lines.append(f"| {t:g} | {b} | {r.draft} | {r.rule} | {r.tau:.2f} | {r.tau / first:.2f}x | "
+                         f"{b - r.tau:.2f} | {max(rates, default=0):.1f} | {100 * spread:.0f}% |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default=None)
@@ -153,8 +218,16 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts after one warm-up")
     parser.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--drafts", default=None,
+                        help="comma list of drafts for the same target: only the drafts-side-by-side table")
     args = parser.parse_args()
     block_sizes = [int(b) for b in args.block_sizes.split(",")]
+
+    def prompts_for(engine) -> list[list[int]]:
+        tokenizer = load_tokenizer(engine.target_info.path)
+        return [engine.prepare(GenerationRequest(messages=[{"role": "user", "content": p}], thinking=args.thinking))
+                if tokenizer.chat_template else tokenizer.encode(p) for p in PROMPTS]
+
     for name in args.engines.split(","):
         try:
             profile, config = load_settings(args.profile, name, args.target, args.draft)
@@ -162,10 +235,12 @@ def main() -> None:
         except Exception as exc:  # an engine that is not installed here is skipped, and said so
             print(f"engine {name}: skipped ({exc})\n")
             continue
-        tokenizer = load_tokenizer(engine.target_info.path)
-        prompts_ids = [engine.prepare(GenerationRequest(messages=[{"role": "user", "content": p}], thinking=args.thinking))
-                       if tokenizer.chat_template else tokenizer.encode(p) for p in PROMPTS]
-        rows = measure(engine, name, prompts_ids, args.max_new_tokens, block_sizes, args.repeats)
+        if args.drafts:
+            del engine
+            rows = compare_drafts(name, args, args.drafts.split(","), prompts_for)
+            print(drafts_table(name, rows) + "\n", flush=True)
+            continue
+        rows = measure(engine, name, prompts_for(engine), args.max_new_tokens, block_sizes, args.repeats)
         print(table(name, engine.device, rows, block_sizes) + "\n", flush=True)
 
 

@@ -373,3 +373,10 @@ def test_a_copy_keeps_working_and_a_hand_copy_is_caught_by_validate(user_dir):
     by_hand.write_text((Path(profiles.builtin_profile_dir()) / "demo.toml").read_text())
     result = run("validate", str(by_hand))
     assert result.exit_code == 2 and "is neither a folder" in result.stderr and "demo/target" in result.stderr
+
+
+def test_builtin_dflash2_profile_runs_its_draft_at_the_trained_block():
+    """The published DFlash 2 pair (docs/dflash2.md): block 8 as its draft was trained, thinking on."""
+    p = profiles.load_profile("qwen3.8-27b")
+    assert (p.target, p.draft, p.block_size) == ("Qwen/Qwen3.8-27B", "z-lab/Qwen3.8-27B-DFlash2", 8)
+    assert p.thinking is True and p.temperature == 0.6 and p.origin == "built-in"
