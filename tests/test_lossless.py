@@ -11,13 +11,18 @@ PROMPTS = ["What is 48 + 75?", "The quick brown fox", "Hello world, speculative 
 BLOCKS = [1, 2, 4, 8, 16]
 NEW = 40
 FAMILIES = [("qwen3", False), ("qwen3_moe", False), ("llama", False), ("qwen3", True), ("qwen3_5", False),
-            ("qwen3_5_moe", False), ("qwen3_5", True), ("qwen3_next", False)]  # True: the draft reads the last layer
+            ("qwen3_5_moe", False), ("qwen3_5", True), ("qwen3_next", False),
+            ("gpt_oss", False)]  # True: the draft reads the last layer
+NOT_ON = {("mlx", "gpt_oss"): "the MLX engine does not load gpt_oss targets yet (issue 29: mlx-lm 0.32 reads other "
+                              "expert weight names than transformers saves)"}
 
 
 @pytest.mark.parametrize("engine_name", ENGINES)
 @pytest.mark.parametrize("family,last_layer", FAMILIES)
 @pytest.mark.parametrize("window", [None, 5])
 def test_greedy_ids_match_the_framework(pairs, engine_name, family, last_layer, window):
+    if (engine_name, family) in NOT_ON:
+        pytest.skip(NOT_ON[engine_name, family])
     if engine_name == "mlx":
         pytest.importorskip("mlx_lm")
     target, draft = pairs(family, last_layer)

@@ -11,6 +11,14 @@ explicit mask: a step attends over at most one tier more than the live context, 
 Buffers start zeroed, so masked positions never hold NaN bit patterns (NaN x 0 is NaN in attention).
 Hybrid (gated-delta) targets keep transformers' own linear-attention layers; only their full-attention
 layers use these buffers.
+
+Sliding-window layers (gpt-oss, Gemma) keep the whole bucket too, not a window-sized ring
+(`SlidingBucketLayer`): a rejected block, a resumed turn or an edited conversation then crops them back
+exactly like a full layer (a ring has overwritten what a rollback past its window would need), and the
+graph path reads them with the same fixed shapes. Only the reads are windowed: on the eager path a step
+gets the last W - 1 positions before its block plus the block (and transformers' mask, told that offset
+by `get_mask_sizes`, applies the window inside the block); on the graph path the step's mask carries the
+window. The price is memory: these layers hold K/V for every position (counted so in memory.py).
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from typing import Optional
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
 BUCKET = 1024
 TIER = 256  # the graph path's attention reads the caches in steps of this many positions
@@ -119,15 +127,46 @@ class BucketLayer(CacheLayerMixin):
         self.write_at = None
 
 
+class SlidingBucketLayer(BucketLayer):
+    """A sliding-window layer's K/V in a whole bucket; a step attends to the last `window` positions up to
+    and including each query (transformers' convention: key j is seen from query p when p - window < j <= p)."""
+
+    is_sliding = True
+
+    def __init__(self, capacity: int, window: int):
+        super().__init__(capacity)
+        self.sliding_window = window
+
+    def _first(self) -> int:
+        """The first position a block fed after the live length can see."""
+        return max(0, self.length - self.sliding_window + 1)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.write_at is not None:  # graph path: the step's mask carries the window
+            return super().update(key_states, value_states, *args, **kwargs)
+        first = self._first()
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        return keys[:, :, first:], values[:, :, first:]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        first = self._first()
+        return self.length + query_length - first, first
+
+
 def bucket_cache(config, layers: Optional[list] = None, capacity: int = BUCKET) -> DynamicCache:
-    """A transformers cache for `config` whose full-attention layers are BucketLayers (the given ones,
-    reset, when `layers` is passed: their buffers are reused). Other layer kinds (gated delta net,
-    sliding windows) stay transformers' own."""
+    """A transformers cache for `config` whose attention layers are BucketLayers, SlidingBucketLayers for
+    sliding windows (the given ones, reset, when `layers` is passed: their buffers are reused). Other layer
+    kinds (gated delta net) stay transformers' own."""
     cache = DynamicCache(config=config)
     fresh = layers is None
     reuse = iter(layers or [])
     for i, layer in enumerate(cache.layers):
-        if type(layer) is DynamicLayer:
+        if type(layer) is DynamicSlidingWindowLayer:
+            bucket_layer = SlidingBucketLayer(capacity, layer.sliding_window) if fresh else next(reuse)
+            bucket_layer.reset()
+            bucket_layer.reserve(capacity)
+            cache.layers[i] = bucket_layer
+        elif type(layer) is DynamicLayer:
             bucket_layer = BucketLayer(capacity) if fresh else next(reuse)
             bucket_layer.reset()
             bucket_layer.reserve(capacity)
@@ -225,8 +264,9 @@ class TurnCache:
             del self.snapshots[old]
 
     def holds(self) -> bool:
-        """Whether something is kept that can be brought back exactly: attention K/V in bucket layers and
-        linear-attention states (sliding windows and other layer kinds cannot be cropped back)."""
+        """Whether something is kept that can be brought back exactly: attention K/V in bucket layers (sliding
+        windows included: they keep every position) and linear-attention states (other layer kinds cannot be
+        cropped back)."""
         if self.ids is None or self.cache is None:
             return False
         linear = linear_layers(self.cache)

@@ -18,7 +18,11 @@ from dflash_tui.engines.errors import CheckpointError, UserError, describe
 
 FAMILIES = {"qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "llama": "Llama-3.x", "qwen3_5": "Qwen3.5/3.6",
             "qwen3_5_moe": "Qwen3.5/3.6-MoE", "qwen3_5_text": "Qwen3.5/3.6", "qwen3_5_moe_text": "Qwen3.5/3.6-MoE",
-            "qwen3_next": "Qwen3-Next"}
+            "qwen3_next": "Qwen3-Next", "gpt_oss": "gpt-oss"}
+# Families whose transformers class refuses "sdpa" at load (gpt-oss: `_supports_sdpa = False`, for its sinks);
+# they load as "eager" and are switched to attention.py's function like every other family, which runs their
+# sinks exactly (attention.py).
+LOAD_EAGER = {"gpt_oss"}
 
 
 def check_family(info: TargetInfo) -> None:
@@ -53,7 +57,8 @@ class Target:
         check_family(info)
         try:
             model, loading = AutoModelForCausalLM.from_pretrained(
-                str(info.path), dtype=dtype, attn_implementation="sdpa", device_map=device_map or {"": device},
+                str(info.path), dtype=dtype, attn_implementation="eager" if info.model_type in LOAD_EAGER else "sdpa",
+                device_map=device_map or {"": device},
                 trust_remote_code=False, use_safetensors=True, output_loading_info=True,
             )
         except Exception as exc:
@@ -140,6 +145,10 @@ class Target:
         layers = bucket_layers(cache)
         slots = torch.arange(reach, device=ids.device)
         mask = (slots[None, :] <= positions[:, None])[None, None]
+        windows = {layer.sliding_window for layer in layers if layer.is_sliding}
+        if windows:  # sliding layers see (p - window, p]: the mask per layer type, as transformers builds it
+            (window,) = windows
+            mask = {"full_attention": mask, "sliding_attention": mask & (slots[None, :] > positions[:, None] - window)}
         for layer in layers:
             layer.write_at, layer.read_to = positions, reach
         try:
