@@ -193,3 +193,47 @@ def make_draft(out: Path, target: Path, layer_ids: list[int], block_size: int = 
             p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
     save_draft(model, Path(out))
     return Path(out)
+
+
+FP4 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]  # e2m1's magnitudes; codes 8-15 are their negatives
+MXFP4_NOT_CONVERTED = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+
+
+def to_mxfp4(weight):
+    """A gpt-oss expert weight [experts, in, out] as published: `_blocks` uint8 [experts, out, in / 32, 16]
+    (two e2m1 codes a byte, the even element in the low nibble) and `_scales` uint8 [experts, out, in / 32]
+    (a power-of-two exponent + 127 per 32 values), rounded to the nearest representable value."""
+    import torch
+
+    rows = weight.transpose(1, 2).contiguous()  # [experts, out, in]: the published layout, rows of outputs
+    experts, out, width = rows.shape
+    groups = rows.reshape(experts, out, width // 32, 32)
+    peak = groups.abs().amax(-1, keepdim=True).clamp_min(2.0 ** -100)
+    exponent = torch.ceil(torch.log2(peak / 6.0)).clamp(-127, 127)
+    scaled = groups / torch.exp2(exponent)
+    magnitudes = torch.tensor(FP4)
+    codes = (scaled.abs()[..., None] - magnitudes).abs().argmin(-1)
+    codes = torch.where((scaled < 0) & (codes > 0), codes + 8, codes).to(torch.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return blocks, (exponent[..., 0] + 127).to(torch.uint8)
+
+
+def make_gpt_oss_mxfp4(out: Path, source: Path) -> Path:
+    """A copy of a tiny gpt_oss target with its experts in MXFP4, written by hand in the published layout
+    (`*_blocks` / `*_scales` uint8 tensors, biases kept, config.json's quantization_config as released), so
+    that transformers' own MXFP4 loading path runs on it."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out = Path(out)
+    shutil.copytree(source, out)
+    tensors = load_file(str(out / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales = to_mxfp4(tensors.pop(name))
+        tensors[f"{name}_blocks"], tensors[f"{name}_scales"] = blocks, scales
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": MXFP4_NOT_CONVERTED}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
