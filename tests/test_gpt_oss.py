@@ -198,3 +198,29 @@ def test_traced_and_replayed_steps_give_the_eager_ids(engine, monkeypatch):
     assert graphs.replays > 0 and not graphs.failed
     engine.pool = cache_module.CachePool(engine.target, engine.draft)
     engine.new_context()
+
+
+# -- MXFP4 experts (the published checkpoints' format) -------------------------------------------------
+
+def test_mxfp4_experts_load_dequantized_lossless_and_counted(pair, tmp_path_factory):
+    """A hand-written MXFP4 checkpoint (published tensor names and dtypes) through transformers' own MXFP4
+    path: on the CPU it dequantizes the experts to the load dtype, the engine's ids equal transformers'
+    greedy ids on the same checkpoint, and the memory estimate counts the experts as loaded."""
+    from dflash_tui.engines.checkpoints import stored_bytes
+    from dflash_tui.engines.cuda.memory import is_mxfp4, mxfp4_stays_packed, weight_bytes
+    from tests.tiny import make_gpt_oss_mxfp4
+
+    target = make_gpt_oss_mxfp4(tmp_path_factory.mktemp("mxfp4") / "target", pair[0])
+    engine = engine_for("cuda", target, pair[1])
+    ids = engine.prepare(GenerationRequest(prompt="What is 48 + 75?"))
+    expected = transformers_greedy(target, ids, 24)
+    assert expected != transformers_greedy(pair[0], ids, 24)  # the rounded experts are the ones that run
+    for block in (1, 16):
+        list(engine.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=24, temperature=0, block_size=block,
+                                               stop_ids=[])))
+        assert engine.last_summary.token_ids == expected, f"block {block}"
+    loaded = sum(p.numel() * p.element_size() for p in engine.target.model.parameters())
+    assert is_mxfp4(target) and not mxfp4_stays_packed(torch.device("cpu"))
+    assert weight_bytes(target, torch.float32) == loaded
+    assert weight_bytes(target, torch.float32, mxfp4_packed=True) < loaded
+    assert weight_bytes(target, torch.float32) > stored_bytes(target)  # the packed file understates it

@@ -23,11 +23,48 @@ CACHE_POSITIONS = 4096  # K/V counted for this many positions (caches grow in 1,
 # MAX_SNAPSHOTS copies, and the copies a verify keeps for rollback.
 
 
-def weight_bytes(directory: Path, dtype: torch.dtype) -> int:
-    """Bytes the language-model weights take in `dtype` (vision towers are not loaded)."""
+MXFP4_PACKED = ("_blocks", "_scales")  # gpt-oss experts: two e2m1 values a byte, one exponent byte per 32
+
+
+def is_mxfp4(directory: Path) -> bool:
+    import json
+
+    from dflash_tui.engines.checkpoints import text_config
+
+    config = json.loads((Path(directory) / "config.json").read_text())
+    quant = config.get("quantization_config") or text_config(config).get("quantization_config") or {}
+    return isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
+
+
+def mxfp4_stays_packed(device: torch.device) -> bool:
+    """Whether transformers keeps MXFP4 experts packed on `device` (its Mxfp4HfQuantizer's rule): on a CUDA
+    device of compute capability 7.5 or more with Triton >= 3.4 and the `kernels` package installed. Anywhere
+    else (the CPU, where the engine never asks for kernels; CUDA without them) it dequantizes them to the
+    load dtype."""
+    if device.type != "cuda":
+        return False
+    from transformers.utils import is_kernels_available, is_triton_available
+
+    index = device.index if device.index is not None else 0
+    return (torch.cuda.get_device_capability(index) >= (7, 5) and is_triton_available("3.4.0")
+            and is_kernels_available())
+
+
+def weight_bytes(directory: Path, dtype: torch.dtype, mxfp4_packed: bool = False) -> int:
+    """Bytes the language-model weights take in `dtype` (vision towers are not loaded). MXFP4 expert tensors
+    count as what they become: dequantized, 2 values per `_blocks` byte in `dtype` and the `_scales` gone;
+    kept packed (`mxfp4_packed`), their own bytes."""
     size = torch.empty((), dtype=dtype).element_size()
-    return sum(math.prod(shape) * size for name, shape in safetensors_shapes(Path(directory)).items()
-               if not name.startswith(VISION_PREFIXES))
+    mxfp4 = is_mxfp4(directory)
+    total = 0
+    for name, shape in safetensors_shapes(Path(directory)).items():
+        if name.startswith(VISION_PREFIXES):
+            continue
+        if mxfp4 and name.endswith(MXFP4_PACKED):
+            total += math.prod(shape) if mxfp4_packed else (2 * math.prod(shape) * size if name.endswith("_blocks") else 0)
+        else:
+            total += math.prod(shape) * size
+    return total
 
 
 def free_bytes(device: torch.device) -> tuple[int, str]:
@@ -44,8 +81,9 @@ def free_bytes(device: torch.device) -> tuple[int, str]:
 
 
 def cache_bytes(directory: Path, dtype: torch.dtype, positions: int = CACHE_POSITIONS) -> int:
-    """K/V bytes of `positions` tokens in the model's full-attention layers (a draft counts all of its
-    layers: its context K/V), from config.json."""
+    """K/V bytes of `positions` tokens in the model's attention layers (a draft counts all of its layers: its
+    context K/V), from config.json. Sliding-window layers count in full: cache.py keeps every position in
+    them (exact rollback and kept turns), reading only their window."""
     import json
 
     from dflash_tui.engines.checkpoints import text_config
@@ -84,7 +122,7 @@ def gib(n: float) -> str:
 
 def check_fits(target: Path, draft: Optional[Path], dtype: torch.dtype, device: torch.device,
                available: Optional[int] = None) -> None:
-    need = weight_bytes(target, dtype) + (weight_bytes(draft, dtype) if draft else 0)
+    need = weight_bytes(target, dtype, mxfp4_stays_packed(device)) + (weight_bytes(draft, dtype) if draft else 0)
     need = int(need * HEADROOM) + cache_bytes(target, dtype) + (cache_bytes(draft, dtype) if draft else 0)
     need += linear_state_bytes(target, dtype)
     have, where = free_bytes(device)
