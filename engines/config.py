@@ -91,8 +91,48 @@ class Sampling:
 SAMPLING_FIELDS = tuple(f.name for f in fields(Sampling))
 
 
+@dataclass(kw_only=True)
+class Penalties:
+    """What a request may add to the target's logits at every verified position (OpenAI's and vLLM's
+    fields), declared once like `Sampling`; `off` leaves each out. They are the request's own: no
+    generation_config default, no profile key. Applied in vLLM's order to the raw logits, before
+    temperature and truncation: `logit_bias` added, then the repetition penalty (a logit of a token seen in
+    the prompt or the output so far is divided by it when positive, multiplied when not), then
+    `frequency_penalty` x the token's count in the output so far and `presence_penalty` once if it occurs
+    there, both subtracted. "So far" is that position's own prefix: inside a verified block, the drafted
+    tokens before it count too (engines/cuda/loop.py, `Penalizer`)."""
+
+    presence_penalty: Optional[float] = field(default=None, metadata={"off": 0.0})
+    frequency_penalty: Optional[float] = field(default=None, metadata={"off": 0.0})
+    repetition_penalty: Optional[float] = field(default=None, metadata={"off": 1.0})
+    logit_bias: Optional[dict] = field(default=None, metadata={"off": {}})  # {token id: bias in [-100, 100]}
+
+    def penalties(self) -> dict:
+        return {name: getattr(self, name) for name in PENALTY_FIELDS}
+
+
+PENALTY_FIELDS = tuple(f.name for f in fields(Penalties))
+MAX_TOP_LOGPROBS = 20  # as vLLM and OpenAI's chat API allow
+
+
+def check_penalties(request) -> None:
+    """The penalty fields of a request, each in range, or one sentence naming it."""
+    _number("presence_penalty", request.presence_penalty, -2.0, 2.0, False, False, "use 0 to disable it")
+    _number("frequency_penalty", request.frequency_penalty, -2.0, 2.0, False, False, "use 0 to disable it")
+    _number("repetition_penalty", request.repetition_penalty, 0.0, 100.0, True, False, "use 1 to disable it")
+    bias = request.logit_bias
+    if bias is None:
+        return
+    if not isinstance(bias, dict):
+        raise UserError("logit_bias must map token ids to biases between -100 and 100.")
+    for key, value in bias.items():
+        if isinstance(key, bool) or not isinstance(key, int) or key < 0:
+            raise UserError(f"logit_bias key {key!r} is not a token id; use non-negative integer ids.")
+        _number(f"logit_bias[{key}]", value, -100.0, 100.0, False, False, "use a bias between -100 and 100")
+
+
 @dataclass
-class GenerationRequest(Sampling):
+class GenerationRequest(Sampling, Penalties):
     """One generation. Exactly one of `messages` (chat template applied), `prompt` (raw text, no
     template, no special tokens) or `prompt_ids` is given. Sampling fields left as None take the
     target's generation_config values."""
@@ -108,6 +148,8 @@ class GenerationRequest(Sampling):
     reuse_cache: bool = False  # start from the caches the previous request left where its ids are a prefix
     # (a chat's turns: dflash_tui.core.conversation opts in); off, the whole prompt is prefilled, as bench,
     # replay and speed comparisons need
+    logprobs: bool = False  # each emitted token's log-probability under the target's raw logits (StepEvent.logprobs)
+    top_logprobs: int = 0  # with logprobs: the most likely ids and their log-probabilities, per emitted token
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -125,3 +167,7 @@ class GenerationRequest(Sampling):
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < MAX_SEED:
             raise UserError(f"Seed {self.seed} is outside 0 to 2**63 - 1; pick a smaller non-negative seed.")
         check_block_size_value(self.block_size, "in this request")
+        check_penalties(self)
+        k = self.top_logprobs
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_LOGPROBS:
+            raise UserError(f"top_logprobs {k} is outside 0 to {MAX_TOP_LOGPROBS}.")

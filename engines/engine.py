@@ -37,6 +37,8 @@ class RawStep:
     verify_s: float
     prefill: bool = False
     reused: int = 0  # prefill step: prompt tokens taken from the kept caches (not prefilled again)
+    logprobs: Optional[list[float]] = None  # per emitted id, when the request asks (raw log-probabilities)
+    top_logprobs: Optional[list[list]] = None  # per emitted id: [[id, logprob], ...] (top_logprobs of them)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -268,6 +270,9 @@ class Engine:
         if bad is not None:  # a tampered replay or a hand-written request: never an index error mid-forward
             raise UserError(f"Prompt token id {bad!r} is outside the target's {rows} embedding rows; the ids do not "
                             "belong to this target (a session recorded with another model?).")
+        bias = next((i for i in (request.logit_bias or {}) if i >= rows), None)
+        if bias is not None:
+            raise UserError(f"logit_bias names token id {bias}, outside the target's {rows} embedding rows.")
         max_positions = self.target_info.max_positions
         check_context(len(ids), max_positions)
         block_size = request.block_size if request.block_size is not None else self.block_size
@@ -290,6 +295,8 @@ class Engine:
         started = time.perf_counter()
         decode_started = started
         reused = 0
+        logprobs: Optional[list[float]] = [] if request.logprobs else None
+        tops: Optional[list[list]] = [] if request.logprobs and request.top_logprobs else None
         steps = self._decode(ids, block_size, sampling, max_new, reuse=request.reuse_cache, split=self._split(ids))
         try:
             for raw in steps:
@@ -302,6 +309,12 @@ class Engine:
                 rejected = raw.drafted[raw.accepted:]
                 pieces = detok.add_tokens(emitted, origins)
                 out_ids += emitted
+                step_logprobs = raw.logprobs[: len(emitted)] if raw.logprobs is not None else None
+                step_tops = raw.top_logprobs[: len(emitted)] if raw.top_logprobs is not None else None
+                if logprobs is not None and step_logprobs is not None:
+                    logprobs += step_logprobs
+                if tops is not None and step_tops is not None:
+                    tops += step_tops
                 if raw.prefill:
                     reused = raw.reused
                     ttft = time.perf_counter() - started
@@ -321,6 +334,7 @@ class Engine:
                     rejected=rejected, rejected_text=detok.peek(rejected) if rejected else "",
                     draft_s=raw.draft_s, verify_s=raw.verify_s,
                     finish_reason=finish if done else None, is_prefill=raw.prefill,
+                    logprobs=step_logprobs, top_logprobs=step_tops,
                 )
                 if not done and request.cancel.is_set():
                     finish, event.finish_reason, done = "cancelled", "cancelled", True
@@ -342,4 +356,5 @@ class Engine:
             engine=self.name, device=self.device, dtype=self.dtype, finish_reason=finish,
             reused_prompt_tokens=reused, prefilled_prompt_tokens=len(ids) - reused if out_ids else 0,
             limit=limit if finish == "length" else None, acceptance_rule=self.acceptance_rule(sampling),
+            logprobs=logprobs, top_logprobs=tops,
         )

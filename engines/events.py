@@ -45,6 +45,10 @@ class StepEvent:
     verify_s: float = 0.0
     finish_reason: Optional[str] = None
     is_prefill: bool = False
+    # with GenerationRequest.logprobs: per emitted id, its raw log-probability under the target (before
+    # bias, penalties, temperature and truncation), and with top_logprobs [[id, logprob], ...] at that position
+    logprobs: Optional[list[float]] = None
+    top_logprobs: Optional[list[list]] = None
 
     @property
     def text(self) -> str:
@@ -92,6 +96,8 @@ class Summary:
     prefilled_prompt_tokens: Optional[int] = 0  # prompt tokens this turn's prefill ran (0 in files from before the field)
     limit: Optional[str] = None  # with finish_reason "length": "tokens" (max_new_tokens) or "context" (the window is full)
     acceptance_rule: Optional[str] = None  # "greedy", "exact-match" or "rejection" (docs/engine-contract.md); None: unknown
+    logprobs: Optional[list[float]] = None  # per id of token_ids, when the request asked (StepEvent.logprobs)
+    top_logprobs: Optional[list[list]] = None  # per id: [[id, logprob], ...], when the request asked
     contract: int = CONTRACT_VERSION  # the contract version this Summary was written under
 
     @property

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from dflash_tui.engines.config import SAMPLING_FIELDS, GenerationRequest, Sampling
+from dflash_tui.engines.config import PENALTY_FIELDS, SAMPLING_FIELDS, GenerationRequest, Penalties, Sampling
 from dflash_tui.engines.errors import UserError
 
 # the value that leaves each setting out, from its one declaration (engines.config.Sampling)
-OFF = {f.name: f.metadata["off"] for f in fields(Sampling)}
+OFF = {f.name: f.metadata["off"] for f in fields(Sampling) + fields(Penalties)}
 
 
 @dataclass
-class SamplingParams(Sampling):
+class SamplingParams(Sampling, Penalties):
     """Sampling settings resolved for one generation: every field set (None becomes its `OFF` value, so
-    `SamplingParams()` is greedy), in the field's own type."""
+    `SamplingParams()` is greedy), in the field's own type. The penalties shape the target's distribution
+    p (greedy picks its argmax); `logprobs` / `top_logprobs` ask the loop for the emitted tokens' raw
+    log-probabilities (RawStep.logprobs)."""
 
     seed: int = 0
+    logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         for name, off in OFF.items():
@@ -26,6 +30,11 @@ class SamplingParams(Sampling):
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty or bias changes the logits."""
+        return any(getattr(self, name) != OFF[name] for name in PENALTY_FIELDS)
 
 
 def resolve_sampling(request: GenerationRequest, generation_config: dict) -> SamplingParams:
@@ -38,7 +47,10 @@ def resolve_sampling(request: GenerationRequest, generation_config: dict) -> Sam
             return generation_config.get(name)
         return value
 
-    params = SamplingParams(seed=int(request.seed), **{name: pick(name) for name in SAMPLING_FIELDS})
+    params = SamplingParams(seed=int(request.seed), **{name: pick(name) for name in SAMPLING_FIELDS},
+                            **{name: getattr(request, name) for name in PENALTY_FIELDS},
+                            logprobs=bool(request.logprobs), top_logprobs=int(request.top_logprobs or 0))
+    params.logit_bias = {int(k): float(v) for k, v in params.logit_bias.items() if v}
     if params.temperature < 0:
         raise UserError(f"Temperature {params.temperature} is negative; use 0 for greedy decoding or a positive value to sample.")
     if not 0 < params.top_p <= 1:

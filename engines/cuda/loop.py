@@ -40,12 +40,28 @@ class Sampler:
     def __init__(self, params: SamplingParams, device: torch.device):
         self.params = params
         self.generator = None if params.greedy else torch.Generator(device=device).manual_seed(params.seed)
+        self.penalizer: Optional[Penalizer] = None
 
-    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [n, vocab] -> ids [n]."""
+    def start(self, prompt_ids: list[int], device: torch.device) -> None:
+        """A request begins: the penalties' counts start from its prompt (nothing to do without them)."""
+        self.penalizer = Penalizer(self.params, prompt_ids, device) if self.params.penalized else None
+
+    def observe(self, emitted: torch.Tensor) -> None:
+        """Ids [n] (on the device) the request emitted: they count toward the penalties from now on."""
+        if self.penalizer is not None:
+            self.penalizer.observe(emitted)
+
+    def penalize(self, logits: torch.Tensor, drafted: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """float32 logits [n, vocab] with the request's bias and penalties applied, row j counting the
+        drafted ids [n - 1] before it (the block's own prefix); the logits as they are without penalties."""
+        logits = logits.float()
+        return logits if self.penalizer is None else self.penalizer(logits, drafted)
+
+    def __call__(self, logits: torch.Tensor, drafted: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """logits [n, vocab] -> ids [n] (`drafted`: the block's drafted ids [n - 1], for the penalties)."""
         if self.params.greedy:
-            return logits.argmax(dim=-1)
-        return self.race(self.probs(logits))
+            return self.penalize(logits, drafted).argmax(dim=-1)
+        return self.race(self.probs(logits, drafted))
 
     def race(self, probs: torch.Tensor) -> torch.Tensor:
         """One sample per row of probs [n, vocab] (rows need not be normalized)."""
@@ -60,19 +76,33 @@ class Sampler:
         noise = torch.empty(slots, top_k, device=device).exponential_(generator=self.generator)
         return noise.clamp_(min=torch.finfo(noise.dtype).tiny), torch.full((), self.params.temperature, device=device)
 
-    def verify(self, logits: torch.Tensor, proposal: Optional["Proposal"]) -> torch.Tensor:
+    def verify(self, logits: torch.Tensor, proposal: Optional["Proposal"],
+               drafted: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The target's token at every block position [b], from logits [b, vocab], such that keeping the
         drafted ids up to the first position where they differ is the acceptance rule. Greedy, or a draft
         without a distribution (DFlash 1): the target's own choice (exact match). A DFlash 2 draft at T > 0:
-        exact rejection sampling (docs/dflash2.md; `rejection_choice`)."""
+        exact rejection sampling (docs/dflash2.md; `rejection_choice`). `drafted` (the block's drafted ids
+        [b - 1]) gives each position's penalties its own prefix."""
         if self.params.greedy or proposal is None or proposal.q is None:
-            return self(logits)
-        return rejection_choice(self.probs(logits), proposal, self.generator, self.race)
+            return self(logits, drafted)
+        return rejection_choice(self.probs(logits, drafted), proposal, self.generator, self.race)
 
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """The target's distribution after temperature, top_k, top_p and min_p: [n, vocab] float32."""
+    def logprob_rows(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Per position [n, 1 + 2k] float64: the raw log-probability of tokens [n] under logits [n, vocab]
+        (before bias, penalties, temperature and truncation: vLLM's default "raw" logprobs), then the k =
+        top_logprobs most likely ids and their log-probabilities. Stays on the device."""
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        parts = [lp.gather(1, tokens[:, None])]
+        if self.params.top_logprobs > 0:
+            top = torch.topk(lp, self.params.top_logprobs, dim=-1)
+            parts += [top.indices.to(lp.dtype), top.values]
+        return torch.cat(parts, dim=1).double()
+
+    def probs(self, logits: torch.Tensor, drafted: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The target's distribution after the penalties (`penalize`), temperature, top_k, top_p and min_p:
+        [n, vocab] float32."""
         p = self.params
-        logits = logits.float() / p.temperature
+        logits = self.penalize(logits, drafted) / p.temperature
         if p.top_k > 0:
             kth = torch.topk(logits, min(p.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -85,6 +115,76 @@ class Sampler:
             probs = logits.softmax(dim=-1)
             logits = logits.masked_fill(probs < p.min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
         return logits.softmax(dim=-1)
+
+
+class Penalizer:
+    """The request's logit_bias and presence / frequency / repetition penalties (engines.config.Penalties),
+    on the device: `seen` marks the ids of the prompt and the output so far (repetition), `counts` counts
+    the output's ids (presence, frequency). A verified block's row j adds the drafted ids before it, so
+    every position is penalized by its own prefix, as a block-1 run would be at that position."""
+
+    def __init__(self, params: SamplingParams, prompt_ids: list[int], device: torch.device):
+        self.params, self.device = params, device
+        self.prompt = torch.tensor(prompt_ids, dtype=torch.long, device=device)
+        self.seen = self.counts = self.bias = None  # sized from the first logits (the target's vocab rows)
+
+    def _ready(self, vocab: int) -> None:
+        if self.counts is not None:
+            return
+        self.seen = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+        self.seen[self.prompt] = True
+        self.counts = torch.zeros(vocab, dtype=torch.float32, device=self.device)
+        self.bias = None
+        if self.params.logit_bias:
+            ids = [i for i in self.params.logit_bias if i < vocab]
+            self.bias = torch.zeros(vocab, dtype=torch.float32, device=self.device)
+            self.bias[torch.tensor(ids, dtype=torch.long, device=self.device)] = torch.tensor(
+                [self.params.logit_bias[i] for i in ids], dtype=torch.float32, device=self.device)
+
+    def observe(self, emitted: torch.Tensor) -> None:
+        if self.counts is None:
+            return
+        self.counts.index_add_(0, emitted, torch.ones(emitted.shape, dtype=self.counts.dtype, device=self.device))
+        self.seen[emitted] = True
+
+    def __call__(self, logits: torch.Tensor, drafted: Optional[torch.Tensor]) -> torch.Tensor:
+        n, vocab = logits.shape
+        self._ready(vocab)
+        p = self.params
+        counts, seen = self.counts.expand(n, vocab), self.seen.expand(n, vocab)
+        if drafted is not None and drafted.numel() and n > 1:
+            ahead = torch.zeros(n, vocab, dtype=counts.dtype, device=logits.device)
+            ahead[1:].scatter_(1, drafted[: n - 1, None], 1.0)
+            counts = counts + ahead.cumsum(dim=0)  # row j: the output's counts plus drafted[:j]
+            seen = seen | (counts > 0)
+        if self.bias is not None:
+            logits = logits + self.bias
+        if p.repetition_penalty != 1.0:
+            r = p.repetition_penalty
+            logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
+        if p.frequency_penalty:
+            logits = logits - p.frequency_penalty * counts
+        if p.presence_penalty:
+            logits = logits - p.presence_penalty * (counts > 0).to(logits.dtype)
+        return logits
+
+
+def read_step(ids: torch.Tensor, rows: Optional[torch.Tensor]) -> tuple[list[int], Optional[list[list[float]]]]:
+    """The step's one host sync: ids [n] and, when logprobs are asked for, their rows [m, width] (float64,
+    which holds every id exactly) copied in the same transfer."""
+    if rows is None:
+        return to_host(ids), None
+    host = to_host(torch.cat([ids.double(), rows.flatten()]))
+    n, width = ids.shape[0], rows.shape[1]
+    return [int(x) for x in host[:n]], [host[n + i * width: n + (i + 1) * width] for i in range(rows.shape[0])]
+
+
+def unpack_logprobs(rows: list[list[float]], k: int) -> tuple[list[float], Optional[list[list]]]:
+    """Rows from `Sampler.logprob_rows` -> (the tokens' log-probabilities, [[id, logprob] x k] per token)."""
+    logprobs = [row[0] for row in rows]
+    if k <= 0:
+        return logprobs, None
+    return logprobs, [[[int(i), v] for i, v in zip(row[1: 1 + k], row[1 + k: 1 + 2 * k])] for row in rows]
 
 
 def acceptance(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -209,13 +309,18 @@ def speculative_decode(
             draft_cache.append(features)
         if hybrid_split and b == split:
             turn.snapshot(split)
+    sampler.start(prompt_ids, device)
+    want_logprobs, top_k = sampler.params.logprobs, sampler.params.top_logprobs
     last = sampler(logits[0, -1:])  # [1], stays on the device
-    (first,) = to_host(last)
+    sampler.observe(last)
+    ids, rows = read_step(last, sampler.logprob_rows(logits[0, -1:], last) if want_logprobs else None)
+    (first,) = ids
+    logprobs, tops = unpack_logprobs(rows, top_k) if rows is not None else (None, None)
     held = list(prompt_ids)  # the ids the target cache holds
     if tracked:
         turn.ids = held
     yield RawStep(drafted=[], accepted=0, emitted=[first], draft_s=0.0, verify_s=clock.seconds(t0, clock.mark()),
-                  prefill=True, reused=reused)
+                  prefill=True, reused=reused, logprobs=logprobs, top_logprobs=tops)
 
     generated = 1
     last_id = first
@@ -245,9 +350,12 @@ def speculative_decode(
             target.before_verify(cache)
             logits, features = target.forward(block, start, cache, last_only=False, capture=use_draft)
         # the target's token at every block position (a padded block's first b), by the acceptance rule
-        choice = sampler.verify(logits[0, :b], proposal.first(b - 1) if proposal is not None and b > 1 else None)
+        choice = sampler.verify(logits[0, :b], proposal.first(b - 1) if proposal is not None and b > 1 else None,
+                                block[0, 1:b])
         t_end = clock.mark()
-        host = to_host(torch.cat([block[0, 1:b], choice]))  # the step's one host sync
+        # the emitted ids are choice[:accepted + 1] (a kept drafted id equals the choice there)
+        rows = sampler.logprob_rows(logits[0, :b], choice) if want_logprobs else None
+        host, rows = read_step(torch.cat([block[0, 1:b], choice]), rows)  # the step's one host sync
         drafted, chosen = host[: b - 1], host[b - 1:]
         accepted = 0
         while accepted < b - 1 and drafted[accepted] == chosen[accepted]:
@@ -264,11 +372,15 @@ def speculative_decode(
         if tracked:
             turn.ids = held
         last = choice[accepted: accepted + 1]
+        sampler.observe(choice[: accepted + 1])  # on the device: no sync
         generated += accepted + 1
+        logprobs, tops = unpack_logprobs(rows[: accepted + 1], top_k) if rows is not None else (None, None)
         yield RawStep(
             drafted=drafted,
             accepted=accepted,
             emitted=drafted[:accepted] + [chosen[accepted]],
             draft_s=clock.seconds(t_draft, t_verify),
             verify_s=clock.seconds(t_verify, t_end),
+            logprobs=logprobs,
+            top_logprobs=tops,
         )

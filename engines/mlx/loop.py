@@ -42,17 +42,49 @@ class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
         self.key = None if params.greedy else mx.random.key(params.seed)
+        self.penalizer: Optional[Penalizer] = None
+
+    def start(self, prompt_ids: list[int]) -> None:
+        """A request begins: the penalties' counts start from its prompt (nothing to do without them)."""
+        self.penalizer = Penalizer(self.params, prompt_ids) if self.params.penalized else None
+
+    def observe(self, emitted: mx.array) -> None:
+        """Ids [n] the request emitted (lazy): they count toward the penalties from now on."""
+        if self.penalizer is not None:
+            self.penalizer.observe(emitted)
+
+    def penalize(self, logits: mx.array, drafted: Optional[mx.array] = None) -> mx.array:
+        """float32 logits [n, vocab] with the request's bias and penalties, row j counting the drafted ids
+        [n - 1] before it (engines/cuda/loop.py's Penalizer, the same arithmetic)."""
+        logits = logits.astype(mx.float32)
+        return logits if self.penalizer is None else self.penalizer(logits, drafted)
+
+    def logprob_rows(self, logits: mx.array, tokens: mx.array) -> mx.array:
+        """Per position [n, 1 + 2k] float32 (which holds every id exactly): the raw log-probability of
+        tokens [n] under logits [n, vocab] (before bias, penalties, temperature and truncation), then the
+        k = top_logprobs most likely ids and their log-probabilities, most likely first. Lazy."""
+        lp = logits.astype(mx.float32)
+        lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+        parts = [mx.take_along_axis(lp, tokens.astype(mx.int32)[:, None], axis=-1)]
+        k = self.params.top_logprobs
+        if k > 0:
+            top = mx.argpartition(-lp, kth=k - 1, axis=-1)[:, :k]
+            values = mx.take_along_axis(lp, top, axis=-1)
+            order = mx.argsort(-values, axis=-1)
+            parts += [mx.take_along_axis(top, order, axis=-1).astype(mx.float32), mx.take_along_axis(values, order, axis=-1)]
+        return mx.concatenate(parts, axis=1)
 
     def next_key(self) -> mx.array:
         keys = mx.random.split(self.key)
         self.key = keys[0]
         return keys[1]
 
-    def process(self, logits: mx.array) -> mx.array:
-        """logits [n, vocab] -> float32 logits after temperature, top_k, top_p and min_p (-inf where cut)."""
+    def process(self, logits: mx.array, drafted: Optional[mx.array] = None) -> mx.array:
+        """logits [n, vocab] -> float32 logits after the penalties (`penalize`), temperature, top_k, top_p
+        and min_p (-inf where cut)."""
         p = self.params
         neg = mx.array(-float("inf"), dtype=mx.float32)
-        logits = logits.astype(mx.float32) / p.temperature
+        logits = self.penalize(logits, drafted) / p.temperature
         if p.top_k > 0:
             k = min(p.top_k, logits.shape[-1])
             kth = mx.topk(logits, k, axis=-1).min(axis=-1, keepdims=True)
@@ -68,15 +100,15 @@ class Sampler:
             logits = mx.where(probs < p.min_p * probs.max(axis=-1, keepdims=True), neg, logits)
         return logits
 
-    def probs(self, logits: mx.array) -> mx.array:
+    def probs(self, logits: mx.array, drafted: Optional[mx.array] = None) -> mx.array:
         """The distribution p [n, vocab] a sample is drawn from (temperature > 0)."""
-        return mx.softmax(self.process(logits), axis=-1)
+        return mx.softmax(self.process(logits, drafted), axis=-1)
 
-    def __call__(self, logits: mx.array) -> mx.array:
-        """logits [n, vocab] -> int32 ids [n]."""
+    def __call__(self, logits: mx.array, drafted: Optional[mx.array] = None) -> mx.array:
+        """logits [n, vocab] -> int32 ids [n] (`drafted`: the block's drafted ids [n - 1], for the penalties)."""
         if self.params.greedy:
-            return mx.argmax(logits, axis=-1).astype(mx.int32)
-        return mx.random.categorical(self.process(logits), axis=-1, key=self.next_key()).astype(mx.int32)
+            return mx.argmax(self.penalize(logits, drafted), axis=-1).astype(mx.int32)
+        return mx.random.categorical(self.process(logits, drafted), axis=-1, key=self.next_key()).astype(mx.int32)
 
     def from_probs(self, probs: mx.array) -> mx.array:
         """One id per row of probabilities [n, vocab] (int32 [n])."""
@@ -88,6 +120,61 @@ class Sampler:
     def exponential(self, shape: tuple) -> mx.array:
         """Exp(1) draws (never 0: -log of a uniform in [0, 1), floored)."""
         return -mx.log1p(-mx.minimum(self.uniform(shape), 1 - 2 ** -24))
+
+
+class Penalizer:
+    """The request's logit_bias and presence / frequency / repetition penalties (engines.config.Penalties),
+    lazy on the device, as engines/cuda/loop.py's Penalizer: the prompt's ids and the output's counts so
+    far, and inside a verified block row j adds the drafted ids before it (its own prefix)."""
+
+    def __init__(self, params: SamplingParams, prompt_ids: list[int]):
+        self.params = params
+        self.prompt = mx.array(prompt_ids, dtype=mx.int32)
+        self.in_prompt = self.counts = self.bias = None  # sized from the first logits (the target's vocab rows)
+
+    def _ready(self, vocab: int) -> None:
+        if self.counts is not None:
+            return
+        self.in_prompt = mx.zeros((vocab,), dtype=mx.float32).at[self.prompt].add(1.0) > 0
+        self.counts = mx.zeros((vocab,), dtype=mx.float32)
+        ids = [i for i in self.params.logit_bias if i < vocab]
+        self.bias = None
+        if ids:
+            self.bias = mx.zeros((vocab,), dtype=mx.float32).at[mx.array(ids, dtype=mx.int32)].add(
+                mx.array([self.params.logit_bias[i] for i in ids], dtype=mx.float32))
+
+    def observe(self, emitted: mx.array) -> None:
+        if self.counts is not None:
+            self.counts = self.counts.at[emitted.astype(mx.int32)].add(1.0)
+
+    def __call__(self, logits: mx.array, drafted: Optional[mx.array]) -> mx.array:
+        n, vocab = logits.shape
+        self._ready(vocab)
+        p = self.params
+        counts = mx.broadcast_to(self.counts, (n, vocab))
+        if drafted is not None and drafted.size and n > 1:
+            hits = (mx.arange(vocab)[None] == drafted[: n - 1, None].astype(mx.int32)).astype(mx.float32)
+            ahead = mx.cumsum(mx.concatenate([mx.zeros((1, vocab), dtype=mx.float32), hits]), axis=0)
+            counts = counts + ahead  # row j: the output's counts plus drafted[:j]
+        if self.bias is not None:
+            logits = logits + self.bias
+        if p.repetition_penalty != 1.0:
+            r = p.repetition_penalty
+            seen = mx.logical_or(self.in_prompt, counts > 0)
+            logits = mx.where(seen, mx.where(logits > 0, logits / r, logits * r), logits)
+        if p.frequency_penalty:
+            logits = logits - p.frequency_penalty * counts
+        if p.presence_penalty:
+            logits = logits - p.presence_penalty * (counts > 0).astype(mx.float32)
+        return logits
+
+
+def unpack_logprobs(rows: list[list[float]], k: int) -> tuple[list[float], Optional[list[list]]]:
+    """Rows from `Sampler.logprob_rows` -> (the tokens' log-probabilities, [[id, logprob] x k] per token)."""
+    logprobs = [row[0] for row in rows]
+    if k <= 0:
+        return logprobs, None
+    return logprobs, [[[int(i), v] for i, v in zip(row[1: 1 + k], row[1 + k: 1 + 2 * k])] for row in rows]
 
 
 def rejection_verify(p: mx.array, q: mx.array, drafted: mx.array, sampler: Sampler):
@@ -247,16 +334,21 @@ def _speculative_decode(
     logits, features = target.forward(prompt[:, done:], cache, capture=use_draft)
     if use_draft:
         draft_cache.append(features)
+    sampler.start(prompt_ids)
+    want_logprobs, top_k = sampler.params.logprobs, sampler.params.top_logprobs
     last = sampler(logits[0, -1:])  # [1], stays on the device
-    mx.eval(last, [c.state for c in cache], draft_cache.arrays() if use_draft else [])
+    sampler.observe(last)
+    rows = sampler.logprob_rows(logits[0, -1:], last) if want_logprobs else None
+    mx.eval(last, [c.state for c in cache], draft_cache.arrays() if use_draft else [], rows if rows is not None else [])
     if hybrid_split and split == n:  # thinking on: the prompt ends with the assistant header
         turn.snapshot(split, rollback)
     first = last.item()
+    logprobs, tops = unpack_logprobs(rows.tolist(), top_k) if rows is not None else (None, None)
     held = list(prompt_ids)  # the ids the target cache holds
     if tracked:
         turn.ids = held
     yield RawStep(drafted=[], accepted=0, emitted=[first], draft_s=0.0, verify_s=time.perf_counter() - t0,
-                  prefill=True, reused=reused)
+                  prefill=True, reused=reused, logprobs=logprobs, top_logprobs=tops)
 
     last_id = first
     generated, step, draft_share = 1, 0, 0.0
@@ -287,12 +379,24 @@ def _speculative_decode(
         rollback.snapshot(b)
         logits, features = target.forward(block[None], cache, capture=use_draft)
         if q is not None:
-            agree, choice = rejection_verify(sampler.probs(logits[0]), q, drafted, sampler)
-            host = mx.concatenate([drafted, choice, agree]).tolist()  # the one sync
-            kept = host[2 * b - 1:]
+            agree, choice = rejection_verify(sampler.probs(logits[0], drafted), q, drafted, sampler)
+            ids = mx.concatenate([drafted, choice, agree])
+            # the token emitted at each position if the block stops after it: a kept drafted id, else the choice
+            tokens = mx.concatenate([mx.where(agree > 0, drafted, choice[:-1]), choice[-1:]])
         else:
-            choice = sampler(logits[0])  # the target's own token at every block position
-            host = (mx.concatenate([drafted, choice]) if drafted is not None else choice).tolist()  # the one sync
+            choice = sampler(logits[0], drafted)  # the target's own token at every block position
+            ids = mx.concatenate([drafted, choice]) if drafted is not None else choice
+            tokens = choice  # a kept drafted id equals the choice there
+        rows = sampler.logprob_rows(logits[0], tokens) if want_logprobs else None
+        if rows is None:
+            host = ids.tolist()  # the one sync
+        else:  # the ids ride along as float32 (exact below 2**24) in the same sync
+            flat = mx.concatenate([ids.astype(mx.float32), rows.reshape(-1)]).tolist()
+            width = rows.shape[1]
+            host, flat = [int(x) for x in flat[: ids.shape[0]]], flat[ids.shape[0]:]
+            rows = [flat[i * width: (i + 1) * width] for i in range(b)]
+        if q is not None:
+            kept = host[2 * b - 1:]
         t_end = time.perf_counter()
         drafted_ids, chosen = host[: b - 1], host[b - 1: 2 * b - 1]
         if q is None:  # exact match: kept while the target's own token agrees
@@ -309,6 +413,7 @@ def _speculative_decode(
         if tracked:
             turn.ids = held
         last = choice[accepted: accepted + 1]
+        sampler.observe(mx.concatenate([block[1: accepted + 1], last]))  # the emitted ids, lazily
         generated += accepted + 1
         step += 1
         if step % CLEAR_EVERY == 0:
@@ -321,10 +426,13 @@ def _speculative_decode(
             verify_s = (t_end - t_start) - draft_s
         else:
             draft_s, verify_s = 0.0, t_end - t_start
+        logprobs, tops = unpack_logprobs(rows[: accepted + 1], top_k) if rows is not None else (None, None)
         yield RawStep(
             drafted=drafted_ids,
             accepted=accepted,
             emitted=drafted_ids[:accepted] + [chosen[accepted]],
             draft_s=draft_s,
             verify_s=verify_s,
+            logprobs=logprobs,
+            top_logprobs=tops,
         )
