@@ -646,9 +646,7 @@ def test_every_error_is_json_and_the_connection_stays_open(server):
 @pytest.mark.parametrize("field, value", [
     ("best_of", 2), ("echo", True), ("suffix", "end"), ("response_format", {"type": "json_object"}),
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-    ("logprobs", True), ("top_logprobs", 3), ("presence_penalty", 0.5), ("frequency_penalty", 0.5),
-    ("repetition_penalty", 1.2), ("logit_bias", {"5": 10}), ("reasoning_effort", "low"), ("functions", []),
-    ("guided_json", {}), ("min_tokens", 4),
+    ("prompt_logprobs", 1), ("reasoning_effort", "low"), ("functions", []), ("guided_json", {}), ("min_tokens", 4),
 ])
 def test_fields_it_cannot_honour_are_refused_by_name(server, field, value):
     response = httpx.post(server.base + "/chat/completions", json=chat_body("hi") | {field: value}, timeout=30)
@@ -668,6 +666,66 @@ def test_images_and_completion_tools_are_refused(server):
     fine = chat_body("hi", max_tokens=2) | {"response_format": {"type": "text"}, "logprobs": False,
                                             "presence_penalty": 0, "best_of": 1}
     assert httpx.post(server.base + "/chat/completions", json=fine, timeout=60).status_code == 200
+
+
+# -- issue 31: logprobs and penalties ----------------------------------------------------------------------
+
+
+def test_logprobs_are_the_targets_raw_ones_streamed_or_whole_chat_and_completions(server, local):
+    """Each returned token's logprob and its top alternatives equal a local block-1 run's (the server's
+    steps verify blocks of the profile's size), within 1e-3; streamed chunks carry their tokens' entries."""
+    prompt = "What is 48 + 75?"
+    request = GenerationRequest(messages=[{"role": "user", "content": prompt}], max_new_tokens=12, temperature=0.0,
+                                block_size=1, logprobs=True, top_logprobs=3, stop_ids=[])
+    list(local.generate(request))
+    want = local.last_summary
+    body = chat_body(prompt, max_tokens=12, logprobs=True, top_logprobs=3, return_token_ids=True, ignore_eos=True)
+    whole = httpx.post(server.base + "/chat/completions", json=body, timeout=60).json()["choices"][0]
+    content = whole["logprobs"]["content"]
+    assert whole["token_ids"] == want.token_ids and len(content) == len(want.token_ids)
+    for entry, value, top in zip(content, want.logprobs, want.top_logprobs):
+        assert abs(entry["logprob"] - value) < 1e-3 and len(entry["top_logprobs"]) == 3
+        assert [abs(a["logprob"] - b[1]) < 1e-3 for a, b in zip(entry["top_logprobs"], top)] == [True] * 3
+        assert entry["bytes"] == list(entry["token"].encode())
+    with httpx.stream("POST", server.base + "/chat/completions", json=body | {"stream": True}, timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    streamed = [e for c in chunks for ch in c["choices"] if ch.get("logprobs") for e in ch["logprobs"]["content"]]
+    assert [e["token"] for e in streamed] == [e["token"] for e in content]  # (the second run reuses the caches)
+    assert max(abs(a["logprob"] - b["logprob"]) for a, b in zip(streamed, content)) < 1e-3
+    completion = httpx.post(server.base + "/completions", json={
+        "model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 2, "ignore_eos": True},
+        timeout=60).json()["choices"][0]["logprobs"]
+    assert len(completion["tokens"]) == len(completion["token_logprobs"]) == len(completion["top_logprobs"]) == 6
+    assert completion["text_offset"][0] == 0
+    # the chosen token is among its alternatives (two ids with the same text share one key)
+    assert all(t in d and len(d) <= 3 for t, d in zip(completion["tokens"], completion["top_logprobs"]))
+    plain = httpx.post(server.base + "/chat/completions", json=chat_body(prompt, max_tokens=2), timeout=60).json()
+    assert plain["choices"][0]["logprobs"] is None
+
+
+def test_penalties_and_logit_bias_give_a_block1_runs_ids(server, local):
+    penalties = {"presence_penalty": 1.5, "frequency_penalty": 0.7, "repetition_penalty": 1.3}
+    prompt = "0123456789"
+    request = GenerationRequest(messages=[{"role": "user", "content": prompt}], max_new_tokens=16, temperature=0.0,
+                                block_size=1, stop_ids=[], logit_bias={9: 3.0}, **penalties)
+    list(local.generate(request))
+    want = local.last_summary.token_ids
+    body = chat_body(prompt, max_tokens=16, return_token_ids=True, ignore_eos=True, logit_bias={"9": 3}, **penalties)
+    got = httpx.post(server.base + "/chat/completions", json=body, timeout=60).json()["choices"][0]["token_ids"]
+    assert got == want
+    plain = chat_body(prompt, max_tokens=16, return_token_ids=True, ignore_eos=True)
+    assert httpx.post(server.base + "/chat/completions", json=plain, timeout=60).json()["choices"][0]["token_ids"] != want
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logprobs": 3}, "logprobs"), ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"), ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"), ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+])
+def test_bad_logprobs_and_penalties_are_400s_naming_the_field(server, extra, param):
+    response = httpx.post(server.base + "/chat/completions", json=chat_body("hi", max_tokens=2) | extra, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
 
 
 # -- issue 31: defaults as vLLM has them --------------------------------------------------------------

@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dflash_tui.engines.config import MAX_SEED
+from dflash_tui.engines.config import MAX_SEED, MAX_TOP_LOGPROBS
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.remote.wire import EXTENSION
 
@@ -110,19 +110,8 @@ def refuse_unsupported(body: dict, chat: bool) -> None:
         kind = fmt.get("type") if isinstance(fmt, dict) else fmt
         if kind != "text":
             raise _unsupported("response_format", f" with type {kind!r} (no guided decoding: only 'text')")
-    if body.get("logprobs") not in (None, False):
-        raise _unsupported("logprobs", " yet")
-    if body.get("top_logprobs") not in (None, 0):
-        raise _unsupported("top_logprobs", " yet")
     if body.get("prompt_logprobs") is not None:
-        raise _unsupported("prompt_logprobs")
-    for key in ("presence_penalty", "frequency_penalty"):
-        if body.get(key) not in (None, 0, 0.0):
-            raise _unsupported(key, " yet")
-    if body.get("repetition_penalty") not in (None, 1, 1.0):
-        raise _unsupported("repetition_penalty", " yet")
-    if body.get("logit_bias"):
-        raise _unsupported("logit_bias", " yet")
+        raise _unsupported("prompt_logprobs", " (the logprobs of the generated tokens are: 'logprobs')")
     if body.get("reasoning_effort") is not None:
         raise _unsupported("reasoning_effort", ": no model family served here takes it (use "
                            "chat_template_kwargs.enable_thinking)")
@@ -168,6 +157,12 @@ class Params:
     reuse_cache: Optional[bool] = None  # the extension's: None takes the server's --prefix-reuse
     tools: Optional[list[dict]] = None
     tool_choice: Any = None  # None, "auto", "none", "required" or {"type": "function", "function": {"name"}}
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    logit_bias: Optional[dict] = None  # {token id: bias}
+    logprobs: bool = False  # return each generated token's log-probability
+    top_logprobs: int = 0  # and this many of the most likely alternatives at its position
     messages: Optional[list[dict]] = None
     prompt: Any = None  # text or token ids (/v1/completions)
 
@@ -209,6 +204,11 @@ def parse(body: Any, names: list[str], chat: bool) -> Params:
     p.seed = _int(body, "seed", 0)
     if p.seed is not None and p.seed >= MAX_SEED:
         raise _bad(f"'seed' must be below 2**63; got {p.seed}.", "seed")
+    p.presence_penalty = _float(body, "presence_penalty", -2.0, 2.0)
+    p.frequency_penalty = _float(body, "frequency_penalty", -2.0, 2.0)
+    p.repetition_penalty = _float(body, "repetition_penalty", 0.0, 100.0, low_open=True)
+    p.logit_bias = _logit_bias(body.get("logit_bias"))
+    p.logprobs, p.top_logprobs = _logprobs(body, chat)
     stop = body.get("stop")
     if isinstance(stop, str):
         p.stop = [stop]
@@ -260,6 +260,50 @@ def parse(body: Any, names: list[str], chat: bool) -> Params:
             raise _bad("'prompt' must be one string or one list of token ids (batches are not supported).", "prompt")
         p.prompt = prompt
     return p
+
+
+def _logit_bias(value: Any) -> Optional[dict]:
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} -> {id: bias} (ids checked against the
+    vocabulary with the request)."""
+    if value is None or value == {}:
+        return None
+    if not isinstance(value, dict):
+        raise _bad("'logit_bias' must be an object mapping token ids to biases from -100 to 100.", "logit_bias")
+    out = {}
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise _bad(f"'logit_bias' key {key!r} is not a token id.", "logit_bias") from None
+        if token < 0 or str(token) != str(key).strip():
+            raise _bad(f"'logit_bias' key {key!r} is not a token id.", "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+            raise _bad(f"'logit_bias' value for {key} must be a number from -100 to 100; got {bias!r}.", "logit_bias")
+        out[token] = float(bias)
+    return out
+
+
+def _logprobs(body: dict, chat: bool) -> tuple[bool, int]:
+    """(logprobs wanted, top alternatives per token). Chat: `logprobs` true and `top_logprobs` 0..20;
+    completions: `logprobs` an integer 0..20 (the alternatives; 0 gives the chosen tokens' only)."""
+    value = body.get("logprobs")
+    if chat:
+        if value is not None and not isinstance(value, bool):
+            raise _bad(f"'logprobs' must be true or false; got {value!r}.", "logprobs")
+        top = _int(body, "top_logprobs", 0)
+        if top is not None and top > MAX_TOP_LOGPROBS:
+            raise _bad(f"'top_logprobs' must be at most {MAX_TOP_LOGPROBS}; got {top}.", "top_logprobs")
+        if top and not value:
+            raise _bad("'top_logprobs' needs 'logprobs': true.", "top_logprobs")
+        return bool(value), top or 0
+    if value is None or value is False:
+        return False, 0
+    if value is True:
+        value = 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise _bad(f"'logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS} on /v1/completions; got {value!r}.",
+                   "logprobs")
+    return True, value
 
 
 def _ids(value: Any, name: str, param: str) -> Optional[list[int]]:

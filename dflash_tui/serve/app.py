@@ -286,6 +286,7 @@ def _generation_request(state: ServeState, params: Params, ids: list[int], think
     max_new = max(1, max_new)
     stop_ids = params.stop_ids
     check_ids(state, list(stop_ids or []) + params.stop_token_ids, "stop_token_ids")
+    check_ids(state, list(params.logit_bias or {}), "logit_bias")
     if stop_ids is None and (params.stop_token_ids or params.ignore_eos):  # vLLM: stop_token_ids add to eos
         base = [] if params.ignore_eos else list(state.engine.stop_ids())
         stop_ids = list(dict.fromkeys(base + params.stop_token_ids))
@@ -294,7 +295,9 @@ def _generation_request(state: ServeState, params: Params, ids: list[int], think
     return check_request(lambda: GenerationRequest(
         prompt_ids=ids, max_new_tokens=max_new, temperature=pick("temperature"), top_p=pick("top_p"),
         top_k=pick("top_k"), min_p=pick("min_p"), seed=seed, block_size=params.block_size,
-        thinking=thinking, stop_ids=stop_ids,
+        thinking=thinking, stop_ids=stop_ids, presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
+        logit_bias=params.logit_bias, logprobs=params.logprobs, top_logprobs=params.top_logprobs,
         reuse_cache=params.reuse_cache if params.reuse_cache is not None else state.prefix_reuse))
 
 
@@ -493,7 +496,7 @@ def build_app(state: ServeState):
             split = ThinkingSplitter(opened=thinking and not prepared.opening
                                      and prompt_opens_thinking(state.engine.decode(ids[-8:])))
         parser = ToolCallParser(prepared.tool_format, prepared.opening) if prepared.tool_format else None
-        shaper = ChatShaper(params, ids, chat)
+        shaper = ChatShaper(params, ids, chat, getattr(state.engine, "tokenizer", None))
         if params.stream:
             return EventStream(shaper.stream(pieces(state, job, params, split, parser)),
                                lambda: state.worker.cancel(job))
@@ -553,12 +556,65 @@ def anyio_loop():
 class ChatShaper:
     """Pieces -> OpenAI chunks (streaming) or one response object."""
 
-    def __init__(self, params: Params, prompt_ids: list[int], chat: bool):
+    def __init__(self, params: Params, prompt_ids: list[int], chat: bool, tokenizer=None):
         self.params, self.prompt_ids, self.chat = params, prompt_ids, chat
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = now()
         self.object = "chat.completion" if chat else "text_completion"
         self.calls = 0  # tool calls sent so far (their index)
+        self.tokenizer = tokenizer
+        self.offset = 0  # completions' text_offset: characters of token text returned so far
+        self._texts: dict[int, str] = {}
+
+    def _token(self, token: int) -> str:
+        """A token's own text, special tokens included (as vLLM shows them in logprobs)."""
+        if token not in self._texts:
+            self._texts[token] = self.tokenizer.decode([token]) if self.tokenizer is not None else str(token)
+        return self._texts[token]
+
+    def _logprobs(self, piece: Piece) -> Optional[dict]:
+        """OpenAI's logprobs object for the ids a piece returns (None unless asked): chat's
+        {"content": [{token, logprob, bytes, top_logprobs}]}, completions' {tokens, token_logprobs,
+        top_logprobs, text_offset}. Raw log-probabilities of the target (engines StepEvent.logprobs)."""
+        if not self.params.logprobs:
+            return None
+        event, n = piece.event, len(piece.ids)
+        values = list((event.logprobs if event is not None and event.logprobs is not None else [])[:n])
+        tops = list((event.top_logprobs if event is not None and event.top_logprobs is not None else [])[:n])
+        tops += [[]] * (len(values) - len(tops))
+        clamp = lambda v: max(float(v), -9999.0)  # noqa: E731 - vLLM's floor for an underflowed probability
+        if self.chat:
+            def entry(token: int, value: float) -> dict:
+                text = self._token(token)
+                return {"token": text, "logprob": clamp(value), "bytes": list(text.encode("utf-8", errors="replace"))}
+
+            return {"content": [{**entry(t, v), "top_logprobs": [entry(int(i), lp) for i, lp in top]}
+                                for t, v, top in zip(piece.ids, values, tops)]}
+        tokens = [self._token(t) for t in piece.ids[: len(values)]]
+        offsets = []
+        for text in tokens:
+            offsets.append(self.offset)
+            self.offset += len(text)
+        top_dicts = None
+        if self.params.top_logprobs:
+            top_dicts = []
+            for t, v, top in zip(piece.ids, values, tops):
+                alternatives = {self._token(int(i)): clamp(lp) for i, lp in top}
+                alternatives.setdefault(self._token(t), clamp(v))  # vLLM lists the chosen token too
+                top_dicts.append(alternatives)
+        return {"tokens": tokens, "token_logprobs": [clamp(v) for v in values], "top_logprobs": top_dicts,
+                "text_offset": offsets}
+
+    @staticmethod
+    def _merge(total: Optional[dict], part: Optional[dict]) -> Optional[dict]:
+        if part is None:
+            return total
+        if total is None:
+            return {k: (list(v) if v is not None else None) for k, v in part.items()}
+        for key, value in part.items():
+            if value is not None:
+                total[key] = (total[key] or []) + value
+        return total
 
     def _delta(self, piece: Piece) -> dict:
         delta: dict = {}
@@ -610,9 +666,11 @@ class ChatShaper:
                     yield encode_event(self._chunk(choice))
                 ext = {"step": step_to_wire(piece.event)}
                 if self.chat:
-                    choice = {"index": 0, "delta": self._delta(piece), "logprobs": None, "finish_reason": piece.finish}
+                    choice = {"index": 0, "delta": self._delta(piece), "logprobs": self._logprobs(piece),
+                              "finish_reason": piece.finish}
                 else:
-                    choice = {"index": 0, "text": piece.content, "logprobs": None, "finish_reason": piece.finish}
+                    choice = {"index": 0, "text": piece.content, "logprobs": self._logprobs(piece),
+                              "finish_reason": piece.finish}
                 if self.params.return_token_ids:
                     choice["token_ids"] = list(piece.ids)
                 yield encode_event(self._chunk(choice, ext))
@@ -626,8 +684,10 @@ class ChatShaper:
 
     async def whole(self, source: AsyncIterator[Piece]) -> dict:
         reasoning, content, ids, calls = [], [], [], []
-        finish, summary = "stop", None
+        finish, summary, logprobs = "stop", None, None
         async for piece in source:
+            if piece.event is not None:
+                logprobs = self._merge(logprobs, self._logprobs(piece))
             reasoning.append(piece.reasoning)
             content.append(piece.content)
             ids += piece.ids
@@ -636,6 +696,8 @@ class ChatShaper:
                 finish = piece.finish
             if piece.event is None:
                 summary = piece.summary
+        if self.params.logprobs and logprobs is None:
+            logprobs = self._logprobs(Piece())  # no token returned: an empty list, as asked
         if self.chat:
             text = "".join(content)
             message: dict = {"role": "assistant", "content": (text.strip() or None) if calls else text}
@@ -644,9 +706,9 @@ class ChatShaper:
             if calls:
                 message["tool_calls"] = [{k: v for k, v in wire_call(c, i).items() if k != "index"}
                                          for i, c in enumerate(calls)]
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": "".join(content), "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": "".join(content), "logprobs": logprobs, "finish_reason": finish}
         if self.params.return_token_ids:
             choice["token_ids"] = ids
         out = {"id": self.id, "object": self.object, "created": self.created, "model": self.params.model,
