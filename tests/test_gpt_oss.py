@@ -224,3 +224,42 @@ def test_mxfp4_experts_load_dequantized_lossless_and_counted(pair, tmp_path_fact
     assert weight_bytes(target, torch.float32) == loaded
     assert weight_bytes(target, torch.float32, mxfp4_packed=True) < loaded
     assert weight_bytes(target, torch.float32) > stored_bytes(target)  # the packed file understates it
+
+
+# -- the MLX engine ------------------------------------------------------------------------------------
+
+def test_mlx_lm_runs_the_translated_weights_as_transformers_does(pair, tmp_path):
+    """engines/mlx/target.py hands mlx-lm transformers' unquantized expert tensors split and transposed
+    (split_gpt_oss_experts); mlx-lm's logits then equal transformers' past the window (sinks, experts,
+    window all in play). Both with YaRN's `truncate` on: mlx-lm 0.32 always rounds YaRN's correction range,
+    while the published gpt-oss config (and this fixture) turns that rounding off for transformers."""
+    pytest.importorskip("mlx_lm")
+    import json
+    import shutil
+
+    import mlx.core as mx
+    import numpy as np
+    from transformers import AutoModelForCausalLM
+
+    from dflash_tui.engines.mlx.target import load_mlx_model
+
+    target = tmp_path / "target"
+    shutil.copytree(pair[0], target)
+    config = json.loads((target / "config.json").read_text())
+    config["rope_parameters"]["truncate"] = True
+    (target / "config.json").write_text(json.dumps(config))
+    ids = [(7 * i + 3) % 300 for i in range(40)]
+    mlx_logits = np.array(load_mlx_model(target, "gpt_oss", config)(mx.array([ids])))[0]
+    with torch.inference_mode():
+        expected = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)(torch.tensor([ids])).logits[0]
+    np.testing.assert_allclose(mlx_logits, expected.numpy(), rtol=1e-4, atol=2e-4)
+
+
+def test_mlx_chat_on_kept_caches_equals_fresh_prefills(pair):
+    pytest.importorskip("mlx_lm")
+    engine = engine_for("mlx", *pair)
+    assert all(type(c).__name__ == "KVCache" for c in engine.target.make_cache())  # sliding layers kept whole
+    blocks = [1, 16, 2, 8]
+    reused = turn_chat(engine, blocks, reuse=True)
+    fresh = turn_chat(engine, blocks, reuse=False)
+    assert_same_chat(engine, reused, fresh)

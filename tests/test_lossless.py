@@ -13,8 +13,10 @@ NEW = 40
 FAMILIES = [("qwen3", False), ("qwen3_moe", False), ("llama", False), ("qwen3", True), ("qwen3_5", False),
             ("qwen3_5_moe", False), ("qwen3_5", True), ("qwen3_next", False),
             ("gpt_oss", False)]  # True: the draft reads the last layer
-NOT_ON = {("mlx", "gpt_oss"): "the MLX engine does not load gpt_oss targets yet (issue 29: mlx-lm 0.32 reads other "
-                              "expert weight names than transformers saves)"}
+NOT_ON: dict[tuple[str, str], str] = {}  # (engine, family): why that engine does not run it yet
+# gpt_oss (slow on the CPU: experts and sinks) checks one prompt, past its sliding window of 8 as chat-rendered;
+# tests/test_gpt_oss.py covers its rollbacks and kept turns
+PROMPTS_FOR = {"gpt_oss": PROMPTS[:1]}
 
 
 @pytest.mark.parametrize("engine_name", ENGINES)
@@ -27,7 +29,7 @@ def test_greedy_ids_match_the_framework(pairs, engine_name, family, last_layer, 
         pytest.importorskip("mlx_lm")
     target, draft = pairs(family, last_layer)
     engine = engine_for(engine_name, target, draft, draft_window=window)
-    for prompt in PROMPTS:
+    for prompt in PROMPTS_FOR.get(family, PROMPTS):
         ids = engine.prepare(GenerationRequest(prompt=prompt))
         expected = framework_greedy(engine_name, target, ids, NEW)
         for block in BLOCKS:

@@ -123,22 +123,50 @@ def fuse_experts(weights: dict) -> dict:
     return weights
 
 
+GPT_OSS_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.gate_up_proj$")
+
+
+def split_gpt_oss_experts(weights: dict) -> dict:
+    """gpt-oss expert weights as transformers holds and saves them unquantized (`mlp.experts.gate_up_proj`
+    [experts, hidden, 2 * inter] with gate and up interleaved along the last axis, `down_proj` [experts,
+    inter, hidden], and their `_bias` tensors) in the layout mlx-lm 0.32's gpt_oss runs: separate
+    `gate_proj` / `up_proj` / `down_proj` `.weight` [experts, out, in] and `.bias`. mlx-lm's own sanitize
+    reads only the published MXFP4 tensors (`*_blocks`, output rows first) and leaves the names of
+    unquantized ones unloadable; MXFP4 checkpoints and mlx-lm's converted ones pass through untouched."""
+    for key in [k for k in weights if GPT_OSS_EXPERTS.match(k)]:
+        prefix = key.removesuffix(".gate_up_proj")
+        gate_up = mx.swapaxes(weights.pop(key), -1, -2)  # [experts, 2 * inter, hidden]
+        weights[f"{prefix}.gate_proj.weight"] = mx.contiguous(gate_up[..., ::2, :])
+        weights[f"{prefix}.up_proj.weight"] = mx.contiguous(gate_up[..., 1::2, :])
+        bias = weights.pop(f"{prefix}.gate_up_proj_bias")
+        weights[f"{prefix}.gate_proj.bias"] = mx.contiguous(bias[..., ::2])
+        weights[f"{prefix}.up_proj.bias"] = mx.contiguous(bias[..., 1::2])
+        weights[f"{prefix}.down_proj.weight"] = mx.contiguous(mx.swapaxes(weights.pop(f"{prefix}.down_proj"), -1, -2))
+        weights[f"{prefix}.down_proj.bias"] = weights.pop(f"{prefix}.down_proj_bias")
+    return weights
+
+
+# mlx-lm's sanitize fixed up for layouts transformers 5 saves and mlx-lm 0.32 does not read
+SANITIZE_FIRST = {"qwen3_5_moe": fuse_experts, "gpt_oss": split_gpt_oss_experts}
+
+
 def _model_classes(config: dict):
-    """mlx-lm's own classes for the config; for qwen3_5_moe, a subclass whose sanitize first fuses
-    per-expert weights (fuse_experts) and then runs mlx-lm's own."""
+    """mlx-lm's own classes for the config; for the families in SANITIZE_FIRST, a subclass whose sanitize
+    first translates the weights (fuse_experts, split_gpt_oss_experts) and then runs mlx-lm's own."""
     import inspect
 
     from mlx_lm.utils import load_model
 
     model_class, args_class = inspect.signature(load_model).parameters["get_model_classes"].default(config)
-    if config.get("model_type") != "qwen3_5_moe":
+    translate = SANITIZE_FIRST.get(config.get("model_type"))
+    if translate is None:
         return model_class, args_class
 
-    class FusedExperts(model_class):
+    class Translated(model_class):
         def sanitize(self, weights):
-            return super().sanitize(fuse_experts(dict(weights)))
+            return super().sanitize(translate(dict(weights)))
 
-    return FusedExperts, args_class
+    return Translated, args_class
 
 
 def load_mlx_model(path: Path, model_type: str, config: dict):
@@ -177,9 +205,18 @@ def _first(module, names):
     return None
 
 
+# Families whose sliding-window layers the engine keeps in plain (whole) KV caches rather than mlx-lm's
+# rotating ones, as the cuda engine keeps them in whole buckets (docs/families.md): a verify block is then
+# rolled back by a trim, not by re-feeding the whole target, and kept turns crop exactly. Only families whose
+# mlx-lm model passes its window to the cache's mask (`create_attention_mask(..., window_size=W)`: a plain
+# cache then builds the windowed causal mask over every position) belong here.
+WHOLE_SLIDING = {"gpt_oss"}
+
+
 class Target:
     def __init__(self, info: TargetInfo, dtype: str, layer_ids: list[int]):
         self.model = load_mlx_model(info.path, info.model_type, info.config)
+        self.model_type = info.model_type
         if dtype != "auto":
             self.model.set_dtype(DTYPES[dtype])
         decoder = _decoder(self.model)
@@ -213,9 +250,14 @@ class Target:
         return CacheRollback(cache)
 
     def make_cache(self) -> list:
-        from mlx_lm.models.cache import make_prompt_cache
+        """mlx-lm's prompt cache for the model, except that a family in WHOLE_SLIDING keeps its sliding-window
+        layers in plain KV caches instead of window-sized rotating ones (see WHOLE_SLIDING)."""
+        from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-        return make_prompt_cache(self.model)
+        cache = make_prompt_cache(self.model)
+        if self.model_type in WHOLE_SLIDING:
+            cache = [KVCache() if type(c) is RotatingKVCache else c for c in cache]
+        return cache
 
     def forward(self, ids: mx.array, cache: list, capture: bool):
         """Logits [1, n, vocab] for ids [1, n] after the cache's contents and, if asked, the concatenated
