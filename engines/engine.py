@@ -295,8 +295,6 @@ class Engine:
         started = time.perf_counter()
         decode_started = started
         reused = 0
-        logprobs: Optional[list[float]] = [] if request.logprobs else None
-        tops: Optional[list[list]] = [] if request.logprobs and request.top_logprobs else None
         steps = self._decode(ids, block_size, sampling, max_new, reuse=request.reuse_cache, split=self._split(ids))
         try:
             for raw in steps:
@@ -311,10 +309,6 @@ class Engine:
                 out_ids += emitted
                 step_logprobs = raw.logprobs[: len(emitted)] if raw.logprobs is not None else None
                 step_tops = raw.top_logprobs[: len(emitted)] if raw.top_logprobs is not None else None
-                if logprobs is not None and step_logprobs is not None:
-                    logprobs += step_logprobs
-                if tops is not None and step_tops is not None:
-                    tops += step_tops
                 if raw.prefill:
                     reused = raw.reused
                     ttft = time.perf_counter() - started
@@ -356,5 +350,4 @@ class Engine:
             engine=self.name, device=self.device, dtype=self.dtype, finish_reason=finish,
             reused_prompt_tokens=reused, prefilled_prompt_tokens=len(ids) - reused if out_ids else 0,
             limit=limit if finish == "length" else None, acceptance_rule=self.acceptance_rule(sampling),
-            logprobs=logprobs, top_logprobs=tops,
         )

@@ -96,8 +96,6 @@ class Summary:
     prefilled_prompt_tokens: Optional[int] = 0  # prompt tokens this turn's prefill ran (0 in files from before the field)
     limit: Optional[str] = None  # with finish_reason "length": "tokens" (max_new_tokens) or "context" (the window is full)
     acceptance_rule: Optional[str] = None  # "greedy", "exact-match" or "rejection" (docs/engine-contract.md); None: unknown
-    logprobs: Optional[list[float]] = None  # per id of token_ids, when the request asked (StepEvent.logprobs)
-    top_logprobs: Optional[list[list]] = None  # per id: [[id, logprob], ...], when the request asked
     contract: int = CONTRACT_VERSION  # the contract version this Summary was written under
 
     @property

@@ -7,11 +7,13 @@ verify logits at the position it was emitted from.
   transformers' log_softmax over the whole sequence.
 - At T > 0 with penalties and a DFlash 2 draft's rejection sampling (resampled tokens that differ from the
   drafted ones), each emitted id's logprob is still the raw one of that id.
-- Through `generate`: the events' logprobs concatenate to the Summary's, one per token id, cut with the
-  ids at a stop id; without `logprobs` every field stays None.
+- Through `generate`: each event carries one logprob per emitted id, cut with the ids at a stop id;
+  without `logprobs` the fields stay None.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -56,9 +58,12 @@ def collect(steps):
 @pytest.mark.parametrize("name", ENGINES)
 def test_block8_logprobs_equal_block1_and_transformers(engines, transformers_target, name):  # noqa: F811
     engine = engines(name)
-    list(engine.generate(GenerationRequest(prompt=PROMPT, max_new_tokens=NEW, temperature=0.0, block_size=1,
-                                           stop_ids=[], logprobs=True, top_logprobs=TOP)))
-    one = engine.last_summary
+    one = SimpleNamespace(token_ids=[], logprobs=[], top_logprobs=[])  # a block-1 run's, from its events
+    for event in engine.generate(GenerationRequest(prompt=PROMPT, max_new_tokens=NEW, temperature=0.0, block_size=1,
+                                                   stop_ids=[], logprobs=True, top_logprobs=TOP)):
+        one.token_ids += event.emitted
+        one.logprobs += event.logprobs
+        one.top_logprobs += event.top_logprobs
     assert len(one.logprobs) == len(one.top_logprobs) == NEW
     ids = engine.prepare(GenerationRequest(prompt=PROMPT))
     params = SamplingParams(logprobs=True, top_logprobs=TOP)
@@ -119,14 +124,14 @@ def test_events_and_summary_carry_them_cut_at_a_stop_id(engines, name):  # noqa:
     engine = engines(name)
     list(engine.generate(GenerationRequest(prompt=PROMPT, max_new_tokens=12, temperature=0.0, block_size=4, stop_ids=[])))
     plain = engine.last_summary
-    assert plain.logprobs is None and plain.top_logprobs is None
     stop = plain.token_ids[6]
     events = list(engine.generate(GenerationRequest(prompt=PROMPT, max_new_tokens=12, temperature=0.0, block_size=4,
                                                     stop_ids=[stop], logprobs=True)))
     summary = engine.last_summary
     assert summary.token_ids == plain.token_ids[: plain.token_ids.index(stop) + 1]
-    assert [v for e in events for v in e.logprobs] == summary.logprobs and len(summary.logprobs) == len(summary.token_ids)
+    assert sum(len(e.logprobs) for e in events) == len(summary.token_ids)
     assert all(len(e.logprobs) == len(e.emitted) and e.top_logprobs is None for e in events)
-    assert summary.top_logprobs is None
+    unasked = list(engine.generate(GenerationRequest(prompt=PROMPT, max_new_tokens=5, temperature=0.0, block_size=4)))
+    assert all(e.logprobs is None and e.top_logprobs is None for e in unasked)
     with pytest.raises(Exception, match="top_logprobs"):
         GenerationRequest(prompt=PROMPT, logprobs=True, top_logprobs=21)

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -677,8 +678,9 @@ def test_logprobs_are_the_targets_raw_ones_streamed_or_whole_chat_and_completion
     prompt = "What is 48 + 75?"
     request = GenerationRequest(messages=[{"role": "user", "content": prompt}], max_new_tokens=12, temperature=0.0,
                                 block_size=1, logprobs=True, top_logprobs=3, stop_ids=[])
-    list(local.generate(request))
-    want = local.last_summary
+    events = list(local.generate(request))
+    want = SimpleNamespace(token_ids=[t for e in events for t in e.emitted], logprobs=[v for e in events for v in e.logprobs],
+                           top_logprobs=[row for e in events for row in e.top_logprobs])
     body = chat_body(prompt, max_tokens=12, logprobs=True, top_logprobs=3, return_token_ids=True, ignore_eos=True)
     whole = httpx.post(server.base + "/chat/completions", json=body, timeout=60).json()["choices"][0]
     content = whole["logprobs"]["content"]
