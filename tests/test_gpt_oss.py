@@ -228,11 +228,14 @@ def test_mxfp4_experts_load_dequantized_lossless_and_counted(pair, tmp_path_fact
 
 # -- the MLX engine ------------------------------------------------------------------------------------
 
-def test_mlx_lm_runs_the_translated_weights_as_transformers_does(pair, tmp_path):
+@pytest.mark.parametrize("mxfp4", [False, True])
+def test_mlx_lm_runs_the_translated_weights_as_transformers_does(pair, tmp_path, mxfp4):
     """engines/mlx/target.py hands mlx-lm transformers' unquantized expert tensors split and transposed
-    (split_gpt_oss_experts); mlx-lm's logits then equal transformers' past the window (sinks, experts,
-    window all in play). Both with YaRN's `truncate` on: mlx-lm 0.32 always rounds YaRN's correction range,
-    while the published gpt-oss config (and this fixture) turns that rounding off for transformers."""
+    (split_gpt_oss_experts), and the published MXFP4 tensors as they are (mlx-lm keeps them packed: its
+    mxfp4 quantized experts); mlx-lm's logits then equal transformers' past the window (sinks, experts,
+    window all in play; transformers dequantizes MXFP4 on the CPU). Both with YaRN's `truncate` on: mlx-lm
+    0.32 always rounds YaRN's correction range, while the published gpt-oss config (and this fixture) turns
+    that rounding off for transformers. On the MXFP4 checkpoint the MLX engine is also lossless."""
     pytest.importorskip("mlx_lm")
     import json
     import shutil
@@ -242,17 +245,32 @@ def test_mlx_lm_runs_the_translated_weights_as_transformers_does(pair, tmp_path)
     from transformers import AutoModelForCausalLM
 
     from dflash_tui.engines.mlx.target import load_mlx_model
+    from tests.oracles import mlx_lm_greedy
+    from tests.tiny import make_gpt_oss_mxfp4
 
     target = tmp_path / "target"
-    shutil.copytree(pair[0], target)
+    if mxfp4:
+        make_gpt_oss_mxfp4(target, pair[0])
+    else:
+        shutil.copytree(pair[0], target)
     config = json.loads((target / "config.json").read_text())
     config["rope_parameters"]["truncate"] = True
     (target / "config.json").write_text(json.dumps(config))
     ids = [(7 * i + 3) % 300 for i in range(40)]
-    mlx_logits = np.array(load_mlx_model(target, "gpt_oss", config)(mx.array([ids])))[0]
+    model = load_mlx_model(target, "gpt_oss", config)
+    assert (type(model.layers[0].mlp.experts.gate_proj).__name__ == "QuantizedSwitchLinear") == mxfp4
+    mlx_logits = np.array(model(mx.array([ids])))[0]
     with torch.inference_mode():
         expected = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)(torch.tensor([ids])).logits[0]
     np.testing.assert_allclose(mlx_logits, expected.numpy(), rtol=1e-4, atol=2e-4)
+    if mxfp4:
+        engine = engine_for("mlx", target, pair[1])
+        prompt = engine.prepare(GenerationRequest(prompt="What is 48 + 75?"))
+        reference = mlx_lm_greedy(target, prompt, 24)
+        for block in (1, 16):
+            list(engine.generate(GenerationRequest(prompt_ids=prompt, max_new_tokens=24, temperature=0,
+                                                   block_size=block, stop_ids=[])))
+            assert engine.last_summary.token_ids == reference, f"block {block}"
 
 
 def test_mlx_chat_on_kept_caches_equals_fresh_prefills(pair):
