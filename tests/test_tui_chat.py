@@ -56,7 +56,11 @@ async def test_f2_and_click_toggle_markdown_in_place(profile, engine, data_dir):
 
 
 @pytest.mark.asyncio
-async def test_f3_copies_the_last_answer(profile, engine, data_dir):
+async def test_f3_copies_the_last_answer_or_any_message_marked_or_found(profile, engine, data_dir):
+    """f3 copies the last answer; alt+up/down mark any message, and ctrl+f finds one, for f3 to copy (issue
+    32, build 6: copy any message, search in the conversation)."""
+    from dflash_tui.tui.widgets import AnswerView
+
     app = make_app(profile, engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
@@ -64,8 +68,20 @@ async def test_f3_copies_the_last_answer(profile, engine, data_dir):
         await pilot.press("f3")
         assert app.clipboard == last_answer(app).answer_text != ""
         app.copy_to_clipboard("")
-        await pilot.press("ctrl+p", *"Copy answer", "enter")  # the palette has the answer commands too
+        await pilot.press("ctrl+p", *"Copy message", "enter")  # the palette has the answer commands too
         await waiting.until(pilot, lambda: app.clipboard == last_answer(app).answer_text)
+        await send(pilot, "and then me")
+        first = app.screen.query(AnswerView).first()
+        await pilot.press("alt+up", "alt+up", "f3")  # the last answer, then the question above it
+        assert app.clipboard == "and then me" and app.chat.marked.has_class("-marked")
+        await pilot.press("alt+up", "f3")
+        assert app.clipboard == first.answer_text and app.chat.marked is first
+        await pilot.press("ctrl+f", *"COPY ME")  # any case; the last message holding it is marked
+        await waiting.until(pilot, lambda: getattr(app.chat.marked, "text", None) == "copy me")
+        await pilot.press("escape", "f3")  # escape closes the find bar, the mark stays for f3
+        assert app.clipboard == "copy me" and app.focused is app.screen.query_one("#prompt")
+        await pilot.press("escape", "f3")  # a second escape clears the mark: f3 is the last answer's again
+        assert app.chat.marked is None and app.clipboard == last_answer(app).answer_text
 
 
 @pytest.mark.asyncio
@@ -670,7 +686,7 @@ async def test_every_text_on_screen_reaches_3_to_1_on_every_builtin_theme(profil
         for severity in ("information", "warning", "error"):
             app.notify(f"a {severity} toast", severity=severity, timeout=600)
         await waiting.until(pilot, lambda: sum("toast" in str(t.render()) for t in app.screen.query(Toast)) == 3, 60)
-        app.screen.query_one("#conversation").scroll_to_widget(answers[0], animate=False, top=True)
+        app.chat.mark(answers[0])  # marked (alt+up, ctrl+f) on its tinted background, and scrolled to
         await pilot.pause()
         shown = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
         assert "⏹ cancelled" in shown and "thinking · 25 tokens" in shown and "error toast" in shown, shown

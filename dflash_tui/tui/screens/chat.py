@@ -32,7 +32,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.notifications import Notification, Notify
 from textual.screen import Screen
-from textual.widgets import Footer, LoadingIndicator, Static
+from textual.widgets import Footer, Input, LoadingIndicator, Static
 
 from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ActiveTurn, Conversation, reports_steps, resume
@@ -72,6 +72,9 @@ KEYS = [
     Binding("f1", "app.help", "help", priority=True),
     Binding("f2", "markdown", "markdown", show=False, priority=True),
     Binding("f3", "copy_answer", "copy", show=False, priority=True),
+    Binding("alt+up", "mark(-1)", "earlier message", show=False, priority=True),
+    Binding("alt+down", "mark(1)", "later message", show=False, priority=True),
+    Binding("ctrl+f", "find", "find", show=False, priority=True),
     Binding("f4", "regenerate", "regenerate", show=False, priority=True),
     Binding("f5", "edit_last", "edit last", show=False, priority=True),
     Binding("f6", "continue_answer", "continue", show=False, priority=True),
@@ -80,7 +83,8 @@ KEYS = [
 
 # The palette's commands on answers: (title, help, ChatScreen action); "Answer as Markdown" (f2) is the app's.
 ANSWER_COMMANDS = [
-    ("Copy answer", "f3: copy the last answer to the clipboard", "copy_answer"),
+    ("Copy message", "f3: copy the marked message (alt+up/down, ctrl+f), else the last answer", "copy_answer"),
+    ("Find in the conversation", "ctrl+f: mark the messages that hold a text, one by one", "find"),
     ("Regenerate answer", "f4: drop the last answer and ask the same prompt again", "regenerate"),
     ("Edit last prompt", "f5: drop the last answer and put its prompt back in the message box", "edit_last"),
     ("Continue answer", "f6: go on with a stopped (cancelled) last answer", "continue_answer"),
@@ -185,6 +189,7 @@ class ChatScreen(Screen):
         self.finished: list[ActiveTurn] = []  # in the order they ended
         self.measures = 0  # block-1 measurements finished (tests wait on it)
         self.selected: Optional[AnswerView] = None  # the answer last clicked: f2 acts on it
+        self.marked: Optional[Static | AnswerView] = None  # the message alt+up/down or ctrl+f reached: f3 copies it
         self._toasts: dict[str, Notification] = {}  # the toast shown per kind, replaced rather than stacked
 
     def compose(self) -> ComposeResult:
@@ -197,6 +202,8 @@ class ChatScreen(Screen):
                         yield LoadingIndicator()
                         yield Static("", id="loading-text")
                 yield NewTextMarker("↓ new text below · ctrl+end or click", id="new-text")
+                yield FindInput(placeholder="find · enter/↑ earlier · ↓ later · escape closes", id="find",
+                                compact=True)
                 yield Static("message · enter send · ctrl+j newline · ↑ earlier prompts", id="input-title")
                 yield PromptInput(id="prompt")
             yield StatsPanel(id="stats-panel")
@@ -535,10 +542,64 @@ class ChatScreen(Screen):
             self.app.call_from_thread(self.toast, "block", f"Block {block} is ready (CUDA graphs captured).")
 
     def action_cancel(self) -> None:
-        """Escape: stop a running answer, and bring the focus back to the message box."""
+        """Escape: stop a running answer, and bring the focus back to the message box; it closes the find
+        bar first (the message found stays marked), else it clears the mark."""
         if self.active is not None:
             self.active.cancel()
+        find = self.query_one("#find", FindInput)
+        if find.has_class("-open"):
+            find.remove_class("-open")
+        elif self.active is None:
+            self.mark(None)
         self._prompt.focus()
+
+    # -- marking, finding and copying any message -------------------------------------------------
+    def messages(self) -> list:
+        """The conversation's messages, top to bottom: the person's and the answers."""
+        return [w for w in self._view.children if isinstance(w, (UserMessage, AnswerView))]
+
+    def mark(self, widget) -> None:
+        if self.marked is not None and self.marked.is_attached:
+            self.marked.remove_class("-marked")
+        self.marked = widget
+        if widget is not None:
+            widget.add_class("-marked")
+            self._view.scroll_to_widget(widget, animate=False, top=widget.outer_size.height > self._view.size.height)
+
+    def action_mark(self, by: int) -> None:
+        """alt+up / alt+down: mark the message before or after the marked one (from the end at first)."""
+        found = self.messages()
+        if not found:
+            return
+        at = found.index(self.marked) if self.marked in found else len(found)
+        self.mark(found[max(0, min(at + by, len(found) - 1))])
+
+    def action_find(self) -> None:
+        find = self.query_one("#find", FindInput)
+        find.add_class("-open")
+        find.focus()
+
+    def on_input_changed(self, event) -> None:
+        if event.input.id == "find":
+            self.find_step(0)
+
+    def find_step(self, by: int) -> None:
+        """Mark a message holding the find bar's text (any case): the last one at first (by 0), then each
+        earlier one (by -1) or later one (by 1), round the conversation."""
+        find = self.query_one("#find", FindInput)
+        needle = find.value.lower()
+        found = [w for w in self.messages() if needle and needle in message_text(w).lower()]
+        if not found:
+            self.mark(None)
+            if needle:
+                self.toast("find", f"Nothing holds {find.value!r}.")
+            return
+        if by == 0 or self.marked not in found:
+            target = found[-1]
+        else:
+            target = found[(found.index(self.marked) + by) % len(found)]
+        self.mark(target)
+        self.toast("find", f"{found.index(target) + 1} of {len(found)} messages hold {find.value!r}.")
 
     def action_interrupt(self) -> None:
         """ctrl+c: stop a running answer; otherwise copy the message box's selection, or say how to quit."""
@@ -558,7 +619,8 @@ class ChatScreen(Screen):
         """A printable key typed while the conversation (or an example button) has the focus goes to the
         message box, as in chat apps: nothing typed is lost, and the next enter sends it."""
         prompt = self._prompt
-        if self.focused is prompt or not event.is_printable or not event.character or not prompt.display:
+        if self.focused is prompt or isinstance(self.focused, Input) or not event.is_printable or \
+                not event.character or not prompt.display:
             return
         event.stop()
         event.prevent_default()
@@ -649,8 +711,10 @@ class ChatScreen(Screen):
         return done[-1] if done else None
 
     async def action_markdown(self) -> None:
-        """Toggle the clicked answer (else the last) between coloured tokens and rendered Markdown."""
-        view = self.selected if self.selected is not None and self.selected.is_attached else self.last_answer()
+        """Toggle the marked or clicked answer (else the last) between coloured tokens and rendered Markdown."""
+        marked = self.marked if isinstance(self.marked, AnswerView) and self.marked.is_attached else None
+        view = marked or (self.selected if self.selected is not None and self.selected.is_attached else
+                          self.last_answer())
         if view is not None:
             await view.show_markdown(not view.markdown)
 
@@ -659,7 +723,13 @@ class ChatScreen(Screen):
         await message.answer.show_markdown(not message.answer.markdown)
 
     def action_copy_answer(self) -> None:
-        view = self.last_answer()
+        """f3: copy the marked message (alt+up/down, ctrl+f), else the last answer."""
+        marked = self.marked if self.marked is not None and self.marked.is_attached else None
+        if isinstance(marked, UserMessage):
+            self.app.copy_to_clipboard(marked.text)
+            self.toast("copy", f"Copied your message ({len(marked.text)} characters).")
+            return
+        view = marked or self.last_answer()
         if view is not None:
             self.app.copy_to_clipboard(view.answer_text)
             self.toast("copy", f"Copied the answer ({len(view.answer_text)} characters).")
@@ -720,6 +790,23 @@ def is_builtin_demo(profile) -> bool:
 
     path = getattr(profile, "path", None)
     return profile.name == "demo" and path is not None and path.resolve().parent == builtin_profile_dir().resolve()
+
+
+def message_text(widget) -> str:
+    """What a message says: the person's text, or an answer's whole text (its thinking too)."""
+    return widget.text if isinstance(widget, UserMessage) else widget.raw
+
+
+class FindInput(Input):
+    """The find bar (ctrl+f): enter or up marks the message before, down the one after."""
+
+    BINDINGS = [Binding("up", "step(-1)", show=False), Binding("down", "step(1)", show=False)]
+
+    def action_step(self, by: int) -> None:
+        self.screen.find_step(by)
+
+    async def action_submit(self) -> None:
+        self.screen.find_step(-1)
 
 
 def following(view: VerticalScroll) -> bool:

@@ -86,6 +86,7 @@ class UserMessage(Static):
         t.append("you  ", style="bold")
         t.append(printable(text))
         super().__init__(t)
+        self.text = text  # as typed: what f3 copies and ctrl+f finds
 
 
 class NoticeLine(Static):
