@@ -59,8 +59,8 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, drafted: Optional[torch.Tensor] = None) -> torch.Tensor:
         """logits [n, vocab] -> ids [n] (`drafted`: the block's drafted ids [n - 1], for the penalties)."""
-        if self.params.greedy:
-            return self.penalize(logits, drafted).argmax(dim=-1)
+        if self.params.greedy:  # (without penalties the logits as they are: no float32 copy)
+            return (logits if self.penalizer is None else self.penalize(logits, drafted)).argmax(dim=-1)
         return self.race(self.probs(logits, drafted))
 
     def race(self, probs: torch.Tensor) -> torch.Tensor:

@@ -106,8 +106,8 @@ class Sampler:
 
     def __call__(self, logits: mx.array, drafted: Optional[mx.array] = None) -> mx.array:
         """logits [n, vocab] -> int32 ids [n] (`drafted`: the block's drafted ids [n - 1], for the penalties)."""
-        if self.params.greedy:
-            return mx.argmax(self.penalize(logits, drafted), axis=-1).astype(mx.int32)
+        if self.params.greedy:  # (without penalties the logits as they are: no float32 copy)
+            return mx.argmax(logits if self.penalizer is None else self.penalize(logits, drafted), axis=-1).astype(mx.int32)
         return mx.random.categorical(self.process(logits, drafted), axis=-1, key=self.next_key()).astype(mx.int32)
 
     def from_probs(self, probs: mx.array) -> mx.array:
