@@ -243,7 +243,8 @@ async def test_palette_commands_include_profiles_engines_and_system_prompt(profi
 @pytest.mark.asyncio
 async def test_engine_switch_reloads_and_keeps_history(profile, data_dir):
     """The engine before's notices go with it (issue 32: "No CUDA device" stayed after switching to mlx);
-    a turn it ran keeps its figures but not its peak memory, which is not the new engine's."""
+    a turn it ran keeps its figures but not its peak memory, which is not the new engine's, and its block-1
+    probes go (a speedup against them would compare two engines)."""
     from dflash_tui.tui.widgets import NoticeLine
 
     def engine_notices():
@@ -254,12 +255,14 @@ async def test_engine_switch_reloads_and_keeps_history(profile, data_dir):
         await ready(pilot)
         await send(pilot, "before the switch")
         assert len(engine_notices()) == 1 and app._last_stats.peak_bytes
+        await waiting.until(pilot, lambda: app.conversation.probes)  # block 1 timed on this engine
         old = app.engine
         app.switch_engine("cuda")
         await waiting.until(pilot, lambda: app.engine is not None and app.engine is not old and not app.loading)
         await pilot.pause()
         assert [t.user for t in app.conversation.turns] == ["before the switch"]
         assert len(engine_notices()) == 1  # the new engine's own, not the old one's beside it
+        assert app.conversation.probes == []  # the old engine's block-1 step is no measure of the new one's
         app.conversation.turns[-1].summary.engine = "mlx"  # as if the turn had run on the engine before
         app.chat.refresh_chrome()
         assert app._last_stats.peak_bytes is None and app._last_stats.tokens_per_s

@@ -191,6 +191,7 @@ class DflashApp(App):
         if self._keep_conversation and self.conversation is not None:
             conv = self.conversation
             conv.engine = engine
+            conv.probes.clear()  # block-1 steps timed on the engine before: no measure of this one's speedup
             if conv.settings.block_size and conv.settings.block_size > 1 and not conv.has_draft:
                 conv.settings.block_size = 1
             notices = [f"Reloaded on the {engine.name} engine ({engine.device}, {engine.dtype}); history kept."]
