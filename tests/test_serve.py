@@ -22,6 +22,7 @@ pytest.importorskip("uvicorn")
 pytest.importorskip("torch")
 
 from dflash_tui.engines import EngineConfig, EngineLike, GenerationRequest, load_engine  # noqa: E402 - after the importorskip above
+from dflash_tui.engines.events import CONTRACT_VERSION  # noqa: E402 - after the importorskip above
 from dflash_tui.engines.remote import RemoteConfig, RemoteEngine  # noqa: E402 - after the importorskip above
 from dflash_tui.engines.remote.client import parse_prometheus  # noqa: E402 - after the importorskip above
 from dflash_tui.engines.remote.thinking import ThinkingSplitter  # noqa: E402 - after the importorskip above
@@ -236,7 +237,7 @@ def test_remote_engine_shows_what_a_local_engine_shows(server, local):
     list(remote.generate(GenerationRequest(messages=[{"role": "user", "content": PROMPTS[2]}], max_new_tokens=8,
                                            temperature=0.0, block_size=4)))
     s = remote.last_summary
-    assert s.block_size == 4 and s.contract == 2 and s.peak_memory_bytes > 0 and s.peak_memory_kind
+    assert s.block_size == 4 and s.contract == CONTRACT_VERSION and s.peak_memory_bytes > 0 and s.peak_memory_kind
     assert s.mean_acceptance_length is not None and s.prefilled_prompt_tokens is not None and len(s.histogram) == 4
     ids = local.prepare(GenerationRequest(messages=[{"role": "user", "content": "hi"}]))  # replay resends ids
     got = list(remote.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=10, temperature=0.0)))
