@@ -239,6 +239,14 @@ def test_unknown_device(pairs):
         engine_for("mlx", target, device="cuda:0")
 
 
+def test_device_cpu_named_explicitly(pairs):
+    """`--device cpu` (not only auto) runs: mx.cpu is a device type, the engine needs a device."""
+    target, draft = pairs("qwen3")
+    engine = engine_for("mlx", target, draft, device="cpu")
+    assert engine.device == "cpu"
+    assert run(engine, prompt="Hi", max_new_tokens=4, temperature=0, block_size=4, stop_ids=[])[1].generated_tokens == 4
+
+
 def test_missing_mlx_is_one_sentence(monkeypatch, pairs):
     """Without mlx, importing the engine raises ImportError, which load_engine turns into a sentence."""
     import builtins

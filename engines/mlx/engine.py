@@ -26,11 +26,11 @@ def pick_device(name: str) -> mx.Device:
     if name in ("auto", "", None):
         return mx.default_device()
     if name == "cpu":
-        return mx.cpu
+        return mx.Device(mx.cpu)  # mx.cpu is the device type; set_default_device and .type want a Device
     if name in ("gpu", "metal", "mps"):
         if not mx.is_available(mx.gpu):
             raise UserError(f"Device '{name}' was asked for but MLX sees no GPU here; use --device cpu or auto.")
-        return mx.gpu
+        return mx.Device(mx.gpu)
     raise UserError(f"Device '{name}' is not an MLX device; use auto, cpu or gpu.")
 
 
