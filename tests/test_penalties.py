@@ -201,3 +201,15 @@ def test_the_graph_path_penalizes_as_eager_at_one_sync_a_step(engines, monkeypat
                                atol=1e-4)
     engine.pool = cache_module.CachePool(engine.target, engine.draft)
     engine.new_context()
+
+
+def test_out_of_range_penalties_are_one_sentence_before_anything_runs(engines):
+    from dflash_tui.engines.errors import UserError
+
+    for bad, needle in [(dict(presence_penalty=2.5), "presence_penalty"), (dict(frequency_penalty=-3), "frequency_penalty"),
+                        (dict(repetition_penalty=0), "repetition_penalty"), (dict(logit_bias={5: 101}), r"logit_bias\[5\]"),
+                        (dict(logit_bias={-1: 1}), "logit_bias key"), (dict(logit_bias=[1]), "logit_bias")]:
+        with pytest.raises(UserError, match=needle):
+            GenerationRequest(prompt=PROMPT, **bad)
+    with pytest.raises(UserError, match="logit_bias names token id 100000"):
+        list(engines("cuda").generate(GenerationRequest(prompt=PROMPT, max_new_tokens=2, logit_bias={100000: 1.0})))
