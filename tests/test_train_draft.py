@@ -507,3 +507,19 @@ def test_dflash2_starts_from_a_dflash1_draft_and_loads_in_both_engines(counting,
     back = run_cli(cli_args(counting, tmp_path / "o", "--init-draft", str(out), "--block-size", "8"))
     assert back.exit_code == 2 and "--arch dflash2" in back.output, back.output
     assert load_engine(EngineConfig(target=str(target), draft=str(out), engine="cuda", device="cpu")).draft.dims
+
+
+def test_given_responses_keep_the_thinking_a_template_drops_from_history():
+    """The demo template (like Qwen3's) renders an assistant turn in the history without its <think> block;
+    a given response is what the target writes, so its trace stays (training on the bare answers took a
+    converged draft from tau 12 to 3 in 60 steps)."""
+    from dflash_tui.engines.cuda.training.data import given_response_ids
+    from dflash_tui.engines.prompting import load_tokenizer
+
+    tok = load_tokenizer(Path(__file__).resolve().parent.parent / "profiles" / "demo" / "target")
+    eos = [tok.convert_tokens_to_ids("<|im_end|>")]
+    content = "<think>\nAdd 3 and 4.\nSo 3 + 4 = 7.\n</think>\n\n3 + 4 = 7."
+    ids = given_response_ids(tok, [{"role": "user", "content": "What is 3 + 4?"}], content, True, eos)
+    assert ids[-1] == eos[0] and tok.decode(ids[:-1]).strip() == content
+    plain = given_response_ids(tok, [{"role": "user", "content": "Hi"}], "Hello.", False, eos)
+    assert tok.decode(plain[:-1]).strip() == "Hello."

@@ -118,8 +118,12 @@ def given_response_ids(tokenizer, history: list[dict], content: str, thinking: b
     if full[: len(prompt)] == prompt and len(full) > len(prompt):
         ids = full[len(prompt):]
         end = next((i for i, t in enumerate(ids) if t in eos), None)
-        return ids[: end + 1] if end is not None else ids
-    # The template renders history differently from a generation prompt: tokenize the text itself.
+        ids = ids[: end + 1] if end is not None else ids
+        # A template that drops the thinking of assistant turns in the history (Qwen3's, the demo's) renders
+        # only the answer: the target would have written the whole content, trace included.
+        if tokenizer.decode(ids[:end] if end is not None else ids).strip() == content.strip():
+            return ids
+    # The template renders the turn otherwise (or not at all): tokenize the text itself.
     return tokenizer.encode(content, add_special_tokens=False) + eos[:1]
 
 
