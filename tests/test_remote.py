@@ -200,3 +200,23 @@ def test_plain_chat_exits_1_after_a_failed_turn(data_dir):
     with ForeignServer() as server:
         answered = CliRunner().invoke(main, ["chat", "--plain", "--url", server.base], input="hello\n")
     assert answered.exit_code == 0, answered.output
+
+
+def test_penalties_and_logit_bias_reach_the_server():
+    """The remote engine forwards the request's penalties and logit_bias (string keys, as JSON has them);
+    none of them when unset."""
+    from dflash_tui.engines import EngineConfig, GenerationRequest, load_engine
+    from tests.foreign import ForeignServer
+
+    with ForeignServer() as server:
+        engine = load_engine(EngineConfig(target="served", engine="remote", url=server.base))
+        ask = dict(messages=[{"role": "user", "content": "hi"}], max_new_tokens=4)
+        list(engine.generate(GenerationRequest(**ask, presence_penalty=0.5, repetition_penalty=1.2,
+                                               logit_bias={7: -100.0})))
+        penalized = server.requests[-1][1]
+        list(engine.generate(GenerationRequest(**ask)))
+        plain = server.requests[-1][1]
+        engine.close()
+    assert (penalized["presence_penalty"], penalized["repetition_penalty"]) == (0.5, 1.2)
+    assert penalized["logit_bias"] == {"7": -100.0} and "frequency_penalty" not in penalized
+    assert not {"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"} & set(plain)

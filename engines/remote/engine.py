@@ -103,6 +103,16 @@ def _delta_text(previous: str, now: str) -> tuple[str, str]:
 IDS_SERVERS = ("dflash", "vllm", "sglang", "llama.cpp")  # their completions take a prompt of token ids
 
 
+def penalty_fields(request: GenerationRequest) -> dict:
+    """The request's penalties and logit_bias as the OpenAI-compatible servers take them (JSON object
+    keys are strings), only those set: a server that does not know a field never sees it unasked."""
+    fields = {key: getattr(request, key) for key in ("presence_penalty", "frequency_penalty", "repetition_penalty")
+              if getattr(request, key) is not None}
+    if request.logit_bias:
+        fields["logit_bias"] = {str(token): bias for token, bias in request.logit_bias.items()}
+    return fields
+
+
 class RemoteEngine:
     """The engine contract (`prepare`, `generate`, `last_summary`, names and sizes) over HTTP."""
 
@@ -324,6 +334,7 @@ class RemoteEngine:
             value = getattr(request, key)
             if value is not None:
                 body[key] = value
+        body.update(penalty_fields(request))
         if request.messages is not None:
             path = "/chat/completions"
             body["messages"] = request.messages
@@ -488,6 +499,7 @@ class RemoteEngine:
                 params[key] = getattr(request, key)
         if request.stop_ids is not None:
             params["stop_token_ids"] = list(request.stop_ids)
+        params.update(penalty_fields(request))
         body = {"input_ids": prompt, "sampling_params": params, "stream": True}
         started = time.perf_counter()
         first_at = None
