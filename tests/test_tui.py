@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 
 from dflash_tui.engines.events import StepEvent  # noqa: E402 - after the importorskip above
 from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
-from tests.tui_helpers import SIZE, make_app, ready, send, session_lines, wcag  # noqa: E402 - after the importorskip above
+from tests.tui_helpers import SIZE, SMALL, every_theme_reads, make_app, ready, send, session_lines, wcag  # noqa: E402 - after the importorskip above
 
 # -- pilot tests -----------------------------------------------------------------------------------
 
@@ -337,8 +337,10 @@ async def test_answer_view_puts_thinking_in_a_collapsible(data_dir):
 
 
 @pytest.mark.asyncio
-async def test_replay_colours_stay_readable_on_a_light_theme(profile, engine, data_dir):
-    """The replay's side-by-side text takes the answer's colours for the theme, as the chat does."""
+async def test_the_replay_screen_reads_at_3_to_1_on_every_builtin_theme(profile, engine, data_dir):
+    """The replay's side-by-side text takes the answer's colours for the theme, as the chat does; its marks
+    and verdict take the theme's readable success and error colours (green was 2.9:1 on textual-light), and
+    the chart's bar labels stand out from their bars (plotext drew them in the bar's own colour, 1:1)."""
     from rich.style import Style
 
     from dflash_tui.core import sessions
@@ -351,16 +353,19 @@ async def test_replay_colours_stay_readable_on_a_light_theme(profile, engine, da
     saved = (Path(__file__).parent / "fixtures" / "replay-3-runs.json").read_text()
     (writer.path.parent / f"{writer.id}.replay-20260101-120500.json").write_text(saved)
     app = make_app(profile, engine)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=SMALL) as pilot:
         await ready(pilot)
-        app.theme = "textual-light"
         await pilot.press("ctrl+r")
         await waiting.until(pilot, lambda: isinstance(app.screen, ReplayScreen) and app.screen.query(".replay-column"))
+        failures = await every_theme_reads(pilot, "replay")
+        assert not failures, failures
+        app.theme = "textual-light"
+        await pilot.pause()
         bg = theme_background(app.current_theme)
         styles = [Style.parse(str(span.style)) for column in app.screen.query(".replay-column")
                   for span in column.content.spans]
         colours = {style.color.triplet for style in styles if style.color and style.color.triplet}
-        assert len(colours) == 2  # draft and target (ANSI colours, as the headings', follow the theme)
+        assert len(colours) == 2  # draft and target, in the answer's colours for this theme
         for colour in colours:
             assert wcag(colour, (bg.r, bg.g, bg.b)) >= 3
 

@@ -15,7 +15,7 @@ pytest.importorskip("textual")
 pytest.importorskip("torch")
 
 from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
-from tests.tui_helpers import SIZE, make_app, ready, recorded_turn, send, write_session  # noqa: E402 - after the importorskip above
+from tests.tui_helpers import SIZE, every_theme_reads, make_app, ready, recorded_turn, send, write_session  # noqa: E402 - after the importorskip above
 
 
 @pytest.fixture
@@ -640,20 +640,6 @@ async def test_ghosts_keep_the_line_the_reader_was_on(profile, engine, data_dir)
             await waiting.until(pilot, lambda h=heights: [a.virtual_region.height for a in answers] != h, 30)
             await pilot.pause()
             assert view.scroll_y == mark.virtual_region.y, (view.scroll_y, mark.virtual_region.y)
-
-
-async def every_theme_reads(pilot, where: str) -> list[str]:
-    """The text on the screen under 3:1 on each built-in theme (ANSI themes paint in the terminal's own
-    colours, which are the terminal's to pick)."""
-    from tests.tui_helpers import unreadable_text
-
-    app, failures = pilot.app, []
-    for name in app.available_themes:
-        if not name.startswith("ansi"):
-            app.theme = name
-            await pilot.pause()
-            failures += [f"{where} on {name}: {text}" for text in unreadable_text(app)]
-    return failures
 
 
 @pytest.mark.asyncio

@@ -131,3 +131,15 @@ def write_session(session_id: str, *turns: dict) -> str:
         writer.append_turn({"index": index, **turn})
     writer.close()
     return session_id
+
+
+async def every_theme_reads(pilot, where: str) -> list[str]:
+    """The text on the screen under 3:1 on each built-in theme (ANSI themes paint in the terminal's own
+    colours, which are the terminal's to pick)."""
+    app, failures = pilot.app, []
+    for name in app.available_themes:
+        if not name.startswith("ansi"):
+            app.theme = name
+            await pilot.pause()
+            failures += [f"{where} on {name}: {text}" for text in unreadable_text(app)]
+    return failures

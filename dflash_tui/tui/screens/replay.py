@@ -23,6 +23,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.color import Color
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, ProgressBar, Static
@@ -88,7 +89,7 @@ class ReplayScreen(ModalScreen):
                 yield Input(self.session_id or self._newest() or "", placeholder="session id", id="replay-session")
                 yield Static("blocks")
                 yield Input(",".join(str(b) for b in replay.DEFAULT_BLOCK_SIZES), id="replay-blocks",
-                            placeholder="1,2,4,8,16")
+                            placeholder="1,2,4,8,16", select_on_focus=False)  # a selection is 2:1 on some themes
                 yield Static("runs")
                 yield Input(str(replay.DEFAULT_REPEATS), id="replay-repeats", type="integer")
                 yield Button("run", id="replay-run", variant="primary")
@@ -109,6 +110,7 @@ class ReplayScreen(ModalScreen):
         return found[0].id if found else None
 
     def on_mount(self) -> None:
+        self.watch(self.app, "theme", self._theme_changed, init=False)
         self.query_one("#replay-blocks", Input).focus()
         self.query_one("#replay-turns", DataTable).display = False
         self.query_one("#replay-progress", ProgressBar).display = False  # idle, it would pulse as if running
@@ -123,6 +125,15 @@ class ReplayScreen(ModalScreen):
                 self._status(f"Last replay {_stamp(saved[-1])} · enter runs it again")
         except Exception:  # noqa: BLE001 - an old or unreadable comparison is simply not shown
             pass
+
+    def _theme_changed(self) -> None:
+        if self.comparison is not None and not self._gone():  # its marks and text in the new theme's colours
+            self.show(self.comparison)
+
+    def _colour(self, name: str) -> str:
+        """A theme's text colour (`$text-success`, …), readable on its backgrounds (contrast.py)."""
+        value = self.app.get_css_variables().get(name, "")  # the theme's now (a theme watcher runs before the CSS)
+        return value.removeprefix("ansi_")  # an ANSI theme's ("ansi_green") is the terminal's own, as Rich names it
 
     def _status(self, text: str) -> None:
         self.query_one("#replay-status", Static).update(text)
@@ -225,20 +236,21 @@ class ReplayScreen(ModalScreen):
         column = replay.IDENTICAL_COLUMN
         for row in cells:
             mark = row[column]
-            style = "bold red" if replay.CROSS in mark else ("green" if replay.CHECK in mark else "")
+            style = f"bold {self._colour('text-error')}" if replay.CROSS in mark else \
+                self._colour("text-success") if replay.CHECK in mark else ""
             table.add_row(*row[:column], Text(mark, style=style), *row[column + 1:])
         self.query_one("#replay-note", Static).update(repeats_note(comparison["rows"]))
         # the box is 98% of the screen; its border, padding and the scrollbar take 8 columns
         width = max(40, min(int(self.size.width * 0.98) - 8, 110)) if self.size.width else 100
         # a rich Group renders through rich itself, which keeps the chart's leading spaces (its alignment)
-        chart = Text.from_ansi(replay.chart(comparison, True, width, 12), no_wrap=True, overflow="crop")
+        chart = legible(Text.from_ansi(replay.chart(comparison, True, width, 12), no_wrap=True, overflow="crop"))
         self.query_one("#replay-chart", Static).update(Group(chart))
         lines = [replay.verdict(comparison), *replay.difference_lines(comparison), *comparison.get("warnings", [])]
         verdict = Text("\n".join(lines))
         if comparison["differences"]:
-            verdict.stylize("bold red", 0, len(lines[0]))
+            verdict.stylize(f"bold {self._colour('text-error')}", 0, len(lines[0]))
         elif comparison["greedy"]:
-            verdict.stylize("green", 0, len(lines[0]))
+            verdict.stylize(self._colour("text-success"), 0, len(lines[0]))
         self.query_one("#replay-verdict", Static).update(verdict)
         turns = self.query_one("#replay-turns", DataTable)
         turns.clear(columns=True)
@@ -280,7 +292,7 @@ class ReplayScreen(ModalScreen):
                 if d["turn"] == index and d["block_size"] == row["block_size"]:
                     margin = "?" if d["margin"] is None else f"{d['margin']:.3g}"
                     body.append(f"✗ differs from the {d['against']} at token {d['position']} (top-2 margin {margin})\n",
-                                style="bold red")
+                                style=f"bold {self._colour('text-error')}")
             for text, origin in turn["pieces"]:
                 body.append(printable(text), style=styles.get(origin, ""))
             columns.append(Static(body, classes="replay-column"))
@@ -289,6 +301,26 @@ class ReplayScreen(ModalScreen):
     def action_close(self) -> None:
         self.cancel.set()
         self.dismiss(None)
+
+
+def legible(text: Text) -> Text:
+    """The chart with its bar labels readable: plotext draws a label inside its bar in the bar's own colour
+    on the bar's colour; such text is drawn in black or white, whichever stands out more from the bar."""
+    from rich.style import Style
+    from rich.text import Span
+
+    from dflash_tui.tui.contrast import contrast
+
+    def ink(style: Style) -> Style:
+        if style.color is None or style.color != style.bgcolor:
+            return style
+        rgb = style.bgcolor.get_truecolor()
+        bar = Color(rgb.red, rgb.green, rgb.blue)
+        return style + Style(color=max((Color(0, 0, 0), Color(255, 255, 255)), key=lambda c: contrast(c, bar)).hex)
+
+    text.spans = [Span(span.start, span.end, ink(span.style if isinstance(span.style, Style) else
+                                                 Style.parse(str(span.style)))) for span in text.spans]
+    return text
 
 
 def _stamp(path) -> str:
