@@ -775,6 +775,7 @@ async def test_switching_offline_to_a_profile_not_downloaded_says_so_at_once(pro
         await pilot.pause()
         header = str(app.screen.query_one("#header-state").render())
         assert "?" not in header and "qwen3-8b" in header and "not loaded" in header, header
+        assert "block –" in str(app.screen.query_one("#stats-line").render())  # not the "block 1" of no engine
         app.switch_profile(str(profile))  # and back to one that is here
         await waiting.until(pilot, lambda: app.conversation is not None and not app.loading)
         await pilot.pause()

@@ -295,6 +295,8 @@ class ChatScreen(Screen):
         if engine is not None:
             d.engine, d.device, d.dtype = engine.name, engine.device, engine.dtype
             d.block_size = engine.block_size if known_steps else None
+        else:
+            d.block_size = None  # nothing loaded (loading, or a load that failed): not "block 1"
         if not known_steps:  # nor will a turn tell its acceptance, split, memory or cache reuse
             d.histogram = d.draft_s = d.verify_s = d.peak_bytes = d.reused_tokens = d.prefilled_tokens = None
         d.ghosts = self.ghosts
