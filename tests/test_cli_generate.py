@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from dflash_tui.cli import main
+from dflash_tui.engines import CONTRACT_VERSION
 from tests.oracles import transformers_greedy
 
 
@@ -144,7 +145,7 @@ def test_json_against_a_foreign_server_says_null_for_what_it_cannot_know(foreign
     summary = summary_of(result.stdout)
     assert {k: summary[k] for k in UNKNOWN_FIELDS} == dict.fromkeys(UNKNOWN_FIELDS)  # null, never 0 or 0.0
     assert summary["generated_tokens"] == 6 and summary["text"] == "Hello from a foreign server."
-    assert summary["contract"] == 2
+    assert summary["contract"] == CONTRACT_VERSION and summary["acceptance_rule"] is None
 
 
 def test_text_against_a_foreign_server_shows_a_dash_for_what_it_cannot_know(foreign):

@@ -231,7 +231,7 @@ class StepGraphs:
         buffers = tuple(layer.k_buf.data_ptr() if layer.k_buf is not None else 0 for layer in bucket_layers(cache))
         return self.cache is cache and buffers == self._buffers and self.covers(start, b)
 
-    def draft_step(self, last: torch.Tensor, start: int, b: int, sampler, live: Optional[int] = None
+    def draft_step(self, last: torch.Tensor, start: int, b: int, sampler=None, live: Optional[int] = None
                    ) -> tuple[torch.Tensor, Optional[Proposal]]:
         """Fill the static inputs (device-side copies and draws, no sync) and run the draft: the block [1, b]
         and its Proposal (None at block 1). `live`: the positions that count in a shrunk last block run
