@@ -191,6 +191,26 @@ def test_demo_draft_is_lossless_and_accepted(engine, heldout):
     assert sum(lengths) / len(lengths) >= 5
 
 
+@has_target
+@has_draft
+@pytest.mark.skipif(not (DEMO / "draft2" / "model.safetensors").exists(), reason="demo DFlash 2 draft not built yet")
+def test_demo_dflash2_draft_is_lossless_and_accepted_more(engine, heldout):
+    """The DFlash 2 draft beside the DFlash 1 one: the target's ids at block 16, and more tokens accepted
+    on the same prompts (docs/dflash2.md; engine_speed --drafts measures it on the README's prompts)."""
+    from scripts.demo import evaluate
+
+    dflash2 = evaluate.load(TARGET, DEMO / "draft2")
+    assert dflash2.draft_info.arch == "dflash2"
+    one, two = [], []
+    for rec in heldout[::2]:  # one prompt per task
+        base = evaluate.run(engine, rec, block_size=16)
+        fast = evaluate.run(dflash2, rec, block_size=16)
+        assert fast.token_ids == base.token_ids
+        one.extend(base.acceptance_lengths)
+        two.extend(fast.acceptance_lengths)
+    assert sum(two) / len(two) > sum(one) / len(one)
+
+
 def demo_profile():
     """The demo profile as `make chat` opens it (imported here, so the corpus tests need no engine)."""
     from dflash_tui.core.profiles import load_profile
