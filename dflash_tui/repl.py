@@ -24,7 +24,7 @@ from dflash_tui.core.conversation import (
 )
 from dflash_tui.core.figures import UNKNOWN, fixed, known
 from dflash_tui.core.settings import loading_line, profile_for
-from dflash_tui.core.terminal import color_enabled, printable, typing_hidden
+from dflash_tui.core.terminal import color_enabled, counted, printable, typing_hidden
 from dflash_tui.engines import load_engine
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.process import quiet_loaders
@@ -259,7 +259,7 @@ def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optiona
         for warning in session.warnings:
             repl.info(warning)
         resume(conv, session, flags)
-        repl.info(f"resumed session {session.id} ({len(session.turns)} turns)")
+        repl.info(f"resumed session {session.id} ({counted(len(session.turns), 'turn')})")
     if stdin.isatty() and out.isatty():
         repl.run_interactive()
     else:

@@ -59,7 +59,7 @@ def test_plain_resume_continues_the_session(profile, data_dir):
     (session,) = sessions.list_sessions()
     again = run_plain(["--plain", "--resume", session.id[:12]], "and this\n", data_dir)
     assert again.returncode == 0, again.stderr.decode()
-    assert f"resumed session {session.id} (1 turns)" in again.stderr.decode()
+    assert f"resumed session {session.id} (1 turn)" in again.stderr.decode()
     turns = sessions.load_session(session.id).turns
     assert [t["user"] for t in turns] == ["remember this", "and this"]
     assert turns[1]["messages"][0] == {"role": "user", "content": "remember this"}

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from dflash_tui.core.figures import fixed, known
-from dflash_tui.core.terminal import printable
+from dflash_tui.core.terminal import counted, printable
 from dflash_tui.engines.errors import UserError
 
 FORMAT_VERSION = 1
@@ -580,7 +580,7 @@ def refuse_if_open(session: Session, doing: str = "deleting") -> None:
 def deletion_text(session: Session) -> str:
     """What deleting `session` removes, as a confirmation names it."""
     extra = len(companion_files(session.path))
-    what = f"session {session.id} ({len(session.turns)} turns, \"{session.title[:40]}\")"
+    what = f"session {session.id} ({counted(len(session.turns), 'turn')}, \"{session.title[:40]}\")"
     return what + (f" and {extra} replay file{'s' if extra != 1 else ''}" if extra else "")
 
 

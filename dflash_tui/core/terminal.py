@@ -17,6 +17,11 @@ from dflash_tui.engines.text import printable
 __all__ = ["color_enabled", "json_text", "printable", "typing_hidden"]
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 turn', '3 turns': a count with its noun (regular plurals only)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def color_enabled(stream=None) -> bool:
     """Colour on a terminal; never when NO_COLOR is set to anything but the empty string
     (https://no-color.org); always when FORCE_COLOR is set (and not "0"), e.g. for a pager."""

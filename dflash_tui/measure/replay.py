@@ -59,7 +59,7 @@ from typing import Optional
 
 from dflash_tui.core import sessions
 from dflash_tui.core.figures import fixed
-from dflash_tui.core.terminal import printable
+from dflash_tui.core.terminal import counted, printable
 from dflash_tui.engines.config import MAX_BLOCK_SIZE, SAMPLING_FIELDS, EngineConfig, GenerationRequest
 from dflash_tui.engines.errors import UserError
 from dflash_tui.measure.report import CHECK, CROSS, format_bytes, histogram_text, millis, repeats_note, spread_cell, table, times
@@ -448,8 +448,8 @@ def verdict(comparison: dict) -> str:
             "each other (different target: not compared to the recording)"
         runs = sorted({r["repeats"] for r in comparison["rows"]})
         every = f" in every run ({'/'.join(map(str, runs))} per block size)" if runs != [1] else ""
-        return f"{CHECK} All {n} turn{'s' if n != 1 else ''} identical at block sizes {blocks}{every}: equal to {against}."
-    return f"{CROSS} {len(diffs)} difference{'s' if len(diffs) != 1 else ''} found (listed below)."
+        return f"{CHECK} All {counted(n, 'turn')} identical at block sizes {blocks}{every}: equal to {against}."
+    return f"{CROSS} {counted(len(diffs), 'difference')} found (listed below)."
 
 
 def difference_lines(comparison: dict) -> list[str]:

@@ -30,7 +30,7 @@ from typing import Optional
 import tomlkit
 
 from dflash_tui.core.figures import fixed
-from dflash_tui.core.terminal import printable
+from dflash_tui.core.terminal import counted, printable
 from dflash_tui.engines.errors import UserError
 from dflash_tui.measure.bench import run_block
 from dflash_tui.measure.replay import DEFAULT_REPEATS
@@ -138,7 +138,7 @@ def too_few_repeats(repeats: int) -> Optional[str]:
     """Why `repeats` passes are not enough to write a setting; None when they are."""
     if repeats >= MIN_REPEATS:
         return None
-    return (f"{repeats} repeat{'s' if repeats != 1 else ''} cannot tell a faster block size from the machine's noise, "
+    return (f"{counted(repeats, 'repeat')} cannot tell a faster block size from the machine's noise, "
             f"so tune writes only after at least {MIN_REPEATS}")
 
 

@@ -37,6 +37,7 @@ from textual.widgets import Footer, Input, LoadingIndicator, Static
 from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ActiveTurn, Conversation, reports_steps, resume
 from dflash_tui.core.figures import fixed, known
+from dflash_tui.core.terminal import counted
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.events import Summary
 from dflash_tui.tui.screens.replay import ReplayScreen
@@ -697,7 +698,7 @@ class ChatScreen(Screen):
             view.mount(answer)
             answer.call_after_refresh(answer.finish, turn.status, footer_for(turn.summary))
         count = len(session.turns)
-        self.notice(f"Resumed session {session.id} ({count} turn{'' if count == 1 else 's'}).")
+        self.notice(f"Resumed session {session.id} ({counted(count, 'turn')}).")
         view.follow()  # its last answer in view, once laid out
         self.refresh_chrome()
 

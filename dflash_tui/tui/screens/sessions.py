@@ -13,6 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
 from dflash_tui.core import sessions
+from dflash_tui.core.terminal import counted
 from dflash_tui.engines.errors import UserError
 
 
@@ -127,7 +128,7 @@ class SessionsScreen(ModalScreen[str | None]):
             title = s.title if len(s.title) <= width else s.title[:width - 1] + "…"
             table.add_row(("● " if s.id == self.open_id else "") + s.id, s.created[:16].replace("T", " "),
                           s.profile_name or "?", str(len(s.turns)), title, key=s.id)
-        count = f"{len(found)} session{'s' if len(found) != 1 else ''}"
+        count = counted(len(found), "session")
         if self.query_text:
             count += f" of {len(self.every)} " + (f"hold {self.query_text!r}" if found else
                                                    f"(none holds {self.query_text!r})")
