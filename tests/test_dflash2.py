@@ -37,20 +37,7 @@ VARIANTS = {**DRAFTS,
 @pytest.fixture(scope="module")
 def built(pairs, tmp_path_factory):
     """(target, draft, engine) by VARIANTS name; engines loaded once."""
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            family, layer_ids, options = VARIANTS[name]
-            target, _ = pairs(family)
-            draft = tiny_dflash2.make_dflash2_draft(tmp_path_factory.mktemp(name) / "draft", target, layer_ids,
-                                                    **options)
-            engine = load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
-                                              dtype="float32"))
-            cache[name] = (target, draft, engine)
-        return cache[name]
-
-    return get
+    return tiny_dflash2.draft_builder(pairs, tmp_path_factory, "cuda", VARIANTS)
 
 
 @torch.inference_mode()

@@ -35,18 +35,7 @@ NEW = 24
 @pytest.fixture(scope="module")
 def built(pairs, tmp_path_factory):
     """(target, draft, engine) by DRAFTS name; engines loaded once."""
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            family, layer_ids, options = DRAFTS[name]
-            target, _ = pairs(family)
-            draft = tiny_dflash2.make_dflash2_draft(tmp_path_factory.mktemp(name) / "draft", target, layer_ids,
-                                                    **options)
-            cache[name] = (target, draft, engine_for("mlx", target, draft))
-        return cache[name]
-
-    return get
+    return tiny_dflash2.draft_builder(pairs, tmp_path_factory, "mlx")
 
 
 def mlx_block(engine, features, anchor, size, window=None, temperature=0.0, noise=None):

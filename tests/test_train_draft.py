@@ -96,11 +96,16 @@ def trained(counting, tmp_path_factory):
 def test_batched_blocks_match_the_decoding_loop(counting, tmp_path):
     """Many anchors in one masked pass give the same block hidden states as the loop's DraftCache
     (context strictly before the anchor, bidirectional block), including a draft reading the last layer."""
+    trainer = Trainer(config(counting, tmp_path / "d", target_layer_ids="1,3"))
+    assert_batched_blocks_match_the_loop(trainer, trainer.draft)
+
+
+def assert_batched_blocks_match_the_loop(trainer, draft) -> None:
+    """The objective's one masked pass over four blocks of a sequence against DraftCache, block by block."""
     from transformers import DynamicCache
 
     from dflash_tui.engines.cuda.draft import DraftCache
 
-    trainer = Trainer(config(counting, tmp_path / "d", target_layer_ids="1,3"))
     tok = trainer.tokenizer
     seq = tok.apply_chat_template([{"role": "user", "content": "k"}], add_generation_prompt=True, tokenize=True,
                                   return_dict=False)
@@ -112,12 +117,11 @@ def test_batched_blocks_match_the_decoding_loop(counting, tmp_path):
         _, features = trainer.target.forward(ids, 0, DynamicCache(config=trainer.target.model.config),
                                              last_only=False, capture=True)
         for j, a in enumerate(anchors[0].tolist()):
-            cache = DraftCache(trainer.draft, None)
+            cache = DraftCache(draft, None)
             cache.append(features[:, :a])
             block = torch.full((1, 8), trainer.mask_id)
             block[0, 0] = seq[a]
-            positions = torch.arange(a, a + 8).unsqueeze(0)
-            expected = trainer.draft.block_hidden(trainer.target.embed(block), cache.keys, cache.values, positions)
+            expected = cache.hidden(draft.embed(trainer.target.embed, block))
             torch.testing.assert_close(batched[0, j], expected[0], atol=1e-4, rtol=1e-4)
 
 
@@ -440,34 +444,15 @@ def test_ownership_rule(tmp_path):
 def test_batched_dflash2_blocks_match_the_decoding_loop(counting, tmp_path, variant):
     """The objective's one masked pass over many blocks equals the loop's DraftCache for a DFlash 2 draft:
     its convolutions stay inside each block, and causal and sliding layers see what the loop shows them."""
-    from transformers import DynamicCache
-
     from dflash_tui.engines.checkpoints import DraftInfo
-    from dflash_tui.engines.cuda.draft import DFlashDraft, DraftCache
+    from dflash_tui.engines.cuda.draft import DFlashDraft
     from tests.tiny_dflash2 import make_dflash2_draft
 
     trainer = Trainer(config(counting, tmp_path / "d", target_layer_ids="1,3", arch="dflash2"))
     target, _ = counting
     folder = make_dflash2_draft(tmp_path / "d2", target, [1, 3], block_size=8, **variant)
-    info = DraftInfo.read(str(folder))
-    trainer.objective.draft = draft = DFlashDraft.load(info, torch.device("cpu"), torch.float32)
-    tok = trainer.tokenizer
-    seq = tok.apply_chat_template([{"role": "user", "content": "k"}], add_generation_prompt=True, tokenize=True,
-                                  return_dict=False)
-    seq = list(seq) + tok.encode(alphabet("k", 30)[1:], add_special_tokens=False)
-    ids = torch.tensor([seq])
-    anchors = torch.tensor([[5, 9, 14, 20]])
-    with torch.no_grad():
-        batched = trainer.objective.block_hiddens(ids, trainer.objective.features(ids), anchors)
-        _, features = trainer.target.forward(ids, 0, DynamicCache(config=trainer.target.model.config),
-                                             last_only=False, capture=True)
-        for j, a in enumerate(anchors[0].tolist()):
-            cache = DraftCache(draft, None)
-            cache.append(features[:, :a])
-            block = torch.full((1, 8), trainer.mask_id)
-            block[0, 0] = seq[a]
-            expected = cache.hidden(draft.embed(trainer.target.embed, block))
-            torch.testing.assert_close(batched[0, j], expected[0], atol=1e-4, rtol=1e-4)
+    trainer.objective.draft = draft = DFlashDraft.load(DraftInfo.read(str(folder)), torch.device("cpu"), torch.float32)
+    assert_batched_blocks_match_the_loop(trainer, draft)
 
 
 def test_dflash2_starts_from_a_dflash1_draft_and_loads_in_both_engines(counting, trained, tmp_path):

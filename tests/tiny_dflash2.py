@@ -149,3 +149,22 @@ DRAFTS = {
     "dflash1-sliding": ("qwen3", [0, 2], dict(with_dflash2_tensors=False, top_k=None, architecture="DFlashDraftModel",
                                               sliding_window=4)),
 }
+
+
+def draft_builder(pairs, tmp_path_factory, engine_name: str, variants: Optional[dict] = None):
+    """A module fixture's getter: name -> (target, draft, engine) for `variants` (default DRAFTS), each draft
+    written and its engine (tests.oracles.engine_for) loaded once."""
+    from tests.oracles import engine_for
+
+    variants = variants or DRAFTS
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            family, layer_ids, options = variants[name]
+            target, _ = pairs(family)
+            draft = make_dflash2_draft(tmp_path_factory.mktemp(name) / "draft", target, layer_ids, **options)
+            cache[name] = (target, draft, engine_for(engine_name, target, draft))
+        return cache[name]
+
+    return get
