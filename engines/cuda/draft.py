@@ -288,7 +288,10 @@ class DFlashDraft(nn.Module):
 
     def head_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """The target head's logits for draft hidden states, as the selector reads them."""
-        logits = lm_head(hidden.to(lm_head.weight.device))
+        return self.as_target_scores(lm_head(hidden.to(lm_head.weight.device)))
+
+    def as_target_scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """Raw head logits with the target's output multiplier and final softcap applied."""
         if self.logit_multiplier != 1.0:
             logits = logits * self.logit_multiplier
         if self.logit_softcap:

@@ -126,10 +126,7 @@ class BlockObjective:
         slot's scores, given its true predecessor, against its true token where that token is among the
         top-K candidates of the head's logits; 0 where it is not."""
         draft = self.draft
-        unary = logits * draft.logit_multiplier
-        if draft.logit_softcap:
-            unary = torch.tanh(unary / draft.logit_softcap) * draft.logit_softcap
-        top, candidates = torch.topk(unary, draft.candidate_selector.top_k, dim=-1)
+        top, candidates = torch.topk(draft.as_target_scores(logits), draft.candidate_selector.top_k, dim=-1)
         pairs = draft.candidate_selector.pair_scores(hidden.float(), candidates, predecessors[..., None])[..., 0, :]
         scores = top + pairs
         hit = candidates == labels[..., None]
