@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from dflash_tui.cli import main
@@ -52,3 +54,57 @@ def test_sessions_list_json_is_one_document_as_its_help_says(data_dir):
     assert isinstance(rows, list) and sorted(r["id"] for r in rows) == ["20260101-120000-json", "20260101-120001-json"]
     help_text = " ".join(CliRunner().invoke(main, ["sessions", "list", "--help"]).output.split())
     assert "one JSON document: an array" in help_text and "per line" not in help_text
+
+
+# Every writer under the one colour policy: click (a command's styled header), rich on stdout and on stderr.
+WRITERS = """
+from dflash_tui.cli import main
+from dflash_tui.cli.style import console
+main(["profile", "list"], prog_name="dflash", standalone_mode=False)
+console().print("[bold]rich out[/]")
+console(err=True).print("[bold]rich err[/]")
+"""
+SGR = re.compile(r"\x1b\[[0-9;]*m")  # a colour or style, not the cursor codes a live bar moves with
+
+
+def _writers(env: dict, tty: bool) -> dict[str, bool]:
+    """Whether each writer's line came out coloured, with stdout and stderr a pseudo-terminal or pipes."""
+    env = {**{k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}, "TERM": "xterm", **env}
+    command = [sys.executable, "-c", WRITERS]
+    if tty:
+        main_fd, child_fd = os.openpty()
+        proc = subprocess.Popen(command, stdout=child_fd, stderr=child_fd, env=env, cwd=ROOT)
+        os.close(child_fd)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(main_fd, 65536)
+            except OSError:  # EIO: the child closed its end
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(main_fd)
+        proc.wait(timeout=60)
+        text = b"".join(chunks).decode()
+        out = err = text
+    else:
+        run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+        out, err = run.stdout, run.stderr
+    lines = {"click": ("NAME", out), "rich out": ("rich out", out), "rich err": ("rich err", err)}
+    found = {}
+    for writer, (mark, text) in lines.items():
+        line = next(line for line in text.splitlines() if mark in line)
+        found[writer] = bool(SGR.search(line))
+    return found
+
+
+@pytest.mark.parametrize(("env", "forced"), [
+    ({}, None), ({"FORCE_COLOR": "1"}, True), ({"NO_COLOR": "1"}, False), ({"FORCE_COLOR": "0"}, None),
+    ({"NO_COLOR": "1", "FORCE_COLOR": "1"}, False)], ids=["default", "force", "no-color", "force-0", "both"])
+def test_every_writer_follows_one_colour_policy(env, forced):
+    """FORCE_COLOR keeps colour in a pipe (click.echo stripped it), NO_COLOR removes it everywhere (rich kept
+    bold), FORCE_COLOR=0 forces nothing (rich took it as forcing), a terminal is coloured by default."""
+    for tty in (False, True):
+        expected = tty if forced is None else forced
+        assert _writers(env, tty) == dict.fromkeys(["click", "rich out", "rich err"], expected), (env, tty)

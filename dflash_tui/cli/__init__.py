@@ -13,6 +13,7 @@ from dflash_tui.cli.generate import generate
 from dflash_tui.cli.measure import bench, replay, tune
 from dflash_tui.cli.profile import profile
 from dflash_tui.cli.train import train_draft
+from dflash_tui.core.terminal import color_forced
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.text import printable
 from dflash_tui.serve.cli import serve, serve_command
@@ -52,6 +53,9 @@ class Group(click.Group):
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         _no_progress_bars_off_a_terminal()
+        # click.echo strips colour from whatever is no terminal unless its context says otherwise: it says
+        # what NO_COLOR and FORCE_COLOR say (None: each stream's own terminal test, as color_enabled's)
+        kwargs.setdefault("color", color_forced())
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except click.UsageError as exc:

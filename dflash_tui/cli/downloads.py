@@ -9,6 +9,7 @@ import sys
 
 import click
 
+from dflash_tui.cli.style import console
 from dflash_tui.engines import available_memory, hub
 from dflash_tui.engines.config import EngineConfig
 from dflash_tui.engines.errors import UserError
@@ -40,10 +41,9 @@ def ensure_local(config: EngineConfig) -> None:
     if not click.confirm(printable(f"Download {listing} into the Hugging Face cache?"), default=True, err=True):
         raise UserError(f"Nothing was downloaded; run `{' && '.join(f'hf download {d.repo}' for d in downloads)}` "
                         "when you want them, or pass local folders.")
-    from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     with Progress(TextColumn("downloading"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  console=Console(stderr=True)) as bar:
+                  console=console(err=True)) as bar:
         task = bar.add_task("download", total=total or None)
         hub.fetch(downloads, lambda done, _total: bar.update(task, completed=done))

@@ -7,17 +7,17 @@ import sys
 
 import click
 
+from dflash_tui.cli.style import console
 from dflash_tui.engines.errors import UserError
 
 
 def _progress_bar():
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(
         TextColumn("{task.description}"), BarColumn(bar_width=16), MofNCompleteColumn(),
         TextColumn("{task.fields[stats]}"), TextColumn("eta"), TimeRemainingColumn(compact=True),
-        console=Console(stderr=True),
+        console=console(err=True),
     )
 
 

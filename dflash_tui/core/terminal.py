@@ -11,10 +11,11 @@ import json
 import os
 import sys
 from contextlib import contextmanager
+from typing import Optional
 
 from dflash_tui.engines.text import printable
 
-__all__ = ["color_enabled", "json_text", "printable", "typing_hidden"]
+__all__ = ["color_enabled", "color_forced", "is_terminal", "json_text", "printable", "typing_hidden"]
 
 
 def counted(n: int, noun: str) -> str:
@@ -22,15 +23,30 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def color_enabled(stream=None) -> bool:
-    """Colour on a terminal; never when NO_COLOR is set to anything but the empty string
-    (https://no-color.org); always when FORCE_COLOR is set (and not "0"), e.g. for a pager."""
+def color_forced() -> Optional[bool]:
+    """The environment's word on colour, whatever the stream: False when NO_COLOR is set to anything but
+    the empty string (https://no-color.org; it wins), True when FORCE_COLOR is set and not "0" (e.g. for a
+    pager), None when neither is: then a terminal gets colour and a pipe does not. click takes it as its
+    context's `color` (cli/__init__.py) and rich consoles through cli/style.py, so every writer agrees."""
     if os.environ.get("NO_COLOR"):
         return False
     if os.environ.get("FORCE_COLOR", "0") not in ("", "0"):
         return True
-    stream = stream or sys.stdout
-    return hasattr(stream, "isatty") and stream.isatty()
+    return None
+
+
+def is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def color_enabled(stream=None) -> bool:
+    """Whether text written to `stream` (stdout by default) is coloured: `color_forced`, else whether the
+    stream is a terminal."""
+    forced = color_forced()
+    return is_terminal(stream or sys.stdout) if forced is None else forced
 
 
 # What json.dumps(ensure_ascii=False) leaves raw that a terminal may act on (C0 controls it escapes
