@@ -67,36 +67,37 @@ console(err=True).print("[bold]rich err[/]")
 SGR = re.compile(r"\x1b\[[0-9;]*m")  # a colour or style, not the cursor codes a live bar moves with
 
 
-def _writers(env: dict, tty: bool) -> dict[str, bool]:
-    """Whether each writer's line came out coloured, with stdout and stderr a pseudo-terminal or pipes."""
+def _run(code: str, env: dict, tty: bool) -> tuple[str, str]:
+    """(stdout, stderr) of `python -c code`, both on one pseudo-terminal (tty) or on pipes."""
     env = {**{k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}, "TERM": "xterm", **env}
-    command = [sys.executable, "-c", WRITERS]
-    if tty:
-        main_fd, child_fd = os.openpty()
-        proc = subprocess.Popen(command, stdout=child_fd, stderr=child_fd, env=env, cwd=ROOT)
-        os.close(child_fd)
-        chunks = []
-        while True:
-            try:
-                chunk = os.read(main_fd, 65536)
-            except OSError:  # EIO: the child closed its end
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        os.close(main_fd)
-        proc.wait(timeout=60)
-        text = b"".join(chunks).decode()
-        out = err = text
-    else:
+    command = [sys.executable, "-c", code]
+    if not tty:
         run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
-        out, err = run.stdout, run.stderr
-    lines = {"click": ("NAME", out), "rich out": ("rich out", out), "rich err": ("rich err", err)}
-    found = {}
-    for writer, (mark, text) in lines.items():
-        line = next(line for line in text.splitlines() if mark in line)
-        found[writer] = bool(SGR.search(line))
-    return found
+        return run.stdout, run.stderr
+    main_fd, child_fd = os.openpty()
+    proc = subprocess.Popen(command, stdout=child_fd, stderr=child_fd, env=env, cwd=ROOT)
+    os.close(child_fd)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main_fd, 65536)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main_fd)
+    proc.wait(timeout=60)
+    text = b"".join(chunks).decode()
+    return text, text
+
+
+def _writers(env: dict, tty: bool) -> dict[str, bool]:
+    """Whether each writer's line came out coloured."""
+    out, err = _run(WRITERS, env, tty)
+    marks = {"click": ("NAME", out), "rich out": ("rich out", out), "rich err": ("rich err", err)}
+    return {writer: bool(SGR.search(next(line for line in text.splitlines() if mark in line)))
+            for writer, (mark, text) in marks.items()}
 
 
 @pytest.mark.parametrize(("env", "forced"), [
@@ -108,3 +109,24 @@ def test_every_writer_follows_one_colour_policy(env, forced):
     for tty in (False, True):
         expected = tty if forced is None else forced
         assert _writers(env, tty) == dict.fromkeys(["click", "rich out", "rich err"], expected), (env, tty)
+
+
+# bench, replay and tune report each run to measure.Progress as (done, total, label)
+PROGRESS = """
+from dflash_tui.cli.measure import Progress
+progress = Progress()
+for done, label in enumerate(["warm-up, block 1", "block 1 · run 1/2", "block 1 · run 1/2", "block [4] · run 2/2"]):
+    progress(done, 4, label)
+progress(4, 4, "done")
+progress.close()
+print("END")
+"""
+
+
+def test_measure_progress_is_a_rich_bar_on_a_terminal_and_lines_in_a_log():
+    out, err = _run(PROGRESS, {}, tty=False)
+    assert out == "END\n"
+    assert err.splitlines() == ["0/4 warm-up, block 1", "1/4 block 1 · run 1/2", "3/4 block [4] · run 2/2", "4/4 done"]
+    shown, _ = _run(PROGRESS, {}, tty=True)
+    assert "━" in shown and "2/4" in shown and "block [4] · run 2/2" in shown  # rich's bar, redrawn per run
+    assert shown.count("\x1b[2K") >= 5 and shown.rstrip().endswith("END")  # each redraw clears its line

@@ -9,7 +9,7 @@ from typing import Optional
 import click
 
 from dflash_tui.cli.generate import engine_options
-from dflash_tui.cli.style import color_enabled
+from dflash_tui.cli.style import color_enabled, console
 from dflash_tui.core.terminal import json_text, printable
 from dflash_tui.engines import UserError, load_engine
 from dflash_tui.engines.prompting import preflight
@@ -19,29 +19,33 @@ from dflash_tui.measure.report import times
 
 
 class Progress:
-    """Progress on stderr: a bar redrawn in place on a terminal, one line per change otherwise."""
+    """Runs done of all, on stderr: on a terminal a rich bar redrawn in place and cleared at the end (as
+    downloads' and training's); elsewhere (a pipe, a log) one plain line per new label, so a log says
+    where a long run is."""
 
-    def __init__(self, stream=None, width: int = 24):
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.width = width
+    def __init__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
+        from rich.progress import Progress as Bar
+
+        self.console = console(err=True)
+        self.bar = Bar(BarColumn(bar_width=24), MofNCompleteColumn(), TextColumn("{task.description}", markup=False),
+                       console=self.console, transient=True, disable=not self.console.is_terminal)
+        self.task: Optional[int] = None
         self.last = ""
 
     def __call__(self, done: int, total: int, label: str) -> None:
-        filled = round(self.width * done / total) if total else self.width
-        bar = "█" * filled + "░" * (self.width - filled)
-        line = f"{bar} {done}/{total} {label}"
-        if self.tty:
-            self.stream.write("\r\033[K" + line)
-        elif label != self.last:
-            self.stream.write(line + "\n")
+        if self.bar.disable:
+            if label != self.last:
+                self.console.print(f"{done}/{total} {label}", markup=False, highlight=False)
+        elif self.task is None:
+            self.bar.start()
+            self.task = self.bar.add_task(label, total=total, completed=done)
+        else:
+            self.bar.update(self.task, completed=done, total=total, description=label, refresh=True)
         self.last = label
-        self.stream.flush()
 
     def close(self) -> None:
-        if self.tty:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
+        self.bar.stop()
 
 
 repeats_option = click.option(
