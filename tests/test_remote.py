@@ -186,6 +186,45 @@ def test_a_bare_install_generates_through_a_server_whose_model_is_a_local_folder
     assert "".join(ANSWER) in run.stdout and "ModuleNotFoundError" not in run.stderr
 
 
+MLX_ONLY = """
+import sys
+from importlib.machinery import PathFinder
+class NoTorch(PathFinder):  # an MLX-only install: transformers and mlx, no torch (find_spec finds nothing)
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        return None if name.split(".")[0] == "torch" else super().find_spec(name, path, target)
+sys.meta_path[:] = [NoTorch if finder is PathFinder else finder for finder in sys.meta_path]
+from dflash_tui.cli import main
+code = main(sys.argv[1:], prog_name="dflash", standalone_mode=False)
+import os
+print("TRANSFORMERS", "transformers" in sys.modules, "TORCH", "torch" in sys.modules,
+      "ADVICE OFF", "TRANSFORMERS_NO_ADVISORY_WARNINGS" in os.environ)
+sys.exit(code)
+"""
+
+
+def test_an_mlx_only_install_is_not_told_pytorch_was_not_found(tmp_path):
+    """The remote engine loads the target's tokenizer with transformers, which advises at import that
+    PyTorch was not found: on an MLX-only install that is by design, and the advice stays unsaid (and off
+    for that import alone)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.foreign import ANSWER, ForeignServer
+
+    demo = str(Path(__file__).resolve().parents[1] / "profiles" / "demo" / "target")
+    env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
+    with ForeignServer(models_fail=True) as server:
+        run = subprocess.run([sys.executable, "-c", MLX_ONLY, "generate", "--url", server.base, "--model", demo, "Hello"],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                             env={**env, "DFLASH_DATA_DIR": str(tmp_path)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "".join(ANSWER) in run.stdout and run.stdout.splitlines()[-1] == "TRANSFORMERS True TORCH False ADVICE OFF False"
+    assert "PyTorch" not in run.stderr
+
+
 def test_plain_chat_exits_1_after_a_failed_turn(data_dir):
     """A turn the server fails (a 500 here) is reported, and `chat --plain` then exits 1, as generate does;
     with every turn answered it exits 0."""

@@ -20,6 +20,7 @@ target's tokenizer in the local HF cache; with neither, `token_ids_known` is Fal
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,26 @@ def server_kind(card: dict) -> str:
     return KINDS.get(owner, "openai-compatible")
 
 
+def _import_transformers_quietly() -> None:
+    """Import transformers without its import-time advice that PyTorch was not found: an MLX-only install
+    lacks torch by design, and the remote engine takes only the tokenizer from transformers. The switch is
+    transformers' own (TRANSFORMERS_NO_ADVISORY_WARNINGS, read as it advises), set for the import alone. A
+    bare install has no transformers: the ImportError comes from load_tokenizer, which handles it."""
+    if "transformers" in sys.modules:
+        return
+    saved = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        pass
+    finally:
+        if saved is None:
+            os.environ.pop("TRANSFORMERS_NO_ADVISORY_WARNINGS", None)
+        else:
+            os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = saved
+
+
 def local_tokenizer(names: list[str]):
     """The target's tokenizer from a local directory or the local HF cache (never the network), or None."""
     from dflash_tui.engines.prompting import load_tokenizer
@@ -86,6 +107,7 @@ def local_tokenizer(names: list[str]):
                 continue
         if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
             continue
+        _import_transformers_quietly()
         try:
             return load_tokenizer(path)
         except (UserError, ImportError):  # a bare install has no transformers: ids come from the server, or not at all
