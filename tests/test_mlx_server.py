@@ -1,7 +1,8 @@
 """The remote engine against a server nobody here wrote: mlx_lm.server (installed with the mlx extra) on the
-demo target, on loopback. `generate`, `chat --plain` and `bench` run through it; its /v1/models crashes in
-this set-up (a known mlx_lm.server failure), which --model makes unnecessary, and it takes completion
-prompts as text only, which bench's prompt ids become."""
+demo target, on loopback. `generate`, `chat --plain`, `bench` and the TUI run through it; its /v1/models
+crashes in this set-up (a known mlx_lm.server failure), which --model makes unnecessary, it takes
+completion prompts as text only, which bench's prompt ids become, and it streams the thinking as
+`reasoning` deltas with the model's own newlines around it, which the answer shows as a local engine's."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def test_generate_chat_and_bench_through_mlx_lm_server(mlx_server, data_dir):
     remote = ["--url", mlx_server, "--model", DEMO]
     generated = dflash("generate", *remote, "What is 48 + 75?", data_dir=data_dir)
     assert generated.returncode == 0, generated.stderr[-2000:]
-    assert "48 + 75 = 123." in generated.stdout
+    assert_local_layout(generated.stdout.rstrip("\n"))
     assert "tau –" in generated.stderr and "remote engine" in generated.stderr
     chatted = dflash("chat", "--plain", *remote, stdin="What is 48 + 75?\n", data_dir=data_dir)
     assert chatted.returncode == 0, chatted.stderr[-2000:]
@@ -66,3 +67,39 @@ def test_generate_chat_and_bench_through_mlx_lm_server(mlx_server, data_dir):
                    data_dir=data_dir)
     assert bench.returncode == 0, bench.stderr[-2000:]
     assert "fastest: block size 1" in bench.stdout
+    # its progress in a pipe: one plain line per run (rich draws the bar on a terminal only)
+    assert "\x1b" not in bench.stderr and "\r" not in bench.stderr
+    assert any(line.startswith("1/") and "block 1" in line for line in bench.stderr.splitlines()), bench.stderr
+
+
+def assert_local_layout(answer: str) -> None:
+    """The demo's answer laid out as a local engine writes it: `<think>\\n` straight into the reasoning,
+    `\\n</think>\\n\\n` straight into the answer, no blank line added by the server's deltas."""
+    thinking, _, rest = answer.partition("\n</think>\n\n")
+    assert thinking.startswith("<think>\nAdd 48 and 75") and rest == "48 + 75 = 123.", repr(answer)
+    assert "\n\n" not in thinking, repr(answer)
+
+
+@pytest.mark.asyncio
+async def test_the_tui_chats_through_mlx_lm_server(mlx_server, data_dir):
+    """`dflash chat --url … --model …`: the app connects (nothing loads here), answers, and shows the
+    server's figures it cannot know as dashes."""
+    pytest.importorskip("textual")
+    from dflash_tui.core.settings import profile_for, with_remote
+    from dflash_tui.tui.app import DflashApp
+    from tests.tui_helpers import SIZE, ready, send
+
+    app = DflashApp(profile=with_remote(profile_for("demo"), mlx_server, model=DEMO), engine="remote", animate=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert app.load_error is None and app.engine.name == "remote"
+        assert app.loading_what == f"Connecting to {mlx_server} (model {DEMO})"
+        turn = (await send(pilot, "What is 48 + 75?")).turn
+        answer = app.query("AnswerView").last()
+        shown = answer.answer_text, str(answer.query_one(".thinking-text").render())
+        footer = str(answer.query_one(".answer-footer").render())
+        header = str(app.screen.query_one("#header-state").render())
+        app.engine.close()
+    assert_local_layout(turn.answer)
+    assert shown[0] == "48 + 75 = 123." and shown[1].startswith("Add 48 and 75"), shown
+    assert "tau – · block –" in footer and "block –" in header, (footer, header)

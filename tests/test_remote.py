@@ -35,6 +35,20 @@ def test_joiner_turns_reasoning_deltas_into_inline_think_text(delta_key):
     assert text == "<think>\nones carry 1\n</think>\n\n123."
 
 
+def test_joiner_drops_the_newlines_mlx_lm_server_sends_around_reasoning():
+    """mlx_lm.server streams the reasoning as the model wrote it (deltas as recorded from it on the demo
+    target): the newlines around the block and before the answer are dropped, so the text is the local
+    engine's, not one with doubled blank lines; a blank line inside the reasoning stays."""
+    deltas = [{"role": "assistant", "reasoning": r} for r in ["\n", "Add", " 48", " and 75.", "\n", "\n", "ones:",
+                                                               " 13", "\n"]]
+    deltas += [{"role": "assistant", "content": c} for c in ["\n", "\n", "48 + 75", " = 123", "."]]
+    j = ThinkingJoiner()
+    assert "".join(j.add(d) for d in deltas) == "<think>\nAdd 48 and 75.\n\nones: 13\n</think>\n\n48 + 75 = 123."
+    j = ThinkingJoiner()  # a stream that ends inside the block, and an answer with no thinking before it
+    assert "".join(j.add({"reasoning": r}) for r in ["\n", "so", "\n"]) == "<think>\nso"
+    assert ThinkingJoiner().add({"content": "\nhi"}) == "\nhi"
+
+
 def test_joiner_leaves_inline_think_text_alone():
     j = ThinkingJoiner()
     assert "".join(j.add({"content": c}) for c in ["<think>", "x</think>", "y"]) == "<think>x</think>y"

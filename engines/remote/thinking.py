@@ -27,11 +27,19 @@ def _partial_suffix(text: str, tag: str) -> int:
 
 
 class ThinkingJoiner:
-    """Deltas in any of the three forms -> inline text (`<think>\\n...\\n</think>\\n\\n` then the answer)."""
+    """Deltas in any of the three forms -> inline text (`<think>\\n...\\n</think>\\n\\n` then the answer),
+    as a local engine writes it; a block the model stopped inside stays open, as a local engine shows it.
+
+    Servers differ in the newlines around the reasoning: vLLM's and SGLang's parsers (and ours) strip them,
+    mlx_lm.server sends them as the model wrote them (reasoning "\\n", ..., "\\n", then content "\\n",
+    "\\n"), which doubled the blank lines. Newlines that open or close the reasoning and those that open the
+    answer after it are dropped; those inside are held back until more reasoning shows they are inside."""
 
     def __init__(self) -> None:
         self.in_thinking = False
-        self.saw_thinking = False
+        self.fresh = False  # in a block that has shown no reasoning yet
+        self.held = ""  # the reasoning's trailing newlines
+        self.after = False  # the block just closed and the answer has shown nothing yet
 
     def add(self, delta: dict) -> str:
         reasoning = delta.get("reasoning_content")
@@ -42,18 +50,23 @@ class ThinkingJoiner:
         if reasoning:
             if not self.in_thinking:
                 out.append(THINK_OPEN + "\n")
-                self.in_thinking = self.saw_thinking = True
-            out.append(reasoning)
+                self.in_thinking = self.fresh = True
+            text = self.held + reasoning
+            if self.fresh:
+                text = text.lstrip("\n")
+            body = text.rstrip("\n")
+            self.held = text[len(body):]
+            self.fresh = self.fresh and not body
+            out.append(body)
         if content:
             if self.in_thinking:
                 out.append("\n" + THINK_CLOSE + "\n\n")
-                self.in_thinking = False
+                self.in_thinking, self.held, self.after = False, "", True
+            if self.after:
+                content = content.lstrip("\n")
+                self.after = not content
             out.append(content)
         return "".join(out)
-
-    def flush(self) -> str:
-        """An unclosed thinking block stays open (the model stopped inside it), as a local engine shows it."""
-        return ""
 
 
 class ThinkingSplitter:
