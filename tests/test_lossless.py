@@ -12,11 +12,12 @@ BLOCKS = [1, 2, 4, 8, 16]
 NEW = 40
 FAMILIES = [("qwen3", False), ("qwen3_moe", False), ("llama", False), ("qwen3", True), ("qwen3_5", False),
             ("qwen3_5_moe", False), ("qwen3_5", True), ("qwen3_next", False),
-            ("gpt_oss", False)]  # True: the draft reads the last layer
+            ("gpt_oss", False), ("gemma4", False)]  # True: the draft reads the last layer
 NOT_ON: dict[tuple[str, str], str] = {}  # (engine, family): why that engine does not run it yet
-# gpt_oss (slow on the CPU: experts and sinks) checks one prompt, past its sliding window of 8 as chat-rendered;
-# tests/test_gpt_oss.py covers its rollbacks and kept turns
-PROMPTS_FOR = {"gpt_oss": PROMPTS[:1]}
+# gpt_oss (slow on the CPU: experts and sinks) and gemma4 check one prompt, past their sliding window of 8 as
+# chat-rendered; tests/test_gpt_oss.py and tests/test_gemma4.py cover their rollbacks, kept turns and (gemma4)
+# the MoE and shared-KV variants
+PROMPTS_FOR = {"gpt_oss": PROMPTS[:1], "gemma4": PROMPTS[:1]}
 
 
 @pytest.mark.parametrize("engine_name", ENGINES)

@@ -67,6 +67,8 @@ def make_target(out: Path, family: str = "qwen3", layers: int = 4, hidden: int =
         return make_qwen3_next(out, tok, common, seed)
     elif family == "gpt_oss":
         return make_gpt_oss(out, tok, common, seed)
+    elif family in GEMMA4:
+        return make_gemma4(out, tok, common, seed, GEMMA4[family])
     else:
         raise ValueError(family)
     torch.manual_seed(seed)
@@ -113,6 +115,42 @@ def make_gpt_oss(out: Path, tok, common: dict, seed: int) -> Path:
         for layer in model.model.layers:
             layer.self_attn.sinks.normal_(0, 1.0)
     model.save_pretrained(str(out))
+    write_generation_config(out, tok)
+    return out
+
+
+GEMMA4_WINDOW = 8  # the tiny gemma4 targets' sliding window: every test prompt and answer crosses it
+# The published Gemma 4 text configs' specifics on top of the dense one (gemma-4-31B-it's shape): the 26B-A4B's
+# experts beside the dense MLP, and the E2B/E4B-style shared-KV layers with per-layer input embeddings.
+GEMMA4 = {
+    "gemma4": {},
+    "gemma4_moe": dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
+    "gemma4_shared": dict(num_kv_shared_layers=2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB),
+}
+
+
+def make_gemma4(out: Path, tok, common: dict, seed: int, variant: dict) -> Path:
+    """A Gemma 4 target in the published multimodal layout (`Gemma4Config` with text, vision and audio configs,
+    saved through `AutoModelForImageTextToText`, the language model under `model.language_model`): sliding
+    (GEMMA4_WINDOW) and global layers alternating, the global ones with twice the head size, one K/V head and
+    keys reused as values (`attention_k_eq_v`), embeddings scaled by sqrt(hidden), final-logit softcapping at 30,
+    tied embeddings; `variant` adds experts or shared-KV layers. Random init with std 0.05 (NOTES.md: larger
+    values make Gemma 4 repeat one token)."""
+    import torch
+    import transformers
+
+    head = common["head_dim"]
+    text = dict(common, initializer_range=0.05, tie_word_embeddings=True, global_head_dim=2 * head,
+                num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=GEMMA4_WINDOW,
+                layer_types=["sliding_attention", "full_attention"] * (common["num_hidden_layers"] // 2),
+                final_logit_softcapping=30.0, **{"hidden_size_per_layer_input": 0, **variant})
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                  head_dim=16, patch_size=4, position_embedding_size=64)
+    audio = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, subsampling_conv_channels=[8, 4],
+                 output_proj_dims=32, conv_kernel_size=3)
+    config = transformers.Gemma4Config(text_config=text, vision_config=vision, audio_config=audio)
+    torch.manual_seed(seed)
+    transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.float32).save_pretrained(str(out))
     write_generation_config(out, tok)
     return out
 

@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import CacheLayerMixin, DummyLayer, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
 BUCKET = 1024
 TIER = 256  # the graph path's attention reads the caches in steps of this many positions
@@ -265,12 +265,14 @@ class TurnCache:
 
     def holds(self) -> bool:
         """Whether something is kept that can be brought back exactly: attention K/V in bucket layers (sliding
-        windows included: they keep every position) and linear-attention states (other layer kinds cannot be
-        cropped back)."""
+        windows included: they keep every position), linear-attention states, and shared-KV layers, which keep
+        nothing (Gemma 4's read the K/V an earlier layer computes in the same pass); other layer kinds cannot be
+        cropped back."""
         if self.ids is None or self.cache is None:
             return False
         linear = linear_layers(self.cache)
-        return all(isinstance(layer, BucketLayer) or i in linear for i, layer in enumerate(getattr(self.cache, "layers", [])))
+        return all(isinstance(layer, (BucketLayer, DummyLayer)) or i in linear
+                   for i, layer in enumerate(getattr(self.cache, "layers", [])))
 
     def resume(self, prompt_ids: list[int], draft_length: Optional[int]) -> int:
         """Bring the kept target cache back to the longest prefix of `prompt_ids` it can restore exactly

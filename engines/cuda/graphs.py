@@ -14,7 +14,8 @@ captured size.
 Where capture is impossible the engine runs eager and says why (`why_eager`): the CPU, hybrid
 (gated-delta) targets whose conv states transformers reassigns and whose rollback re-runs mixers, MoE
 routing (data-dependent expert dispatch syncs with the host), a target spread over several GPUs, and
-attention layers that are not plain full attention (sliding windows).
+attention layers that are neither full attention nor sliding windows (the static step's mask is windowed per
+layer type, so sliding layers are captured: Gemma 4's dense targets).
 
 `mode` says how a step function is captured: "cuda" (CUDA graphs), "trace" (the CPU stand-in: the same
 two warm-up passes over the live caches, then the function traced once with make_fx and the trace
@@ -48,8 +49,8 @@ def why_eager(target, device: torch.device) -> Optional[str]:
     devices = set(getattr(target.model, "hf_device_map", {}).values())
     if len(devices) > 1:
         return "the target is spread over several GPUs"
-    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
-        return "attention layers other than full attention (sliding windows)"
+    if any(t not in ("full_attention", "sliding_attention") for t in getattr(config, "layer_types", None) or []):
+        return "attention layers other than full attention and sliding windows"
     return None
 
 

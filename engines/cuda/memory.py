@@ -15,7 +15,10 @@ import torch
 from dflash_tui.engines.checkpoints import safetensors_shapes
 from dflash_tui.engines.errors import UserError
 
-VISION_PREFIXES = ("visual.", "model.visual.", "vision_tower.", "model.vision_tower.")
+# Tensors of the towers a multimodal checkpoint carries beside its language model, which the engine never loads
+# (Qwen3.5's vision tower; Gemma 4's vision and audio towers and their embedders into the text stream).
+TOWER_PREFIXES = tuple(f"{root}{name}." for root in ("", "model.") for name in (
+    "visual", "vision_tower", "audio_tower", "embed_vision", "embed_audio"))
 HEADROOM = 1.10  # activations, allocator slack
 CACHE_POSITIONS = 4096  # K/V counted for this many positions (caches grow in 1,024-position buckets)
 # The caches a chat keeps between turns (engines/cuda/cache.py's TurnCache) are these same pooled
@@ -51,14 +54,14 @@ def mxfp4_stays_packed(device: torch.device) -> bool:
 
 
 def weight_bytes(directory: Path, dtype: torch.dtype, mxfp4_packed: bool = False) -> int:
-    """Bytes the language-model weights take in `dtype` (vision towers are not loaded). MXFP4 expert tensors
+    """Bytes the language-model weights take in `dtype` (vision and audio towers are not loaded). MXFP4 expert tensors
     count as what they become: dequantized, 2 values per `_blocks` byte in `dtype` and the `_scales` gone;
     kept packed (`mxfp4_packed`), their own bytes."""
     size = torch.empty((), dtype=dtype).element_size()
     mxfp4 = is_mxfp4(directory)
     total = 0
     for name, shape in safetensors_shapes(Path(directory)).items():
-        if name.startswith(VISION_PREFIXES):
+        if name.startswith(TOWER_PREFIXES):
             continue
         if mxfp4 and name.endswith(MXFP4_PACKED):
             total += math.prod(shape) if mxfp4_packed else (2 * math.prod(shape) * size if name.endswith("_blocks") else 0)
@@ -89,11 +92,35 @@ def cache_bytes(directory: Path, dtype: torch.dtype, positions: int = CACHE_POSI
     from dflash_tui.engines.checkpoints import text_config
 
     config = text_config(json.loads((Path(directory) / "config.json").read_text()))
+    per_position = sum(2 * heads * dim for heads, dim in kv_shapes(config))
+    return per_position * positions * torch.empty((), dtype=dtype).element_size()
+
+
+GEMMA4_GLOBAL_HEAD_DIM = 512  # transformers' Gemma4TextConfig default where a config names none
+
+
+def kv_shapes(config: dict) -> list[tuple[int, int]]:
+    """(K/V heads, head size) of every layer that caches K/V: linear-attention layers and Gemma 4's shared-KV
+    layers cache none, and Gemma 4's global layers have their own sizes (`global_head_dim`,
+    `num_global_key_value_heads` with `attention_k_eq_v`, or transformers 5's `per_layer_config`; keys reused
+    as values are still cached twice, as the values are normed apart from the keys)."""
     types = config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
-    layers = sum(t != "linear_attention" for t in types)
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
-    return 2 * layers * kv_heads * head_dim * positions * torch.empty((), dtype=dtype).element_size()
+    overrides = config.get("per_layer_config") or {}
+    cached = len(types) - (config.get("num_kv_shared_layers") or 0)
+    shapes = []
+    for i, kind in enumerate(types[:cached]):
+        if kind == "linear_attention":
+            continue
+        heads, dim = kv_heads, head_dim
+        if kind == "full_attention" and config.get("model_type") == "gemma4_text":
+            dim = config.get("global_head_dim") or GEMMA4_GLOBAL_HEAD_DIM
+            if config.get("attention_k_eq_v") and config.get("num_global_key_value_heads"):
+                heads = config["num_global_key_value_heads"]
+        layer = overrides.get(str(i)) or {}
+        shapes.append((layer.get("num_key_value_heads") or heads, layer.get("head_dim") or dim))
+    return shapes
 
 
 def linear_state_bytes(directory: Path, dtype: torch.dtype) -> int:

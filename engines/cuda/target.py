@@ -18,11 +18,16 @@ from dflash_tui.engines.errors import CheckpointError, UserError, describe
 
 FAMILIES = {"qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "llama": "Llama-3.x", "qwen3_5": "Qwen3.5/3.6",
             "qwen3_5_moe": "Qwen3.5/3.6-MoE", "qwen3_5_text": "Qwen3.5/3.6", "qwen3_5_moe_text": "Qwen3.5/3.6-MoE",
-            "qwen3_next": "Qwen3-Next", "gpt_oss": "gpt-oss"}
+            "qwen3_next": "Qwen3-Next", "gpt_oss": "gpt-oss", "gemma4": "Gemma 4"}
 # Families whose transformers class refuses "sdpa" at load (gpt-oss: `_supports_sdpa = False`, for its sinks);
 # they load as "eager" and are switched to attention.py's function like every other family, which runs their
 # sinks exactly (attention.py).
 LOAD_EAGER = {"gpt_oss"}
+# Families published as a multimodal wrapper (transformers maps the type to its ...ForConditionalGeneration) whose
+# language model transformers also has as a text-only class: the engine loads that class from the wrapper's
+# text_config, its weights renamed from the wrapper's prefix, so the vision and audio towers are never built and
+# their tensors never read (transformers reports them as unexpected and skips them).
+TEXT_MODELS = {"gemma4": ("Gemma4ForCausalLM", r"^model\.language_model\.")}
 
 
 def check_family(info: TargetInfo) -> None:
@@ -32,6 +37,11 @@ def check_family(info: TargetInfo) -> None:
             f"The target {info.path} is a '{info.model_type}' model, which the CUDA engine does not run; "
             f"supported families: {names}."
         )
+    if info.model_type == "gemma4":
+        text = info.config.get("text_config") or {}
+        if text.get("use_bidirectional_attention") == "all":
+            raise UserError(f"The target {info.path} attends bidirectionally over every token "
+                            "(use_bidirectional_attention 'all', an embedding model), so it cannot generate text.")
 
 
 def check_loaded(info: TargetInfo, loading: dict) -> None:
@@ -49,18 +59,27 @@ def check_loaded(info: TargetInfo, loading: dict) -> None:
                               f"{expected}; the config and the weights disagree, re-download it.")
 
 
+def load_model(info: TargetInfo, dtype: torch.dtype, device_map):
+    """transformers' causal LM for the checkpoint (the language model alone for a TEXT_MODELS wrapper) and its
+    loading report."""
+    import transformers
+
+    kwargs = dict(dtype=dtype, attn_implementation="eager" if info.model_type in LOAD_EAGER else "sdpa",
+                  device_map=device_map, trust_remote_code=False, use_safetensors=True, output_loading_info=True)
+    if info.model_type in TEXT_MODELS:
+        name, prefix = TEXT_MODELS[info.model_type]
+        config = transformers.AutoConfig.from_pretrained(str(info.path)).get_text_config()
+        return getattr(transformers, name).from_pretrained(str(info.path), config=config, key_mapping={prefix: "model."},
+                                                          **kwargs)
+    return transformers.AutoModelForCausalLM.from_pretrained(str(info.path), **kwargs)
+
+
 class Target:
     def __init__(self, info: TargetInfo, device: torch.device, dtype: torch.dtype, layer_ids: list[int],
                  device_map=None):
-        from transformers import AutoModelForCausalLM
-
         check_family(info)
         try:
-            model, loading = AutoModelForCausalLM.from_pretrained(
-                str(info.path), dtype=dtype, attn_implementation="eager" if info.model_type in LOAD_EAGER else "sdpa",
-                device_map=device_map or {"": device},
-                trust_remote_code=False, use_safetensors=True, output_loading_info=True,
-            )
+            model, loading = load_model(info, dtype, device_map or {"": device})
         except Exception as exc:
             raise CheckpointError(f"The target {info.path} could not be loaded ({describe(exc)}); re-download it.") from None
         check_loaded(info, loading)
@@ -86,6 +105,9 @@ class Target:
         # transformers renamed `past_key_values` to `cache` during 5.x; accept both.
         params = inspect.signature(self.model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        # Gemma 4 with shared-KV layers feeds only the kept rows through them when logits_to_keep is a count
+        # (`_maybe_slice_kv_shared_inputs`); an index tensor keeps every row there, for the hooks.
+        self._slices_shared = getattr(self.model.config.get_text_config(), "num_kv_shared_layers", 0) > 0
         self._features: dict[int, torch.Tensor] = {}
         self.capture = False
         self.rollback = LinearStateRollback(self.model)
@@ -127,9 +149,11 @@ class Target:
         the concatenated context features [1, n, len(layer_ids) * hidden]."""
         positions = torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)
         self.capture = capture
+        keep = 1 if last_only else 0
+        if last_only and capture and self._slices_shared:
+            keep = torch.tensor([ids.shape[1] - 1], device=ids.device)
         out = self.model(
-            input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache},
-            logits_to_keep=1 if last_only else 0,
+            input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache}, logits_to_keep=keep,
         )
         self.capture = False
         features = torch.cat([self._features.pop(i).to(self.device) for i in self.layer_ids], dim=-1) if capture else None

@@ -47,7 +47,7 @@ class Capture:
         self.values: dict[int, mx.array] = {}
 
 
-COMMON_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_next", "gemma3_text", "gpt_oss")
+COMMON_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_next", "gemma3_text", "gemma4", "gpt_oss")
 
 
 def _mlx_model_types() -> set[str]:
@@ -101,6 +101,29 @@ def legacy_keys(config: dict) -> dict:
     if config.get("num_experts") is None and config.get("num_local_experts") is not None:
         extra["num_experts"] = config["num_local_experts"]
     return extra
+
+
+def gemma4_keys(config: dict) -> dict:
+    """A Gemma 4 wrapper's config as mlx-lm 0.32 reads it: the text model's vocabulary size at the top (mlx-lm
+    takes the wrapper's own, 262,144 by default, over the text config's), and the global layers' head size and
+    K/V heads under their published names (`global_head_dim`, `num_global_key_value_heads`) where transformers 5
+    saved them as `per_layer_config`. A config already in the published form is left alone."""
+    text = dict(config.get("text_config") or {})
+    extra: dict = {}
+    if config.get("vocab_size") is None and text.get("vocab_size") is not None:
+        extra["vocab_size"] = text["vocab_size"]
+    types = text.get("layer_types") or []
+    overrides = [(text.get("per_layer_config") or {}).get(str(i)) or {} for i, t in enumerate(types) if t == "full_attention"]
+    if overrides and text.get("global_head_dim") is None:
+        if overrides[0].get("head_dim"):
+            text["global_head_dim"] = overrides[0]["head_dim"]
+        if overrides[0].get("num_key_value_heads"):
+            text["num_global_key_value_heads"] = overrides[0]["num_key_value_heads"]
+        extra["text_config"] = text
+    return extra
+
+
+CONFIG_FIRST = {"gemma4": gemma4_keys}  # config keys translated for mlx-lm per family, beside legacy_keys
 
 
 EXPERT_KEY = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -173,7 +196,9 @@ def load_mlx_model(path: Path, model_type: str, config: dict):
     from mlx_lm.utils import load_model
 
     try:
-        model, _ = load_model(Path(path), model_config=legacy_keys(config), get_model_classes=_model_classes)
+        translate = CONFIG_FIRST.get(model_type)
+        extra = {**legacy_keys(config), **(translate(config) if translate else {})}
+        model, _ = load_model(Path(path), model_config=extra, get_model_classes=_model_classes)
     except ValueError as exc:
         if "not supported" in str(exc):
             raise UserError(
@@ -210,7 +235,22 @@ def _first(module, names):
 # rolled back by a trim, not by re-feeding the whole target, and kept turns crop exactly. Only families whose
 # mlx-lm model passes its window to the cache's mask (`create_attention_mask(..., window_size=W)`: a plain
 # cache then builds the windowed causal mask over every position) belong here.
-WHOLE_SLIDING = {"gpt_oss"}
+WHOLE_SLIDING = {"gpt_oss", "gemma4"}
+
+
+# Families whose mlx-lm model scales the token embeddings inside its forward (by this attribute of the decoder)
+# where transformers' embed_tokens returns them scaled: the draft, trained on transformers', gets them scaled too.
+SCALED_EMBEDDINGS = {"gemma4": "embed_scale"}
+
+
+class ScaledEmbedding:
+    """The target's token embedding times `scale` (the framework's own factor, applied as its model applies it)."""
+
+    def __init__(self, embedding, scale: float):
+        self.embedding, self.scale = embedding, scale
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return self.embedding(ids) * self.scale
 
 
 class Target:
@@ -226,6 +266,8 @@ class Target:
         self.embed = decoder[embed_name]
         lm_head = next((m for name, m in self.model.named_modules() if name.split(".")[-1] == "lm_head"), None)
         self.lm_head = lm_head if lm_head is not None else self.embed.as_linear
+        if info.model_type in SCALED_EMBEDDINGS:
+            self.embed = ScaledEmbedding(self.embed, getattr(decoder, SCALED_EMBEDDINGS[info.model_type]))
         self.dtype = self.embed(mx.array([[0]])).dtype  # the activations' dtype (a quantized model's scales)
         self.layer_ids = list(layer_ids)
         self.capture = Capture()
