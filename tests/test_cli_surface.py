@@ -130,3 +130,43 @@ def test_measure_progress_is_a_rich_bar_on_a_terminal_and_lines_in_a_log():
     shown, _ = _run(PROGRESS, {}, tty=True)
     assert "━" in shown and "2/4" in shown and "block [4] · run 2/2" in shown  # rich's bar, redrawn per run
     assert shown.count("\x1b[2K") >= 5 and shown.rstrip().endswith("END")  # each redraw clears its line
+
+
+def _commands(group, path=()):
+    import click
+
+    for name, command in group.commands.items():
+        yield (*path, name), command
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+
+
+def test_json_is_a_flag_that_prints_on_every_command_and_bench_writes_a_file_with_output(tmp_path):
+    """`--json` takes no value anywhere (bench's took a file); bench writes its file with --output/-o, the
+    same document --json prints."""
+    from tests.foreign import ForeignServer
+
+    with_json = {" ".join(path): [p for p in command.params if "--json" in p.opts] for path, command in _commands(main)}
+    with_json = {path: params for path, params in with_json.items() if params}
+    assert {"bench", "generate", "replay", "sessions list", "profile list"} <= set(with_json)
+    assert all(param.is_flag for params in with_json.values() for param in params), with_json
+    out = tmp_path / "bench.json"
+    with ForeignServer() as server:
+        args = ["bench", "--url", server.base, "--dataset", "demo", "--max-samples", "1", "--repeats", "1"]
+        printed = CliRunner().invoke(main, [*args, "--json", "-o", str(out)])
+        tabled = CliRunner().invoke(main, [*args, "--output", str(tmp_path / "table.json")])
+    assert printed.exit_code == 0 and tabled.exit_code == 0, printed.output + tabled.output
+    assert json.loads(printed.stdout) == json.loads(out.read_text())  # one document, as the file holds
+    assert json.loads(out.read_text())["schema"] == "dflash-bench/2" and f"wrote {out}" in printed.stderr
+    assert "fastest: block size 1" in tabled.stdout and json.loads((tmp_path / "table.json").read_text())["rows"]
+
+
+def test_help_lists_every_environment_variable_the_package_reads():
+    """`dflash --help` names each DFLASH_* variable read anywhere in the package, the OPENAI_API_KEY fallback
+    and the colour switches."""
+    read = set()
+    for source in [*(ROOT / "dflash_tui").rglob("*.py"), *(ROOT / "engines").rglob("*.py")]:
+        read |= set(re.findall(r"[\"'](DFLASH_[A-Z_]+)[\"']", source.read_text()))
+    shown = CliRunner().invoke(main, ["--help"]).output
+    assert read >= {"DFLASH_DATA_DIR", "DFLASH_CONFIG_DIR", "DFLASH_DEBUG", "DFLASH_API_KEY"}
+    assert [name for name in sorted(read | {"OPENAI_API_KEY", "NO_COLOR", "FORCE_COLOR"}) if name not in shown] == []

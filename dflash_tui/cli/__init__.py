@@ -95,7 +95,20 @@ class Group(click.Group):
             ctx.exit(1)
 
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+ENVIRONMENT = """\b
+Environment:
+  DFLASH_DATA_DIR     sessions, exports and the REPL history (default: the platformdirs data folder)
+  DFLASH_CONFIG_DIR   your profiles and the TUI's preferences (default: the platformdirs config folder)
+  DFLASH_DEBUG        any value: an unexpected error prints its traceback instead of one line
+  DFLASH_API_KEY      the remote engine's key for its server (--api-key and a profile's api_key win),
+                      else OPENAI_API_KEY; for `dflash serve`, the key it requires of clients
+  DFLASH_CUDA_GRAPHS  1: the cuda engine on a GPU replays captured CUDA graphs
+  NO_COLOR            set and not empty: no colour anywhere
+  FORCE_COLOR         set and not 0: colour where the output is no terminal (NO_COLOR wins)"""
+
+
+@click.group(cls=Group, epilog=ENVIRONMENT,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=print_version,
               help="Print dflash-tui's version (`dflash doctor` adds the frameworks and the engine `auto` picks).")
 def main() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Optional
 
@@ -202,10 +201,11 @@ def _setup(flags: dict, dataset: Optional[str], block_sizes: Optional[str], max_
 @click.option("--thinking/--no-thinking", default=False, show_default=True, help="enable_thinking for the chat template.")
 @click.option("--temperature", "-t", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--no-framework", is_flag=True, help="Skip the framework's own generate baseline.")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON (schema below) instead of the table.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the results to FILE as JSON (schema below).")
-def bench(dataset, block_sizes, repeats, max_samples, max_new_tokens, thinking, temperature, no_framework, json_file,
-          **flags):
+def bench(dataset, block_sizes, repeats, max_samples, max_new_tokens, thinking, temperature, no_framework, as_json,
+          output, **flags):
     """Benchmark a profile on a prompt set: block 1 (the baseline), each block size, and the framework's own
     generate (transformers on the CUDA engine, mlx-lm on MLX), each after a warm-up and --repeats times.
 
@@ -220,12 +220,12 @@ def bench(dataset, block_sizes, repeats, max_samples, max_new_tokens, thinking, 
                             temperature=temperature,
                             thinking=thinking, framework=not no_framework, system_prompt=settings.system_prompt,
                             dataset=dataset_name, profile=settings.name, repeats=repeats)
-    click.echo(bench_mod.format_result(result, color_enabled()))
-    if json_file:
-        with open(json_file, "w") as f:
-            json.dump(result.to_dict(), f, ensure_ascii=False, indent=1)
-            f.write("\n")
-        click.echo(printable(f"wrote {json_file}"), err=True)
+    text = json_text(result.to_dict(), indent=1)
+    click.echo(text if as_json else bench_mod.format_result(result, color_enabled()))
+    if output:
+        with open(output, "w") as f:
+            f.write(text + "\n")
+        click.echo(printable(f"wrote {output}"), err=True)
 
 
 @click.command()

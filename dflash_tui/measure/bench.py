@@ -14,7 +14,7 @@ generate (transformers' `generate` on the CUDA engine, mlx-lm's `generate_step` 
 prompt ids, repeated the same way, is a second baseline. Throughput is decode tokens per second:
 (tokens - 1) / time after the first token, summed over turns.
 
-`--json FILE` writes (schema "dflash-bench/2"):
+`--json` prints, and `--output FILE` writes (schema "dflash-bench/2"):
 
     {
       "schema": "dflash-bench/2",                 # /1 files (one pass, no repeats) still load
@@ -91,7 +91,7 @@ PUBLIC_SETS = {
 }
 DEFAULT_MAX_NEW = 512
 _SCHEMA_TEXT = __doc__.split(f'(schema "{SCHEMA}"):', 1)[1]
-JSON_SCHEMA_HELP = f"\b\n--json FILE writes (schema \"{SCHEMA}\"):\n" + "\n".join(
+JSON_SCHEMA_HELP = f"\b\n--json prints, and --output FILE writes (schema \"{SCHEMA}\"):\n" + "\n".join(
     line[4:] for line in _SCHEMA_TEXT.splitlines() if line.startswith("    "))
 
 
@@ -221,7 +221,7 @@ class FrameworkRow(Record):
 
 @dataclass(eq=False)
 class BenchResult(Record):
-    """A whole benchmark, as `--json` writes it (module docstring)."""
+    """A whole benchmark, as `--json` prints it and `--output` writes it (module docstring)."""
 
     NESTED = {"framework": FrameworkRow, "rows": BenchRow}
 
