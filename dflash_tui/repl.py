@@ -20,7 +20,6 @@ from dflash_tui.core.conversation import (
     open_conversation,
     reports_steps,
     resume,
-    thinking_layout,
 )
 from dflash_tui.core.figures import UNKNOWN, fixed, known
 from dflash_tui.core.settings import loading_line, profile_for
@@ -32,7 +31,7 @@ from dflash_tui.engines.process import quiet_loaders
 ANSI = {"draft": "\033[1;32m", "target": "\033[36m", "ghost": "\033[2;9;31m", "dim": "\033[2m", "reset": "\033[0m",
         "think": "\033[2;3m", "warn": "\033[33m"}
 HELP = """commands:
-  /thinking [on|off]  thinking for the next turns (also ctrl+t)
+  /thinking [on|off]  thinking for the next turns (also ctrl+t; gpt-oss: /thinking [low|medium|high], its effort)
   /block N            block size (1 = plain decoding)
   /ghosts             show rejected draft tokens
   /stats              the last turn's figures (speedup: measured against a timed block-1 step, – until then)
@@ -66,7 +65,8 @@ class Repl:
     def status(self) -> str:
         s = self.conv.settings
         block = s.block_size if reports_steps(self.conv.engine) else UNKNOWN  # a foreign server runs its own
-        return f"block {block} · thinking {'ON' if s.thinking else 'OFF'} · ghosts {'on' if self.ghosts else 'off'}"
+        thinking = f"effort {self.conv.effort}" if self.conv.effort else f"thinking {'ON' if s.thinking else 'OFF'}"
+        return f"block {block} · {thinking} · ghosts {'on' if self.ghosts else 'off'}"
 
     # -- commands --------------------------------------------------------------------------------
     def command(self, line: str) -> None:
@@ -74,6 +74,15 @@ class Repl:
         arg = arg.strip()
         if name in ("quit", "exit", "q"):
             self.quit = True
+        elif name == "thinking" and self.conv.efforts:  # gpt-oss: an effort level, not on/off
+            if arg and arg.lower() not in self.conv.efforts:
+                self.info(f"usage: /thinking [{'|'.join(self.conv.efforts)}] (no argument: the next level)")
+                return
+            if arg:
+                self.conv.settings.reasoning_effort = arg.lower()
+            else:
+                self.conv.cycle_effort()
+            self.info(f"effort {self.conv.effort}")
         elif name == "thinking":
             on = (not self.conv.settings.thinking) if not arg else arg.lower() in ("on", "1", "true", "yes")
             warning = self.conv.set_thinking(on)
@@ -154,7 +163,7 @@ class Repl:
             with typing_hidden():  # ctrl+c stops the answer without a ^C echoed into its text
                 for event in self.conv.stream(active):
                     for piece, origin in event.pieces:
-                        start, end, _ = thinking_layout(raw + piece, thinking)
+                        start, end, _ = self.conv.format.layout(raw + piece, thinking)
                         in_think = start < end and len(raw) < end
                         raw += piece
                         self.out.write(self.paint(piece, "think" if in_think and self.colour else origin))
@@ -206,7 +215,7 @@ class Repl:
 
         @kb.add("c-t")
         def _(event):
-            warning = self.conv.set_thinking(not self.conv.settings.thinking)
+            warning = self.conv.toggle_thinking()
             if warning:
                 self.info(warning)
             event.app.invalidate()
@@ -239,7 +248,7 @@ def threading_main() -> bool:
 def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optional[int] = None,
              thinking: Optional[bool] = None, session: Optional[sessions.Session] = None,
              max_new_tokens: Optional[int] = None, stdin: Optional[TextIO] = None, out: Optional[TextIO] = None,
-             err: Optional[TextIO] = None) -> int:
+             err: Optional[TextIO] = None, reasoning_effort: Optional[str] = None) -> int:
     stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr  # the streams of the moment
     quiet_loaders()
     profile = profile_for(profile_ref)
@@ -247,7 +256,7 @@ def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optiona
     err.write(printable(f"{loading_line(config)}…\n"))
     err.flush()
     loaded = load_engine(config)
-    flags = ChatFlags(block_size, thinking, max_new_tokens)
+    flags = ChatFlags(block_size, thinking, max_new_tokens, reasoning_effort)
     conv, notices = open_conversation(loaded, profile, flags)
     for warning in loaded.warnings:
         err.write(printable(f"note: {warning}\n"))

@@ -19,6 +19,16 @@ MIN_TEMPERATURE = 1e-3  # below this, logits / temperature overflow to inf: use 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|gpu|metal|mps")
 
 
+EFFORTS = ("low", "medium", "high")  # reasoning_effort, for a chat template that reads it (gpt-oss's)
+DEFAULT_EFFORT = "medium"  # gpt-oss's template when none is given
+
+
+def check_effort(value, where: str = "") -> None:
+    """A reasoning effort is low, medium or high (None: the template's own default)."""
+    if value is not None and value not in EFFORTS:
+        raise UserError(f"reasoning_effort {printable(repr(value))}{where} is not one of low, medium or high.")
+
+
 def check_block_size_value(block_size, where: str) -> None:
     if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int)
                                    or not 1 <= block_size <= MAX_BLOCK_SIZE):
@@ -144,6 +154,7 @@ class GenerationRequest(Sampling, Penalties):
     seed: int = 0
     block_size: Optional[int] = None  # overrides the engine's block size for this request
     thinking: bool = True
+    reasoning_effort: Optional[str] = None  # low, medium or high for a template that reads it (gpt-oss); None: its default
     stop_ids: Optional[list[int]] = None  # None: every eos id of the target's generation_config
     reuse_cache: bool = False  # start from the caches the previous request left where its ids are a prefix
     # (a chat's turns: dflash_tui.core.conversation opts in); off, the whole prompt is prefilled, as bench,
@@ -167,6 +178,7 @@ class GenerationRequest(Sampling, Penalties):
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < MAX_SEED:
             raise UserError(f"Seed {self.seed} is outside 0 to 2**63 - 1; pick a smaller non-negative seed.")
         check_block_size_value(self.block_size, "in this request")
+        check_effort(self.reasoning_effort)
         check_penalties(self)
         k = self.top_logprobs
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_LOGPROBS:

@@ -25,6 +25,7 @@ from typing import Optional
 
 from dflash_tui.engines.config import GenerationRequest
 from dflash_tui.engines.errors import UserError, describe
+from dflash_tui.engines.reasoning import show_markers, template_kwargs
 from dflash_tui.engines.text import printable
 
 
@@ -304,10 +305,12 @@ def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
     try:  # never run a checkpoint's tokenizer code: transformers raises instead of prompting
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as exc:
         raise UserError(f"The tokenizer in {printable(path)} cannot be loaded ({printable(describe(exc))}); "
                         "re-download the target.") from None
+    show_markers(tokenizer)  # harmony's channel markers read as text, as Qwen's <think> does (engines/reasoning.py)
+    return tokenizer
 
 
 def prompt_ids(tokenizer, request: GenerationRequest) -> list[int]:
@@ -321,7 +324,7 @@ def prompt_ids(tokenizer, request: GenerationRequest) -> list[int]:
     elif request.prompt is not None:
         ids = tokenizer.encode(request.prompt, add_special_tokens=False)
     else:
-        ids = chat_ids(tokenizer, request.messages, request.thinking)
+        ids = chat_ids(tokenizer, request.messages, request.thinking, request.reasoning_effort)
     if not ids:
         raise UserError("The prompt is empty; type something to send.")
     return ids
@@ -350,14 +353,18 @@ def template_file(tokenizer) -> str:
     return f"the tokenizer of {folder}"
 
 
-def chat_ids(tokenizer, messages: list[dict], thinking: bool) -> list[int]:
+def chat_ids(tokenizer, messages: list[dict], thinking: bool, effort: Optional[str] = None,
+             tools: Optional[list[dict]] = None) -> list[int]:
+    """The chat template applied (with `tools` when given), bounded as every render is."""
     if not getattr(tokenizer, "chat_template", None):
         raise UserError("The target's tokenizer has no chat template; use --raw to send plain text.")
     bound_templates()
+    kwargs = template_kwargs(tokenizer, thinking, effort)
+    if tools:
+        kwargs["tools"] = tools
     try:
-        out = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, enable_thinking=thinking, return_dict=False
-        )
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False,
+                                            **kwargs)
     except UserError:
         raise
     except TemplateLimitError as exc:

@@ -16,6 +16,7 @@ from dflash_tui.core import sessions as store
 from dflash_tui.core.profiles import Profile
 from dflash_tui.core.settings import with_pair
 from dflash_tui.core.terminal import json_text, printable
+from dflash_tui.engines.config import EFFORTS
 from dflash_tui.engines.errors import UserError
 
 
@@ -45,11 +46,13 @@ def profile_from_session(session: store.Session) -> Union[str, Profile, None]:
 @click.option("--api-key", help="Remote engine: the server's API key (default: DFLASH_API_KEY).")
 @click.option("--block-size", type=int, default=None, help="Block size (1 = plain decoding; default: the profile's).")
 @click.option("--thinking/--no-thinking", default=None, help="Thinking for the first turn (ctrl+t toggles it).")
+@click.option("--reasoning-effort", type=click.Choice(EFFORTS), default=None,
+              help="How long a model with an effort level thinks (gpt-oss; ctrl+t cycles it; default: the profile's).")
 @click.option("--resume", "resume_id", metavar="ID", shell_complete=complete.session_ids,
               help="Continue a recorded session (`dflash sessions list`).")
 @click.option("--plain", is_flag=True, help="The plain prompt-toolkit REPL instead of the full-screen TUI.")
 @click.option("--max-new-tokens", type=int, default=None, help="Answer length cap (default: the profile's).")
-def chat(profile, target, draft, engine, url, model, api_key, block_size, thinking, resume_id, plain,
+def chat(profile, target, draft, engine, url, model, api_key, block_size, thinking, reasoning_effort, resume_id, plain,
          max_new_tokens) -> None:
     """Chat with a target and its DFlash draft; drafted tokens are coloured as they stream.
 
@@ -76,7 +79,8 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
     if plain or not sys.stdin.isatty() or not sys.stdout.isatty():
         from dflash_tui.repl import run_repl
 
-        sys.exit(run_repl(profile, engine, block_size, thinking, session, max_new_tokens))
+        sys.exit(run_repl(profile, engine, block_size, thinking, session, max_new_tokens,
+                          reasoning_effort=reasoning_effort))
     from dflash_tui.tui.app import DflashApp
 
     # Textual sizes the screen with shutil.get_terminal_size, which believes COLUMNS and LINES over the
@@ -85,7 +89,7 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
     app = DflashApp(profile=profile, engine=engine, block_size=block_size, thinking=thinking, resume=session,
-                    max_new_tokens=max_new_tokens)
+                    max_new_tokens=max_new_tokens, reasoning_effort=reasoning_effort)
     app.run()
     if app.conversation is not None and app.conversation.session_id:
         click.echo(printable(f"session {app.conversation.session_id} · {app.conversation.writer.path}"))

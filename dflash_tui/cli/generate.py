@@ -10,13 +10,14 @@ import click
 from dflash_tui.cli import complete
 from dflash_tui.cli.downloads import ensure_local
 from dflash_tui.cli.style import ORIGIN_STYLE, color_enabled
-from dflash_tui.core.conversation import THINK_CLOSE, thinking_layout
 from dflash_tui.core.figures import fixed, known
 from dflash_tui.core.settings import generation_request, load_settings
 from dflash_tui.core.terminal import printable
 from dflash_tui.engines import load_engine
+from dflash_tui.engines.config import EFFORTS
 from dflash_tui.engines.errors import UserError
-from dflash_tui.engines.prompting import check_text, preflight
+from dflash_tui.engines.prompting import chat_ids, check_text, preflight
+from dflash_tui.engines.reasoning import THINK, format_for
 from dflash_tui.measure.replay import format_bytes
 
 
@@ -77,8 +78,9 @@ class AnswerFilter:
     """Streams only the answer of a thinking model: pieces are held while the reasoning trace may still
     be running, and released from where the answer starts (all of them if no trace ever closes)."""
 
-    def __init__(self, thinking: bool):
+    def __init__(self, thinking: bool, fmt=THINK):
         self.thinking = thinking
+        self.fmt = fmt  # the family's thinking format (engines/reasoning.py)
         self.raw = ""
         self.pieces: list[tuple[int, str, str]] = []  # (offset, text, origin)
         self.printed = 0
@@ -87,8 +89,8 @@ class AnswerFilter:
         for text, origin in pieces:
             self.pieces.append((len(self.raw), text, origin))
             self.raw += text
-        start, end, answer = thinking_layout(self.raw, self.thinking)
-        if not final and (end == len(self.raw) or (self.thinking and THINK_CLOSE not in self.raw)):
+        start, end, answer = self.fmt.layout(self.raw, self.thinking)
+        if not final and (end == len(self.raw) or (self.thinking and not self.fmt.thought(self.raw))):
             return []  # still (maybe) inside the trace
         begin = max(answer, self.printed)
         out = [(text[max(begin - at, 0):], origin) for at, text, origin in self.pieces if at + len(text) > begin]
@@ -100,7 +102,7 @@ def with_tools(loaded, request, tools):
     """The request's messages rendered with `tools` by the target's template (as `dflash serve` does)."""
     import dataclasses
 
-    from dflash_tui.serve.tools import render_ids, tool_format
+    from dflash_tui.serve.tools import tool_format
 
     tokenizer = getattr(loaded, "tokenizer", None)
     if tokenizer is None:
@@ -108,16 +110,17 @@ def with_tools(loaded, request, tools):
     fmt = tool_format(tokenizer)
     if fmt is None:
         raise UserError("The target's chat template has no tools branch, so --tools cannot be used with it.")
-    ids = render_ids(tokenizer, request.messages, request.thinking, tools)
+    ids = chat_ids(tokenizer, request.messages, request.thinking, request.reasoning_effort, tools)
     return dataclasses.replace(request, messages=None, prompt_ids=ids), fmt
 
 
-def tool_calls(text: str, thinking: bool, fmt: str) -> list[dict]:
-    """The OpenAI tool calls in an answer (its reasoning trace left out)."""
-    from dflash_tui.serve.tools import parse_text, wire_call
+def tool_calls(text: str, thinking: bool, fmt: str, layout=THINK) -> list[dict]:
+    """The OpenAI tool calls in an answer (its reasoning trace left out; harmony's parser reads the whole
+    reply, whose calls are messages of their own)."""
+    from dflash_tui.serve.tools import parse_text, parser_for, wire_call
 
-    _, _, answer = thinking_layout(text, thinking)
-    _, calls = parse_text(fmt, text[answer:])
+    _, _, answer = layout.layout(text, thinking)
+    _, calls = parse_text(fmt, text if parser_for(fmt).raw else text[answer:])
     return [{k: v for k, v in wire_call(c, i).items() if k != "index"} for i, c in enumerate(calls)]
 
 
@@ -134,6 +137,8 @@ def tool_calls(text: str, thinking: bool, fmt: str) -> list[dict]:
               "0 to 1 (default: the profile's, else the target's generation_config).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--thinking/--no-thinking", default=None, help="enable_thinking for the chat template.")
+@click.option("--reasoning-effort", type=click.Choice(EFFORTS),
+              help="How long a model with an effort level thinks (gpt-oss; default: the profile's, else medium).")
 @click.option("--system", help="System prompt (default: the profile's).")
 @click.option("--raw", is_flag=True, help="Send PROMPT as plain text: no chat template, no special tokens.")
 @click.option("--hide-thinking", is_flag=True, help="Print only the answer, not the reasoning trace before it.")
@@ -141,7 +146,8 @@ def tool_calls(text: str, thinking: bool, fmt: str) -> list[dict]:
 @click.option("--tools", "tools_file", metavar="FILE.json",
               help="OpenAI tools (a JSON list) for the chat template; the tool calls in the answer are printed as JSON.")
 def generate(prompt, profile, target, draft, engine, url, model, api_key, device, dtype, block_size, draft_window, max_new_tokens,
-             temperature, top_p, top_k, min_p, seed, thinking, system, raw, hide_thinking, as_json, tools_file):
+             temperature, top_p, top_k, min_p, seed, thinking, reasoning_effort, system, raw, hide_thinking, as_json,
+             tools_file):
     """Generate an answer to PROMPT ('-' reads standard input).
 
     On a terminal the text streams coloured by origin: green tokens were drafted and accepted,
@@ -163,7 +169,8 @@ def generate(prompt, profile, target, draft, engine, url, model, api_key, device
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         content = {"messages": messages}
     request = generation_request(settings, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                 top_k=top_k, min_p=min_p, seed=seed, thinking=thinking, **content)
+                                 top_k=top_k, min_p=min_p, seed=seed, thinking=thinking,
+                                 reasoning_effort=reasoning_effort, **content)
     ensure_local(config)
     preflight(config, [request])  # the prompt, its template and the context, before any weight loads
     tools = None
@@ -180,7 +187,8 @@ def generate(prompt, profile, target, draft, engine, url, model, api_key, device
     if tools:
         request, tool_fmt = with_tools(loaded, request, tools)
     colour = color_enabled()
-    shown = AnswerFilter(request.thinking) if hide_thinking else None
+    layout = format_for(loaded)
+    shown = AnswerFilter(request.thinking, layout) if hide_thinking else None
     for event in loaded.generate(request):
         if as_json:
             click.echo(json.dumps({"event": "step", **event.to_dict()}))
@@ -191,7 +199,7 @@ def generate(prompt, profile, target, draft, engine, url, model, api_key, device
             click.echo(click.style(text, **ORIGIN_STYLE[origin]) if colour else text, nl=False)
         sys.stdout.flush()
     summary = loaded.last_summary
-    calls = tool_calls(summary.text, request.thinking, tool_fmt) if tools else None
+    calls = tool_calls(summary.text, request.thinking, tool_fmt, layout) if tools else None
     if as_json:
         if calls is not None:
             click.echo(json.dumps({"event": "tool_calls", "tool_calls": calls}))

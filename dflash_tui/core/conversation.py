@@ -23,15 +23,16 @@ from dflash_tui.core import sessions
 from dflash_tui.core.profiles import Profile
 from dflash_tui.core.terminal import printable  # noqa: F401 - re-exported for older imports
 from dflash_tui.engines.checkpoints import check_block_size
-from dflash_tui.engines.config import GenerationRequest, Sampling
+from dflash_tui.engines.config import DEFAULT_EFFORT, EFFORTS, GenerationRequest, Sampling
 from dflash_tui.engines.engine import EngineLike
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.events import StepEvent, Summary
 from dflash_tui.engines.probe import Block1Probe
+from dflash_tui.engines.reasoning import THINK, format_for, takes_effort
+from dflash_tui.engines.remote.thinking import THINK_CLOSE, THINK_OPEN  # noqa: F401 - re-exported for older imports
 
 BLOCK_CHOICES = (1, 2, 4, 8, 16)
 FULL_CONTEXT_KEEP = 0.75  # a full context drops its oldest turns down to this share at once (issue 14)
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 PROBE_SPAN = 1.25  # a block-1 probe stands for contexts within 25% of the one it was timed at
 DRAFT_THINKING_WARNING = ("This profile's draft was not trained with thinking traces: with thinking on, "
                           "expect fewer accepted draft tokens.")
@@ -43,6 +44,7 @@ class ChatSettings(Sampling):
 
     block_size: Optional[int] = None  # None: the engine's own (the draft's trained block size)
     thinking: bool = True
+    reasoning_effort: Optional[str] = None  # low, medium or high where the template reads it (gpt-oss)
     max_new_tokens: int = 512
     seed: int = 0
     system_prompt: str = ""
@@ -54,6 +56,7 @@ class ChatSettings(Sampling):
         return cls(
             block_size=block_size if block_size is not None else profile.block_size,
             thinking=thinking if thinking is not None else profile.thinking,
+            reasoning_effort=profile.reasoning_effort,
             max_new_tokens=profile.max_new_tokens, system_prompt=profile.system_prompt, **profile.sampling(),
         )
 
@@ -73,12 +76,15 @@ class ChatFlags:
     block_size: Optional[int] = None
     thinking: Optional[bool] = None
     max_new_tokens: Optional[int] = None
+    reasoning_effort: Optional[str] = None
 
     def apply(self, settings: ChatSettings) -> ChatSettings:
         if self.block_size:
             settings.block_size = self.block_size
         if self.thinking is not None:
             settings.thinking = self.thinking
+        if self.reasoning_effort is not None:
+            settings.reasoning_effort = self.reasoning_effort
         if self.max_new_tokens:
             settings.max_new_tokens = self.max_new_tokens
         return settings
@@ -112,47 +118,20 @@ class Turn:
         return self.status in ("cancelled", "error") and bool(self.prompt_ids) and bool(self.emitted_ids)
 
 
-def split_thinking(text: str, thinking: bool = True) -> tuple[Optional[str], str, bool]:
-    """(thinking text or None, answer text, thinking finished) for an answer as generated.
-
-    A reply may open with `<think>` (Qwen3) or start inside the block when the template already opened
-    it (then only `</think>` appears). An empty think block (thinking off) yields no thinking text.
-    """
-    stripped = text.lstrip()
-    if stripped.startswith(THINK_OPEN):
-        body = stripped[len(THINK_OPEN):]
-        if THINK_CLOSE in body:
-            inner, answer = body.split(THINK_CLOSE, 1)
-            inner = inner.strip("\n")
-            return (inner if inner.strip() else None), answer.lstrip("\n"), True
-        return body.lstrip("\n"), "", False
-    if thinking and THINK_CLOSE in text:
-        inner, answer = text.split(THINK_CLOSE, 1)
-        return (inner.strip("\n") or None), answer.lstrip("\n"), True
-    return None, text, True
+def split_thinking(text: str, thinking: bool = True, fmt=THINK) -> tuple[Optional[str], str, bool]:
+    """(thinking text or None, answer text, thinking finished) for an answer as generated, by `fmt`'s rule
+    (engines/reasoning.py). An empty thinking block (thinking off) yields no thinking text."""
+    start, end, answer = fmt.layout(text, thinking)
+    inner = text[start:end].strip("\n")
+    done = end < len(text) or start == end
+    return (inner if inner.strip() or not done else None), text[answer:], done
 
 
-def thinking_layout(raw: str, thinking: bool) -> tuple[int, int, int]:
-    """(thinking start, thinking end, answer start) as offsets into the raw answer text.
+def thinking_layout(raw: str, thinking: bool, fmt=THINK) -> tuple[int, int, int]:
+    """(thinking start, thinking end, answer start) as offsets into the raw answer, by `fmt`'s rule.
 
     No thinking gives (0, 0, answer start); an unclosed block runs to the end of the text."""
-    lead = len(raw) - len(raw.lstrip())
-    if raw.startswith(THINK_OPEN, lead):
-        start = lead + len(THINK_OPEN)
-        close = raw.find(THINK_CLOSE, start)
-        if close == -1:
-            return start, len(raw), len(raw)
-        end, answer = close, close + len(THINK_CLOSE)
-    elif thinking and THINK_CLOSE in raw:
-        start, end = 0, raw.index(THINK_CLOSE)
-        answer = end + len(THINK_CLOSE)
-    else:
-        return 0, 0, lead
-    while answer < len(raw) and raw[answer] == "\n":
-        answer += 1
-    while start < end and raw[start] == "\n":
-        start += 1
-    return start, end, answer
+    return fmt.layout(raw, thinking)
 
 
 @dataclass
@@ -303,7 +282,33 @@ class Conversation:
         return None
 
     def toggle_thinking(self) -> Optional[str]:
+        """The thinking key: on/off, or for a family with an effort (gpt-oss) the next level (it has no off)."""
+        if self.efforts:
+            self.cycle_effort()
+            return None
         return self.set_thinking(not self.settings.thinking)
+
+    @property
+    def format(self):
+        """How this engine's answers carry their thinking (engines/reasoning.py)."""
+        return format_for(self.engine)
+
+    @property
+    def efforts(self) -> tuple:
+        """The reasoning efforts the target's template takes; () for on/off thinking."""
+        tokenizer = getattr(self.engine, "tokenizer", None)
+        return EFFORTS if tokenizer is not None and takes_effort(tokenizer) else ()
+
+    @property
+    def effort(self) -> Optional[str]:
+        """The effort the next turn asks for (the template's default when none is set); None without one."""
+        return (self.settings.reasoning_effort or DEFAULT_EFFORT) if self.efforts else None
+
+    def cycle_effort(self) -> str:
+        """low -> medium -> high -> low for the next turns."""
+        order = list(self.efforts)
+        self.settings.reasoning_effort = order[(order.index(self.effort) + 1) % len(order)]
+        return self.settings.reasoning_effort
 
     # -- building requests -----------------------------------------------------------------------
     def messages_for(self, user: str, history: list[Turn]) -> list[dict]:
@@ -313,15 +318,15 @@ class Conversation:
         for turn in history:
             if turn.resent:
                 messages.append({"role": "user", "content": turn.user})
-                messages.append({"role": "assistant", "content": turn.answer})
+                messages.append(self.format.history(turn.answer))
         messages.append({"role": "user", "content": user})
         return messages
 
     def _request(self, messages: list[dict]) -> GenerationRequest:
         s = self.settings
         return GenerationRequest(
-            messages=messages, thinking=s.thinking, max_new_tokens=s.max_new_tokens, seed=s.seed,
-            block_size=s.block_size, **s.sampling(),
+            messages=messages, thinking=s.thinking, reasoning_effort=self.effort, max_new_tokens=s.max_new_tokens,
+            seed=s.seed, block_size=s.block_size, **s.sampling(),
         )
 
     def context_limit(self) -> Optional[int]:
@@ -456,7 +461,8 @@ class Conversation:
                 "index": len(self.turns) - 1, **continues, "status": status, "time": sessions.now_iso(),
                 "user": active.user, "answer": text, "messages": active.messages, "dropped_turns": active.dropped,
                 "settings": {**self.settings.to_dict(), "block_size": active.block_size,
-                             "thinking": active.request.thinking, "engine": self.engine_name,
+                             "thinking": active.request.thinking,
+                             "reasoning_effort": active.request.reasoning_effort, "engine": self.engine_name,
                              "device": self.engine.device, "dtype": self.engine.dtype},
                 "prompt_ids": active.prompt_ids, "emitted_ids": active.emitted, "steps": active.steps,
                 "finish_reason": active.finish_reason or status, "summary": summary_dict,

@@ -36,7 +36,8 @@ def with_pair(profile: Union[str, Profile, None], target: Optional[str] = None, 
 
 def generation_request(profile: Profile, **given) -> GenerationRequest:
     """A request whose unset fields (None) take the profile's values."""
-    values = {"max_new_tokens": profile.max_new_tokens, **profile.sampling(), "thinking": profile.thinking}
+    values = {"max_new_tokens": profile.max_new_tokens, **profile.sampling(), "thinking": profile.thinking,
+              "reasoning_effort": profile.reasoning_effort}
     values.update({k: v for k, v in given.items() if v is not None})
     return GenerationRequest(**values)
 

@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dflash_tui.engines.config import MAX_SEED, MAX_TOP_LOGPROBS
+from dflash_tui.engines.config import EFFORTS, MAX_SEED, MAX_TOP_LOGPROBS
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.remote.wire import EXTENSION
 
@@ -112,9 +112,6 @@ def refuse_unsupported(body: dict, chat: bool) -> None:
             raise _unsupported("response_format", f" with type {kind!r} (no guided decoding: only 'text')")
     if body.get("prompt_logprobs") is not None:
         raise _unsupported("prompt_logprobs", " (the logprobs of the generated tokens are: 'logprobs')")
-    if body.get("reasoning_effort") is not None:
-        raise _unsupported("reasoning_effort", ": no model family served here takes it (use "
-                           "chat_template_kwargs.enable_thinking)")
     if body.get("min_tokens") not in (None, 0):
         raise _unsupported("min_tokens")
     for key in ("functions", "function_call"):
@@ -124,7 +121,7 @@ def refuse_unsupported(body: dict, chat: bool) -> None:
         if body.get(key) is not None:
             raise _unsupported(key, " (no guided decoding)")
     if not chat:
-        for key in ("tools", "tool_choice"):
+        for key in ("tools", "tool_choice", "reasoning_effort"):
             if body.get(key) is not None:
                 raise _unsupported(key, " on /v1/completions (use /v1/chat/completions)")
 
@@ -145,6 +142,7 @@ class Params:
     seed: Optional[int] = None  # None: a fresh random seed for this request (vLLM's default)
     stop: list[str] = field(default_factory=list)
     thinking: Optional[bool] = None
+    reasoning_effort: Optional[str] = None  # low, medium or high: only for a template that reads it (gpt-oss)
     separate_reasoning: Optional[bool] = None
     return_token_ids: bool = False
     extension: bool = False  # the request carried the dflash object: send the summary chunk
@@ -223,6 +221,10 @@ def parse(body: Any, names: list[str], chat: bool) -> Params:
     if thinking is not None and not isinstance(thinking, bool):
         raise _bad("'chat_template_kwargs.enable_thinking' must be true or false.", "chat_template_kwargs")
     p.thinking = thinking
+    effort = body.get("reasoning_effort", kwargs.get("reasoning_effort"))
+    if effort is not None and effort not in EFFORTS:
+        raise _bad(f"'reasoning_effort' must be one of {', '.join(EFFORTS)}; got {effort!r}.", "reasoning_effort")
+    p.reasoning_effort = effort
     if body.get("separate_reasoning") is not None:
         p.separate_reasoning = bool(body["separate_reasoning"])
     p.return_token_ids = bool(body.get("return_token_ids", False))
@@ -379,6 +381,12 @@ def check_tool_calls(calls: Any, where: str) -> list[dict]:
         out.append({"id": str(call.get("id") or f"call_{j}"), "type": "function",
                     "function": {"name": fn["name"], "arguments": arguments}})
     return out
+
+
+def refuse_effort() -> ApiError:
+    """`reasoning_effort` for a model whose chat template does not read it (every family but gpt-oss)."""
+    return _unsupported("reasoning_effort", " for this model: its chat template does not read it (thinking is on "
+                        "or off here: chat_template_kwargs.enable_thinking)")
 
 
 def fresh_seed() -> int:

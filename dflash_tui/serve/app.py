@@ -22,14 +22,16 @@ from starlette.routing import Route
 
 from dflash_tui.engines.config import GenerationRequest
 from dflash_tui.engines.errors import describe
+from dflash_tui.engines.prompting import chat_ids
+from dflash_tui.engines.reasoning import THINK, format_for, takes_effort
 from dflash_tui.engines.remote.sse import encode_event
 from dflash_tui.engines.remote.thinking import ThinkingSplitter, prompt_opens_thinking
 from dflash_tui.engines.remote.wire import EXTENSION, step_to_wire
 
-from .api import MAX_DEPTH, ApiError, Params, check_request, fresh_seed, new_id, now, parse, too_deep, usage
+from .api import MAX_DEPTH, ApiError, Params, check_request, fresh_seed, new_id, now, parse, refuse_effort, too_deep, usage
 from .metrics import Metrics
 from .text import StopMatcher
-from .tools import ToolCallParser, forced_opening, render_ids, tool_format, wire_call
+from .tools import ToolCallParser, forced_opening, parser_for, tool_format, wire_call
 from .worker import EngineWorker, Job, QueueFull, ShuttingDown
 
 PUBLIC_PATHS = ("/health",)
@@ -241,12 +243,12 @@ async def pieces(state: ServeState, job: Job, params: Params, split: Optional[Th
                 piece.reasoning += r
                 piece.content += c
         if parser is not None:
-            got = parser.add(piece.content)
+            got = parser.add(text if parser.raw else piece.content)  # harmony's calls are in the raw reply
             if finish is not None:
                 last = parser.flush()
                 got.text += last.text
                 got.calls += last.calls
-            piece.content, piece.calls = got.text, got.calls
+            piece.content, piece.calls = (piece.content if parser.raw else "") + got.text, got.calls
             calls += len(got.calls)
             if finish == "stop" and calls:  # the answer ended with its calls (not cut off by max_tokens)
                 finish = piece.finish = "tool_calls"
@@ -337,13 +339,15 @@ def _render(state: ServeState, params: Params, thinking: bool) -> Prepared:
             raise ApiError(400, "This model's chat template has no tools branch, so 'tools' cannot be used with it.",
                            "tools", "unsupported_parameter")
         opening = forced_opening(fmt, params.tool_choice) if use_tools else ""
-        ids = check_request(lambda: render_ids(tokenizer, params.messages, thinking and not opening, use_tools))
+        ids = check_request(lambda: chat_ids(tokenizer, params.messages, thinking and not opening,
+                                             _effort(state, params), use_tools))
         if opening:
             ids += tokenizer.encode(opening, add_special_tokens=False)
         prepared = Prepared(ids=ids, tool_format=fmt if use_tools else None, opening=opening)
     else:
         if params.messages is not None:
-            probe = check_request(lambda: GenerationRequest(messages=params.messages, thinking=thinking))
+            probe = check_request(lambda: GenerationRequest(messages=params.messages, thinking=thinking,
+                                                            reasoning_effort=_effort(state, params)))
         elif isinstance(params.prompt, str):
             probe = check_request(lambda: GenerationRequest(prompt=params.prompt))
         else:
@@ -351,6 +355,16 @@ def _render(state: ServeState, params: Params, thinking: bool) -> Prepared:
             probe = check_request(lambda: GenerationRequest(prompt_ids=list(params.prompt)))
         prepared.ids = check_request(lambda: engine.prepare(probe))
     return prepared
+
+
+def _effort(state: ServeState, params: Params) -> Optional[str]:
+    """The request's reasoning effort, else the served profile's; a 400 naming the field for a model whose
+    template does not read it (a profile's default is simply not used there)."""
+    tokenizer = getattr(state.engine, "tokenizer", None)
+    takes = tokenizer is not None and takes_effort(tokenizer)
+    if params.reasoning_effort is not None and not takes:
+        raise refuse_effort()
+    return (params.reasoning_effort or state.defaults.get("reasoning_effort")) if takes else None
 
 
 def _decode_json(raw: bytes) -> Any:
@@ -473,6 +487,7 @@ def build_app(state: ServeState):
             body = await _body(request, state)
             params = parse(body, state.names, chat)
             thinking = params.thinking if params.thinking is not None else state.defaults.get("thinking", True)
+            _effort(state, params)  # refused before anything is rendered
             if params.draft_window is not None and params.draft_window != state.engine.config.draft_window:
                 raise ApiError(400, f"This server runs draft window {state.engine.config.draft_window or 'none'}; a "
                                "request cannot change it (serve a profile with the draft_window you need).",
@@ -492,10 +507,11 @@ def build_app(state: ServeState):
             raise ApiError(503, str(exc), None, "shutting_down", "server_error") from None
         split_on = params.separate_reasoning if params.separate_reasoning is not None else state.reasoning_split
         split = None
+        fmt = format_for(state.engine)
         if chat and split_on:
-            split = ThinkingSplitter(opened=thinking and not prepared.opening
-                                     and prompt_opens_thinking(state.engine.decode(ids[-8:])))
-        parser = ToolCallParser(prepared.tool_format, prepared.opening) if prepared.tool_format else None
+            split = ThinkingSplitter(opened=thinking and not prepared.opening and prompt_opens_thinking(
+                state.engine.decode(ids[-8:]))) if fmt is THINK else fmt.splitter(prefix=prepared.opening)
+        parser = parser_for(prepared.tool_format, prepared.opening) if prepared.tool_format else None
         shaper = ChatShaper(params, ids, chat, getattr(state.engine, "tokenizer", None))
         if params.stream:
             return EventStream(shaper.stream(pieces(state, job, params, split, parser)),

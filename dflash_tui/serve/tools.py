@@ -5,7 +5,12 @@ Formats (picked from the chat template's text):
 - `hermes` (Qwen3, Qwen3.5): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, and inside
   the same tags the XML function form of Qwen3-Coder: `<function=NAME><parameter=KEY>VALUE</parameter></function>`;
 - `llama3_json` (Llama 3.1): the whole answer is `{"name": ..., "parameters": {...}}` (after an optional
-  `<|python_tag|>`), several separated by `;`.
+  `<|python_tag|>`), several separated by `;`;
+- `harmony` (gpt-oss): a message to `functions.NAME` on the commentary channel, e.g.
+  `<|start|>assistant<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>` (the
+  recipient may also stand in the role part, as the template renders history). `<|call|>` is a stop id, so
+  the call's body ends the reply. This parser reads the raw reply (every channel: `raw`), not the content
+  left after the reasoning split, since a call is neither thinking nor answer.
 
 A forced `tool_choice` (`required` or a named function) cannot be guided here (no constrained decoding):
 the answer is started with the format's opening (`<tool_call>\\n{"name": "NAME", "arguments": ` for a
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from dflash_tui.engines.errors import UserError, describe
+from dflash_tui.engines.reasoning import HARMONY, format_of
 from dflash_tui.engines.text import printable
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -36,8 +42,10 @@ def template_text(tokenizer) -> str:
 
 
 def tool_format(tokenizer) -> Optional[str]:
-    """`hermes`, `llama3_json`, or None when the template has no tools branch."""
+    """`hermes`, `llama3_json`, `harmony`, or None when the template has no tools branch."""
     text = template_text(tokenizer)
+    if format_of(tokenizer) is HARMONY:
+        return "harmony" if "functions." in text else None
     if HERMES_OPEN in text or "<function=" in text:
         return "hermes"
     if "tools" in text and ("<|python_tag|>" in text or "ipython" in text or '"parameters"' in text):
@@ -48,6 +56,10 @@ def tool_format(tokenizer) -> Optional[str]:
 def forced_opening(fmt: str, choice: Any) -> str:
     """The text an answer starts with when tool_choice forces a call ('' when it does not)."""
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if fmt == "harmony":  # the call's own message header, the reply's first
+        if name:
+            return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+        return "<|channel|>commentary to=functions." if choice == "required" else ""
     if fmt == "hermes":
         if name:
             return f'{HERMES_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
@@ -55,32 +67,6 @@ def forced_opening(fmt: str, choice: Any) -> str:
     if name:
         return f'{{"name": {json.dumps(name)}, "parameters": '
     return '{"name": "' if choice == "required" else ""
-
-
-def render_ids(tokenizer, messages: list[dict], thinking: bool, tools: Optional[list[dict]]) -> list[int]:
-    """The chat template applied with `tools` (and tool calls and results in the history), bounded as
-    every render is (engines.prompting)."""
-    from dflash_tui.engines.prompting import TemplateLimitError, bound_templates, template_file
-
-    if not getattr(tokenizer, "chat_template", None):
-        raise UserError("The target's tokenizer has no chat template, so tools cannot be rendered.")
-    bound_templates()
-    kwargs: dict = {"enable_thinking": thinking}
-    if tools:
-        kwargs["tools"] = tools
-    try:
-        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False,
-                                            **kwargs)
-    except TemplateLimitError as exc:
-        raise UserError(f"The chat template in {printable(template_file(tokenizer))} was stopped: {exc}.") from None
-    except UserError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the template is the checkpoint's code
-        raise UserError(f"The chat template in {printable(template_file(tokenizer))} failed "
-                        f"({printable(describe(exc))}).") from None
-    if isinstance(out, dict) or hasattr(out, "keys"):
-        out = out["input_ids"]
-    return list(out)
 
 
 # -- parsing ----------------------------------------------------------------------------------------
@@ -171,6 +157,8 @@ class ToolCallParser:
     """Content text as it streams -> text and completed tool calls. Text that may be the start of a call
     is held back; a call that never completes or does not parse is given back as text at the end."""
 
+    raw = False  # it reads the content after the reasoning split
+
     def __init__(self, fmt: str, opening: str = ""):
         self.fmt = fmt
         self.buffer = opening  # a forced opening is part of the answer the model continues
@@ -252,9 +240,52 @@ class ToolCallParser:
         return out
 
 
+class HarmonyCallParser:
+    """harmony's calls from the raw reply as it streams: a message to `functions.NAME` is a call once it
+    ends (at `<|end|>`, at the next `<|start|>`, or at the end of the reply, where `<|call|>` stopped it). Its
+    body must be a JSON object; one that is not comes back as text. Other messages give nothing here (the
+    reasoning split sends the thinking and the answer)."""
+
+    raw = True  # it reads the reply as generated, every channel
+
+    def __init__(self, opening: str = ""):
+        self.text = opening  # a forced call's header is part of the reply the model continues
+        self.done = 0  # messages handled
+
+    def add(self, text: str) -> ToolOutput:
+        self.text += text
+        return self._take(end=False)
+
+    def flush(self) -> ToolOutput:
+        return self._take(end=True)
+
+    def _take(self, end: bool) -> ToolOutput:
+        out = ToolOutput()
+        for message in HARMONY.messages(self.text)[self.done:]:
+            if not (message["closed"] or end):
+                break
+            self.done += 1
+            recipient = message["recipient"] or ""
+            if not recipient.startswith("functions."):
+                continue
+            body = self.text[message["start"]:message["end"]].strip()
+            call = _call(recipient[len("functions."):], body or "{}")
+            if call is None:
+                out.text += body
+            else:
+                out.calls.append({"id": new_call_id(), **call})
+        return out
+
+
+def parser_for(fmt: str, opening: str = ""):
+    """The streaming parser of a tool-call format (`raw`: it reads the reply before the reasoning split)."""
+    return HarmonyCallParser(opening) if fmt == "harmony" else ToolCallParser(fmt, opening)
+
+
 def parse_text(fmt: str, text: str) -> tuple[str, list[dict]]:
-    """A whole answer -> (content, calls): the non-streaming path and `dflash generate --tools`."""
-    parser = ToolCallParser(fmt)
+    """A whole answer -> (content, calls): the non-streaming path and `dflash generate --tools`. A `raw`
+    format's text is the whole reply and its content only what did not parse."""
+    parser = parser_for(fmt)
     first, last = parser.add(text), parser.flush()
     return (first.text + last.text).strip() if first.calls or last.calls else first.text + last.text, \
         first.calls + last.calls

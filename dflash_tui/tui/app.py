@@ -78,12 +78,12 @@ class DflashApp(App):
     def __init__(self, profile=None, engine: Optional[str] = None, block_size: Optional[int] = None,
                  thinking: Optional[bool] = None, resume: Optional[sessions.Session] = None, record: bool = True,
                  max_new_tokens: Optional[int] = None, animate: bool = True, loaded_engine=None,
-                 engine_process: bool = True) -> None:
+                 engine_process: bool = True, reasoning_effort: Optional[str] = None) -> None:
         super().__init__()
         self.profile_ref = profile
         self.profile = None
         self.engine_flag = engine
-        self.flags = ChatFlags(block_size, thinking, max_new_tokens)
+        self.flags = ChatFlags(block_size, thinking, max_new_tokens, reasoning_effort)
         self.record = record
         self.pending_resume = resume
         self.engine = None
@@ -309,7 +309,8 @@ class DflashApp(App):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         chat = self.chat
-        yield SystemCommand("Toggle thinking", "ctrl+t: thinking on/off for the next turns", chat.action_toggle_thinking)
+        yield SystemCommand("Toggle thinking", "ctrl+t: thinking on/off (gpt-oss: its effort level) for the next turns",
+                            chat.action_toggle_thinking)
         yield SystemCommand("Toggle ghosts", "ctrl+g: show rejected draft tokens", chat.action_toggle_ghosts)
         yield SystemCommand("Next block size", "f7: cycle 1, 2, 4, 8, 16 and the profile's", chat.action_cycle_block)
         if self.conversation is not None:

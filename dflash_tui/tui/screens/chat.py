@@ -286,7 +286,8 @@ class ChatScreen(Screen):
             # say which (never the profile's, which it does not use)
             block = (conv.settings.block_size if conv else engine.block_size) if reports_steps(engine) else None
             header.show(name, engine.name, engine.device, engine.dtype, block, thinking, self.ghosts,
-                        temperature=temperature, top_p=conv.settings.top_p if conv else None)
+                        temperature=temperature, top_p=conv.settings.top_p if conv else None,
+                        effort=conv.effort if conv else None)
         self._show_stats(self._stats_data())
 
     def _stats_data(self) -> StatsData:
@@ -304,7 +305,7 @@ class ChatScreen(Screen):
         if conv is None:
             d.thinking = self.thinking_before_load()
             return d
-        d.thinking = conv.settings.thinking
+        d.thinking, d.effort = conv.settings.thinking, conv.effort
         # the next turn's block size, except while one runs (unknown where the server runs its own)
         d.block_size = turn_block = conv.settings.block_size if known_steps else None
         d.session_tau = conv.session_tau()
@@ -397,7 +398,7 @@ class ChatScreen(Screen):
         except UserError as exc:
             self.notify(str(exc), severity="error", timeout=8)
             return False
-        answer = AnswerView(thinking=active.request.thinking, ghosts=self.ghosts)
+        answer = AnswerView(thinking=active.request.thinking, ghosts=self.ghosts, fmt=self.conversation.format)
         self._start(active, answer, UserMessage(text))
         return True
 
@@ -452,7 +453,7 @@ class ChatScreen(Screen):
         summary = turn.summary if turn else None
         if view is not None:
             if view.thinking and turn is not None and turn.continues is None:  # exact, as a resume counts it
-                view.think_tokens = recorded_think_tokens(self.app.engine.decode, turn.emitted_ids)
+                view.think_tokens = recorded_think_tokens(self.app.engine.decode, turn.emitted_ids, view.fmt)
             view.finish(status, footer_for(summary, turn.save_error if turn else None))
         self.active, self.active_view = None, None
         self.turns_done += 1
@@ -689,12 +690,12 @@ class ChatScreen(Screen):
         decode = self.app.engine.decode
         for turn, record in zip(self.conversation.turns, session.turns):
             view.mount(UserMessage(turn.user) if turn.continues is None else NoticeLine(CONTINUING))
-            answer = AnswerView(thinking=bool(turn.thinking), ghosts=self.ghosts)
+            answer = AnswerView(thinking=bool(turn.thinking), ghosts=self.ghosts, fmt=self.conversation.format)
             emitted = record.get("emitted_ids", [])
             segments = recorded_segments(decode, record.get("prompt_ids", []), emitted, record.get("steps", []))
             answer.set_recorded(turn.answer, segments)
             if turn.thinking and turn.continues is None:  # its header's count: the ids up to the thinking's end
-                answer.think_tokens = recorded_think_tokens(decode, emitted)
+                answer.think_tokens = recorded_think_tokens(decode, emitted, self.conversation.format)
             view.mount(answer)
             answer.call_after_refresh(answer.finish, turn.status, footer_for(turn.summary))
         count = len(session.turns)
@@ -780,7 +781,7 @@ class ChatScreen(Screen):
         except UserError as exc:
             self.notify(str(exc), severity="warning", timeout=6)
             return
-        answer = AnswerView(thinking=active.request.thinking, ghosts=self.ghosts)
+        answer = AnswerView(thinking=active.request.thinking, ghosts=self.ghosts, fmt=self.conversation.format)
         stopped = self.query(AnswerView)
         if stopped:
             answer.segments, answer.raw = list(stopped.last().segments), stopped.last().raw

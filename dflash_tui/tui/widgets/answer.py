@@ -22,9 +22,9 @@ from textual.message import Message
 from textual.widgets import Button, Collapsible, Markdown, Static
 from textual.widgets._collapsible import CollapsibleTitle
 
-from dflash_tui.core.conversation import THINK_CLOSE, thinking_layout
 from dflash_tui.core.terminal import printable
 from dflash_tui.engines.detokenize import StreamingDetokenizer
+from dflash_tui.engines.reasoning import THINK
 from dflash_tui.tui.contrast import MIN_CONTRAST, in_256_colours, readable, theme_background  # noqa: F401 - re-exported
 
 LAYOUT_EVERY_S = 0.3  # while streaming, a new row shows within this; text in existing rows every frame
@@ -65,15 +65,15 @@ def recorded_segments(decode, prompt_ids: list[int], emitted_ids: list[int], ste
     return [(text, kind) for text, kind in segments if text]
 
 
-def recorded_think_tokens(decode, emitted_ids: list[int]) -> int:
+def recorded_think_tokens(decode, emitted_ids: list[int], fmt=THINK) -> int:
     """How many of a recorded turn's ids its thinking took: up to the one that closes it (all of them while
-    it never closed), found by bisection over decoded prefixes."""
-    if not emitted_ids or THINK_CLOSE not in decode(emitted_ids):
+    it never closed), found by bisection over decoded prefixes; `fmt`: the family's thinking format."""
+    if not emitted_ids or not fmt.thought(decode(emitted_ids)):
         return len(emitted_ids)
     low, high = 1, len(emitted_ids)  # the shortest prefix whose text holds the close
     while low < high:
         mid = (low + high) // 2
-        if THINK_CLOSE in decode(emitted_ids[:mid]):
+        if fmt.thought(decode(emitted_ids[:mid])):
             high = mid
         else:
             low = mid + 1
@@ -149,9 +149,10 @@ class AnswerView(Vertical):
     AnswerView Markdown.answer-markdown { padding: 0 0 0 5; margin: 0; }
     """
 
-    def __init__(self, thinking: bool, ghosts: bool = False, **kwargs) -> None:
+    def __init__(self, thinking: bool, ghosts: bool = False, fmt=THINK, **kwargs) -> None:
         super().__init__(**kwargs)
         self.thinking = thinking
+        self.fmt = fmt  # how the family's answers carry their thinking (engines/reasoning.py)
         self.ghosts = ghosts
         self.segments: list[tuple[str, str]] = []
         self.raw = ""
@@ -181,7 +182,7 @@ class AnswerView(Vertical):
     # -- streaming -------------------------------------------------------------------------------
     def add_events(self, events: Iterable) -> None:
         for event in events:
-            if self.thinking and THINK_CLOSE not in self.raw:
+            if self.thinking and not self.fmt.thought(self.raw):
                 self.think_tokens += len(event.emitted)
             for text, origin in event.pieces:
                 self._append(text, origin)
@@ -216,12 +217,12 @@ class AnswerView(Vertical):
 
     @property
     def answer_text(self) -> str:
-        _, _, answer = thinking_layout(self.raw, self.thinking)
+        _, _, answer = self.fmt.layout(self.raw, self.thinking)
         return self.raw[answer:]
 
     @property
     def thinking_text(self) -> str:
-        start, end, _ = thinking_layout(self.raw, self.thinking)
+        start, end, _ = self.fmt.layout(self.raw, self.thinking)
         return self.raw[start:end]
 
     def _height_changed(self, widget: Static, text: Text) -> bool:
@@ -243,7 +244,7 @@ class AnswerView(Vertical):
     def render_text(self, cheap: bool = False) -> bool:
         """Re-render the text; with `cheap`, skip the layout pass when the height cannot have changed.
         Returns whether a layout pass was asked for."""
-        start, end, answer_at = thinking_layout(self.raw, self.thinking)
+        start, end, answer_at = self.fmt.layout(self.raw, self.thinking)
         think, answer = Text(), Text()
         laid_out = False
         pos = 0

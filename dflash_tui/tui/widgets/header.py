@@ -29,10 +29,14 @@ class ChatHeader(Horizontal):
 
     def show(self, profile: str, engine: str, device: str, dtype: str, block_size, thinking: bool,
              ghosts: bool, loading: bool = False, temperature: Optional[str] = None, failed: bool = False,
-             top_p: Optional[float] = None) -> None:
+             top_p: Optional[float] = None, effort: Optional[str] = None) -> None:
         """`temperature` is `temperature_text` of the chat's; None (no chat yet) leaves it out. `failed`: no
-        engine could be loaded (said instead of its unknown block size, engine and device)."""
-        state = Text.assemble("thinking ", ("ON", "bold reverse") if thinking else ("OFF", "bold"))
+        engine could be loaded (said instead of its unknown block size, engine and device). `effort`: the
+        reasoning effort of a family that has one (gpt-oss), shown in thinking's place (it has no off)."""
+        if effort is not None:
+            state = Text.assemble("effort ", (effort, "bold reverse"))
+        else:
+            state = Text.assemble("thinking ", ("ON", "bold reverse") if thinking else ("OFF", "bold"))
         fields = [("dflash", "bold"), (profile, ""), (state, "")]
         if loading:
             fields.append(("loading…", "italic"))

@@ -45,6 +45,7 @@ class StatsData:
     device: str = "?"
     dtype: str = "?"
     thinking: bool = True
+    effort: Optional[str] = None  # a family's reasoning effort (gpt-oss), shown instead of thinking on/off
     ghosts: bool = False
     state: str = "idle"  # idle, loading, generating, done, cancelled
 
@@ -135,8 +136,12 @@ class StatsPanel(Static):
         t.append(f"{memory_text(d)} · context {context_text(d)}\n")
         t.append(f"prompt {known(d.reused_tokens)} reused · {known(d.prefilled_tokens)} prefilled\n\n")
         t.append(f"{d.engine} · {d.device} · {d.dtype}\n")
-        t.append(f"block {known(d.block_size)} · thinking ")
-        t.append("ON" if d.thinking else "OFF", style="bold")
+        if d.effort is not None:
+            t.append(f"block {known(d.block_size)} · effort ")
+            t.append(d.effort, style="bold")
+        else:
+            t.append(f"block {known(d.block_size)} · thinking ")
+            t.append("ON" if d.thinking else "OFF", style="bold")
         t.append("\n\n")
         t.append("■", style=self.origin["draft"])
         t.append(" accepted draft  ")

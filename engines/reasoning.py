@@ -1,0 +1,218 @@
+"""How a family's answer carries its thinking: one rule per chat format, chosen from the target's own chat
+template, which every front end (the chat, `generate --hide-thinking`, sessions, `dflash serve`) reads.
+
+- `think` (Qwen3, Qwen3.5, Llama and the rest): `<think>...</think>` then the answer; thinking is on or off
+  (the template's `enable_thinking`).
+- `harmony` (gpt-oss): messages on channels. The reply opens with `<|channel|>analysis<|message|>...<|end|>`
+  (the thinking), then `<|start|>assistant<|channel|>final<|message|>...` (the answer, ended by `<|return|>`),
+  or a tool call `... to=functions.NAME ...<|message|>{json}` (ended by `<|call|>`). There is no off: the
+  template's `reasoning_effort` sets how long it thinks.
+
+Harmony's markers are special tokens, which a tokenizer leaves out of decoded text; `show_markers` makes
+them text, as Qwen's `<think>` is, so that every decoder (the engines', the engine process's, the remote
+engine's) yields the same raw text and the split happens here. `<|return|>` and `<|call|>` stay hidden:
+they end the reply, as an eos does.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Optional
+
+from dflash_tui.engines.config import EFFORTS, check_effort  # noqa: F401 - re-exported with the formats
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.remote.thinking import THINK_CLOSE, THINK_OPEN, ThinkingSplitter
+
+CHANNEL, MESSAGE, START, END, CONSTRAIN = "<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>"
+SHOWN_MARKERS = (CHANNEL, MESSAGE, START, END, CONSTRAIN)
+RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+
+
+class ThinkFormat:
+    """`<think>...</think>` then the answer (a template may open the block in the prompt already)."""
+
+    name = "think"
+
+    def layout(self, raw: str, thinking: bool) -> tuple[int, int, int]:
+        """(thinking start, thinking end, answer start) as offsets into the raw answer text.
+
+        No thinking gives (0, 0, answer start); an unclosed block runs to the end of the text."""
+        lead = len(raw) - len(raw.lstrip())
+        if raw.startswith(THINK_OPEN, lead):
+            start = lead + len(THINK_OPEN)
+            close = raw.find(THINK_CLOSE, start)
+            if close == -1:
+                return start, len(raw), len(raw)
+            end, answer = close, close + len(THINK_CLOSE)
+        elif thinking and THINK_CLOSE in raw:
+            start, end = 0, raw.index(THINK_CLOSE)
+            answer = end + len(THINK_CLOSE)
+        else:
+            return 0, 0, lead
+        while answer < len(raw) and raw[answer] == "\n":
+            answer += 1
+        while start < end and raw[start] == "\n":
+            start += 1
+        return start, end, answer
+
+    def thought(self, raw: str) -> bool:
+        """Whether the thinking in `raw` has ended (a reply that may still be thinking says False)."""
+        return THINK_CLOSE in raw
+
+    def history(self, raw: str) -> dict:
+        """The assistant message a later turn resends: the raw text (the template drops earlier thinking)."""
+        return {"role": "assistant", "content": raw}
+
+    def splitter(self, opened: bool = False, prefix: str = ""):
+        """(reasoning, content) deltas as the text streams (`dflash serve`)."""
+        return ThinkingSplitter(opened=opened)
+
+
+class HarmonyFormat:
+    """gpt-oss's harmony: the first analysis message is the thinking, the final message the answer; other
+    messages (commentary: tool calls, preambles) are neither."""
+
+    name = "harmony"
+
+    @staticmethod
+    def messages(raw: str) -> list[dict]:
+        """The messages in a reply as it stands: header (channel, recipient), body offsets, and whether the
+        body ended. A header without its `<|message|>` yet ends the list (more is coming)."""
+        out, at = [], 0
+        while at < len(raw):
+            body = raw.find(MESSAGE, at)
+            if body == -1:
+                break
+            header = raw[at:body]
+            channel = header.split(CHANNEL, 1)[1].split("<|", 1)[0].split() if CHANNEL in header else []
+            recipient = RECIPIENT.search(header)
+            start = body + len(MESSAGE)
+            ends = [i for i in (raw.find(END, start), raw.find(START, start)) if i != -1]
+            stop = min(ends, default=len(raw))
+            out.append({"channel": channel[0] if channel else "", "recipient": recipient.group(1) if recipient else None,
+                        "header": header, "start": start, "end": stop, "closed": bool(ends)})
+            at = stop + len(END) if raw.startswith(END, stop) else stop
+        return out
+
+    def layout(self, raw: str, thinking: bool = True) -> tuple[int, int, int]:
+        """(thinking start, thinking end, answer start), as `ThinkFormat.layout`. Text that does not open
+        with a harmony header is all answer (a model that ignored the format)."""
+        lead = len(raw) - len(raw.lstrip())
+        if not raw.startswith((CHANNEL, START), lead):
+            return 0, 0, lead
+        found = self.messages(raw)
+        analysis = next((m for m in found if m["channel"] == "analysis" and not m["recipient"]), None)
+        final = next((m for m in found if m["channel"] == "final"), None)
+        answer = final["start"] if final else len(raw)
+        if analysis is None:
+            return (answer, answer, answer) if final else (len(raw), len(raw), len(raw))
+        return analysis["start"], analysis["end"], answer
+
+    def thought(self, raw: str) -> bool:
+        found = self.messages(raw)
+        return any(m["closed"] or m["channel"] != "analysis" for m in found)
+
+    def history(self, raw: str) -> dict:
+        """The final message as content and the analysis as `thinking`, the fields the template reads (it
+        drops the thinking of earlier turns itself; a content with channel tags in it is an error there)."""
+        start, end, answer = self.layout(raw)
+        message = {"role": "assistant", "content": raw[answer:]}
+        if start < end:
+            message["thinking"] = raw[start:end]
+        return message
+
+    def splitter(self, opened: bool = False, prefix: str = ""):
+        """`prefix`: text already in the prompt that the reply continues (a forced tool call's header)."""
+        return LayoutSplitter(self, prefix)
+
+
+class LayoutSplitter:
+    """Text as it streams -> (reasoning, content) deltas, read off a format's layout. Right for a format
+    whose markers are whole tokens (harmony): a region never shrinks once text is in it."""
+
+    def __init__(self, fmt, prefix: str = ""):
+        self.fmt = fmt
+        self.raw = prefix
+        self.reasoning_at = self.content_at = len(prefix)  # how far each channel has been sent
+
+    def add(self, text: str) -> tuple[str, str]:
+        self.raw += text
+        start, end, answer = self.fmt.layout(self.raw, True)
+        reasoning = self.raw[max(start, self.reasoning_at):end]
+        self.reasoning_at = max(self.reasoning_at, end)
+        content = self.raw[max(answer, self.content_at):]
+        self.content_at = len(self.raw)
+        return reasoning, content
+
+    def flush(self) -> tuple[str, str]:
+        return "", ""
+
+
+THINK, HARMONY = ThinkFormat(), HarmonyFormat()
+
+
+def _template_text(tokenizer) -> str:
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):
+        return "\n".join(str(t) for t in template.values())
+    return str(template)
+
+
+@functools.lru_cache(maxsize=16)
+def _format_of_template(text: str):
+    return HARMONY if CHANNEL in text and MESSAGE in text else THINK
+
+
+def format_of(tokenizer):
+    """The format a tokenizer's chat template writes replies in (`think` without a template)."""
+    return _format_of_template(_template_text(tokenizer))
+
+
+def format_for(engine):
+    """The format of `engine`'s answer text. The remote engine's is `think` whatever the model: it joins a
+    server's reasoning deltas into `<think>` text (engines/remote/thinking.py)."""
+    if getattr(engine, "name", None) == "remote":
+        return THINK
+    return format_of(getattr(engine, "tokenizer", None))
+
+
+def takes_effort(tokenizer) -> bool:
+    """Whether the chat template reads `reasoning_effort` (gpt-oss's does; Qwen's does not)."""
+    return "reasoning_effort" in _template_text(tokenizer)
+
+
+def template_kwargs(tokenizer, thinking: bool, effort: Optional[str]) -> dict:
+    """The thinking arguments for `apply_chat_template`: `enable_thinking` always (a template that does not
+    read it ignores it), and `reasoning_effort` when set; an effort for a template that does not read it is
+    refused in one sentence rather than silently dropped."""
+    kwargs: dict = {"enable_thinking": thinking}
+    if effort is not None:
+        if not takes_effort(tokenizer):
+            raise UserError(f"reasoning_effort {effort} does nothing for this model: its chat template does not read "
+                            "it (thinking is on or off here: --thinking / --no-thinking); leave it out.")
+        kwargs["reasoning_effort"] = effort
+    return kwargs
+
+
+def show_markers(tokenizer) -> None:
+    """Make a harmony tokenizer's structure markers (`<|channel|>`, `<|message|>`, `<|start|>`, `<|end|>`,
+    `<|constrain|>`) text when decoding skips special tokens, as Qwen's `<think>` is: the backend is rebuilt
+    from its own JSON with those added tokens no longer flagged special. Encoding is unchanged (added tokens
+    are matched whatever their flag); the tokenizer's special tokens (bos, eos, pad) stay as they were."""
+    if format_of(tokenizer) is not HARMONY:
+        return
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or not hasattr(backend, "to_str"):
+        return
+    from tokenizers import Tokenizer
+
+    data = json.loads(backend.to_str())
+    changed = False
+    for token in data.get("added_tokens", []):
+        if token.get("content") in SHOWN_MARKERS and token.get("special"):
+            token["special"] = False
+            changed = True
+    if changed:
+        tokenizer._tokenizer = Tokenizer.from_str(json.dumps(data))  # transformers keeps its backend here
