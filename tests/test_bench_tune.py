@@ -111,7 +111,7 @@ def test_bench_json_has_the_documented_schema(profile_file, tmp_path):
                        + json.dumps({"turns": ["The quick brown fox"], "category": "ignored"}) + "\n")
     out = tmp_path / "bench.json"
     result = invoke("bench", "--profile", profile_file, "--dataset", prompts, "--block-sizes", "4,16",
-                    "--repeats", "2", "--engine", "cuda", "--device", "cpu", "--json", out)
+                    "--repeats", "2", "--engine", "cuda", "--device", "cpu", "--output", out)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert set(data) == TOP_KEYS and data["schema"] == bench.SCHEMA == "dflash-bench/2"
@@ -139,7 +139,7 @@ def test_bench_mlx_framework_baseline(profile_file, tmp_path):
     pytest.importorskip("mlx.core")
     out = tmp_path / "bench.json"
     result = invoke("bench", "--profile", profile_file, "--dataset", "demo", "--max-samples", "2", "-B", "8",
-                    "--repeats", "1", "--engine", "mlx", "--json", out)
+                    "--repeats", "1", "--engine", "mlx", "--output", out)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["engine"] == "mlx" and data["framework"]["name"] == "mlx-lm generate_step"
@@ -337,7 +337,7 @@ def test_bench_on_a_foreign_server_shows_unknown_tau_acceptance_and_memory_as_da
     out = tmp_path / "bench.json"
     with ForeignServer() as server:
         result = invoke("bench", "--url", server.base, "--dataset", "demo", "--max-samples", "1", "--repeats", "1",
-                        "--json", out)
+                        "--output", out)
     assert result.exit_code == 0, result.output
     (row,) = json.loads(out.read_text())["rows"]
     assert row["block_size"] == 1 and row["generated_tokens"] > 0

@@ -43,7 +43,7 @@ def profile_from_session(session: store.Session) -> Union[str, Profile, None]:
               help="Engine (default: the profile's, else auto).")
 @click.option("--url", help="Remote engine: an OpenAI-compatible server, http://HOST:PORT/v1 (implies --engine remote).")
 @click.option("--model", help="Remote engine: the served model (default: the first the server lists).")
-@click.option("--api-key", help="Remote engine: the server's API key (default: DFLASH_API_KEY).")
+@click.option("--api-key", help="Remote engine: the server's API key (default: DFLASH_API_KEY, else OPENAI_API_KEY).")
 @click.option("--block-size", type=int, default=None, help="Block size (1 = plain decoding; default: the profile's).")
 @click.option("--thinking/--no-thinking", default=None, help="Thinking for the first turn (ctrl+t toggles it).")
 @click.option("--reasoning-effort", type=click.Choice(EFFORTS), default=None,

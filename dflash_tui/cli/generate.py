@@ -31,7 +31,7 @@ def engine_options(fn):
         click.option("--engine", type=click.Choice(["auto", "cuda", "mlx", "remote"]), help="Engine (default: the profile's, else auto)."),
         click.option("--url", help="Remote engine: an OpenAI-compatible server, http://HOST:PORT/v1 (implies --engine remote)."),
         click.option("--model", help="Remote engine: the served model (default: the first the server lists)."),
-        click.option("--api-key", help="Remote engine: the server's API key (default: DFLASH_API_KEY)."),
+        click.option("--api-key", help="Remote engine: the server's API key (default: DFLASH_API_KEY, else OPENAI_API_KEY)."),
         click.option("--device", help="auto (default), cpu, or cuda / cuda:N on the CUDA engine, gpu on MLX."),
         click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), help="Weights dtype."),
         click.option("--block-size", "-b", type=int, help="Tokens per verify step, 1 to 64 (1 = plain decoding)."),

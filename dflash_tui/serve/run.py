@@ -9,6 +9,7 @@ import socket
 import sys
 from typing import Optional
 
+from dflash_tui.core.terminal import color_enabled
 from dflash_tui.engines.errors import UserError
 
 from .app import MAX_BODY, ServeState, build_app
@@ -117,7 +118,8 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
         f"{engine.block_size}) at http://{shown}:{port}/v1" + (" · API key required" if api_key else "")
         + " · ctrl+c stops")
     server = draining_server(uvicorn, uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                                     timeout_graceful_shutdown=shutdown_grace + 30, access_log=False),
+                                                     timeout_graceful_shutdown=shutdown_grace + 30, access_log=False,
+                                                     use_colors=color_enabled(sys.stderr)),
                              state, shutdown_grace)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal: turned into an exception here,
     # it lets the cleanup below stop the engine process instead of the process dying mid-way
