@@ -168,6 +168,27 @@ def test_a_chat_on_kept_caches_equals_fresh_prefills(cuda_engines, family, block
     assert reused[-1].prompt_tokens > 4 * GEMMA4_WINDOW  # the kept turns are far past the window
 
 
+@pytest.mark.parametrize("engine_name", ["cuda", "mlx"])
+def test_dflash_generate_runs_the_pair_from_the_command_line(pairs, engine_name):
+    """`dflash generate --target T --draft D` on the tiny pair: the framework's greedy ids, and no load report
+    (transformers lists every tower tensor it skips)."""
+    if engine_name == "mlx":
+        pytest.importorskip("mlx_lm")
+    from tests.oracles import framework_greedy
+    from tests.test_cli_generate import invoke, summary_of
+
+    target, draft = pairs("gemma4")
+    result = invoke("generate", "--target", str(target), "--draft", str(draft), "--engine", engine_name, "--raw",
+                    "-t", "0", "--device", "cpu", "--dtype", "float32", "--json", "-n", "16", "-b", "8", "Hello world")
+    assert result.exit_code == 0, result.output
+    assert "LOAD REPORT" not in result.stderr and "UNEXPECTED" not in result.stderr
+    summary = summary_of(result.stdout)
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(str(target)).encode("Hello world", add_special_tokens=False)
+    assert summary["token_ids"] == framework_greedy(engine_name, target, ids, 16)[: len(summary["token_ids"])]
+
+
 # -- the graph path ----------------------------------------------------------------------------------------
 
 def test_traced_and_replayed_steps_give_the_eager_ids(cuda_engines, monkeypatch):

@@ -12,7 +12,9 @@ Every step, eager or replayed, goes through `packed_gqa` with a boolean mask (a 
 gets an all-true mask), so eager and graph steps take the same kernel and bf16 ids do not depend on the
 path. The CPU has no graph path to agree with, and its SDPA kernels take grouped K/V with a mask
 (`enable_gqa`), so there the call goes straight to them. A prefill (several queries, no mask, nothing
-cached) keeps SDPA's causal flash path.
+cached) keeps SDPA's causal flash path, except past head size 256 (Gemma 4's global layers), which flash
+does not take: there the prompt's K/V heads are repeated and the memory-efficient kernel runs it
+(`causal_prefill`).
 
 Learned attention sinks (gpt-oss: one logit per query head that joins every softmax and carries no
 value) are one extra key column: K and V get a zero column, and the mask becomes an additive float bias
@@ -100,6 +102,20 @@ def packed_bias_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     return out.reshape(b, hq, n, v.shape[-1])
 
 
+FLASH_HEAD_DIM = 256  # the largest head size CUDA's flash kernel takes
+
+
+def causal_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None) -> torch.Tensor:
+    """Causal SDPA over a prompt (q, k, v of the same length). Flash takes grouped K/V up to head size 256; past
+    it (Gemma 4's global layers, 512) no fused CUDA kernel takes grouped K/V, and SDPA would fall back to the
+    math path, which materializes every score. There the K/V heads are repeated for their query heads (a copy
+    of the prompt's K/V, as transformers' own SDPA path makes) and the memory-efficient kernel runs it."""
+    groups = q.shape[1] // k.shape[1]
+    if q.device.type != "cpu" and q.shape[-1] > FLASH_HEAD_DIM and groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
 def causal_mask(n: int, s: int, device) -> torch.Tensor:
     """[1, 1, n, s]: the n queries are the last n of the s keys, each attending to itself and before."""
     rows = torch.arange(n, device=device)[:, None] + (s - n)
@@ -123,8 +139,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
             attention_mask = causal_mask(n, key.shape[2], query.device)
         out = sink_attention(query, key, value, attention_mask, sinks, scaling)
     elif attention_mask is None and n > 1 and causal:  # a prefill into an empty cache: the causal flash path
-        out = F.scaled_dot_product_attention(query, key[:, :, :n], value[:, :, :n], is_causal=True, scale=scaling,
-                                             enable_gqa=query.shape[1] != key.shape[1])
+        out = causal_prefill(query, key[:, :, :n], value[:, :, :n], scaling)
     else:
         out = packed_gqa(query, key, value, attention_mask, scaling)
     return out.transpose(1, 2).contiguous(), None

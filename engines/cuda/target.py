@@ -67,10 +67,17 @@ def load_model(info: TargetInfo, dtype: torch.dtype, device_map):
     kwargs = dict(dtype=dtype, attn_implementation="eager" if info.model_type in LOAD_EAGER else "sdpa",
                   device_map=device_map, trust_remote_code=False, use_safetensors=True, output_loading_info=True)
     if info.model_type in TEXT_MODELS:
+        from transformers.utils import logging as hf_logging
+
         name, prefix = TEXT_MODELS[info.model_type]
         config = transformers.AutoConfig.from_pretrained(str(info.path)).get_text_config()
-        return getattr(transformers, name).from_pretrained(str(info.path), config=config, key_mapping={prefix: "model."},
-                                                          **kwargs)
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # its load report lists every tower tensor as unexpected, which is intended
+        try:
+            return getattr(transformers, name).from_pretrained(str(info.path), config=config,
+                                                              key_mapping={prefix: "model."}, **kwargs)
+        finally:
+            hf_logging.set_verbosity(level)
     return transformers.AutoModelForCausalLM.from_pretrained(str(info.path), **kwargs)
 
 
