@@ -129,8 +129,9 @@ class HarmonyFormat:
 
 
 class LayoutSplitter:
-    """Text as it streams -> (reasoning, content) deltas, read off a format's layout. Right for a format
-    whose markers are whole tokens (harmony): a region never shrinks once text is in it."""
+    """Text as it streams -> (reasoning, content) deltas, read off a format's layout: a region never shrinks
+    once text is in it. A marker arrives whole from the detokenizer (it is one token); text cut elsewhere (a
+    server's chunks) has a trailing marker prefix held back until it is known."""
 
     def __init__(self, fmt, prefix: str = ""):
         self.fmt = fmt
@@ -139,15 +140,25 @@ class LayoutSplitter:
 
     def add(self, text: str) -> tuple[str, str]:
         self.raw += text
-        start, end, answer = self.fmt.layout(self.raw, True)
-        reasoning = self.raw[max(start, self.reasoning_at):end]
-        self.reasoning_at = max(self.reasoning_at, end)
-        content = self.raw[max(answer, self.content_at):]
-        self.content_at = len(self.raw)
-        return reasoning, content
+        return self._send(len(self.raw) - _marker_prefix(self.raw))
 
     def flush(self) -> tuple[str, str]:
-        return "", ""
+        return self._send(len(self.raw))
+
+    def _send(self, upto: int) -> tuple[str, str]:
+        raw = self.raw[:upto]
+        start, end, answer = self.fmt.layout(raw, True)
+        reasoning = raw[max(start, self.reasoning_at):end]
+        self.reasoning_at = max(self.reasoning_at, end)
+        content = raw[max(answer, self.content_at):]
+        self.content_at = max(self.content_at, len(raw))
+        return reasoning, content
+
+
+def _marker_prefix(text: str) -> int:
+    """Length of the longest end of `text` that may still grow into a harmony marker."""
+    tail = text[text.rfind("<"):] if "<" in text else ""
+    return len(tail) if any(m.startswith(tail) and m != tail for m in SHOWN_MARKERS) else 0
 
 
 THINK, HARMONY = ThinkFormat(), HarmonyFormat()

@@ -380,3 +380,37 @@ def test_builtin_dflash2_profile_runs_its_draft_at_the_trained_block():
     p = profiles.load_profile("qwen3.8-27b")
     assert (p.target, p.draft, p.block_size) == ("Qwen/Qwen3.8-27B", "z-lab/Qwen3.8-27B-DFlash2", 8)
     assert p.thinking is True and p.temperature == 0.6 and p.origin == "built-in"
+
+
+# --- gpt-oss: harmony and its reasoning effort (issue 29) --------------------------------------------
+
+
+def test_reasoning_effort_is_low_medium_or_high_else_one_sentence_with_its_line(tmp_path):
+    path = write(tmp_path / "p.toml", '[model]\ntarget = "a"\n[generation]\nreasoning_effort = "max"\n')
+    with pytest.raises(UserError) as caught:
+        profiles.load_profile(str(path))
+    assert str(caught.value) == (f"{path}, line 4: generation.reasoning_effort must be one of low, medium or high "
+                                 "but is the string 'max'; write e.g. reasoning_effort = \"medium\".")
+    path = write(tmp_path / "p.toml", '[model]\ntarget = "a"\n[generation]\nreasoning_effort = "low"\n')
+    assert profiles.load_profile(str(path)).reasoning_effort == "low"
+    assert profiles.load_profile(str(write(tmp_path / "q.toml", '[model]\ntarget = "a"\n'))).reasoning_effort is None
+    assert 'reasoning_effort = "medium"' in profiles.new_profile_text("fresh")  # the template offers it
+
+
+@pytest.mark.parametrize("name, size", [("gpt-oss-20b", "20b"), ("gpt-oss-120b", "120b")])
+def test_gpt_oss_profiles_load_validate_and_print_launch_lines(name, size):
+    from dflash_tui.cli import main
+
+    p = profiles.load_profile(name)
+    assert (p.origin, p.target, p.draft) == ("built-in", f"openai/gpt-oss-{size}", f"z-lab/gpt-oss-{size}-DFlash")
+    assert (p.reasoning_effort, p.temperature, p.top_p, p.block_size) == ("medium", 1.0, 1.0, 16)
+    assert p.resolved("mlx").target == f"lmstudio-community/gpt-oss-{size}-MLX-8bit" and p.resolved("mlx").draft == p.draft
+    result = CliRunner().invoke(main, ["profile", "validate", str(p.path)])
+    # the file is valid; validate also wants the models here: ok where they are cached, else the download line
+    assert result.exit_code == 0 or (result.exit_code == 2 and f"hf download openai/gpt-oss-{size}" in result.output)
+    vllm = CliRunner().invoke(main, ["profile", "serve-command", name, "--for", "vllm"])
+    assert vllm.exit_code == 0 and vllm.stdout.startswith(f"vllm serve openai/gpt-oss-{size} --speculative-config")
+    assert f'"model": "z-lab/gpt-oss-{size}-DFlash", "num_speculative_tokens": 15' in vllm.stdout
+    sglang = CliRunner().invoke(main, ["profile", "serve-command", name, "--for", "sglang"])
+    assert sglang.exit_code == 0 and "--speculative-algorithm DFLASH" in sglang.stdout
+    assert f"--speculative-draft-model-path z-lab/gpt-oss-{size}-DFlash --speculative-num-draft-tokens 16" in sglang.stdout

@@ -182,3 +182,110 @@ def test_the_tool_calls_of_an_answer_are_printed_as_openai_calls():
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("get_weather", WEATHER), ("get_time", {})]
     assert all(c["type"] == "function" and c["id"].startswith("call_") for c in calls)
+
+
+# -- gpt-oss's harmony (issue 29): a message to functions.NAME on the commentary channel -------------------
+
+HARMONY_CALLS = (  # the analysis, then the call as the model writes it (recipient in the channel part), ended by
+    # <|call|>, a stop id the text does not show; and the form the template renders history in (recipient in
+    # the role part), followed by a final answer
+    "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+    "to=functions.get_weather <|constrain|>json<|message|>" + json.dumps(WEATHER),
+    "<|channel|>analysis<|message|>Two calls.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary "
+    "json<|message|>" + json.dumps(WEATHER) + "<|end|><|start|>assistant to=functions.get_time<|channel|>commentary "
+    "json<|message|>{}<|end|><|start|>assistant<|channel|>final<|message|>Done.",
+)
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3, 7, 13, 1000])
+def test_harmony_calls_parse_from_the_raw_reply_whatever_the_chunking(cut):
+    from dflash_tui.serve.tools import parser_for
+
+    assert parser_for("harmony").raw and not parser_for("hermes").raw
+    text, calls = chunked(parser_for("harmony"), HARMONY_CALLS[0], cut)
+    assert text == "" and names_args(calls) == [("get_weather", WEATHER)]
+    text, calls = chunked(parser_for("harmony"), HARMONY_CALLS[1], cut)
+    assert text == "" and names_args(calls) == [("get_weather", WEATHER), ("get_time", {})]
+    assert parse_text("harmony", HARMONY_CALLS[1])[1][0]["name"] == "get_weather"
+
+
+def test_a_harmony_call_is_complete_only_when_its_message_ends():
+    from dflash_tui.serve.tools import parser_for
+
+    parser = parser_for("harmony")
+    head = "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>{}"
+    assert parser.add(head).calls == []  # <|call|> (the reply's end) or <|end|> may still follow
+    assert names_args(parser.add("<|end|>").calls) == [("get_time", {})]
+    assert parser.flush().calls == []  # never twice
+
+
+@pytest.mark.parametrize("body", ['{"city": "Par', "not json", '["not", "an", "object"]'])
+def test_a_malformed_harmony_call_comes_back_as_its_text(body):
+    from dflash_tui.serve.tools import parser_for
+
+    reply = f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{body}"
+    text, calls = chunked(parser_for("harmony"), reply, 4)
+    assert calls == [] and text == body
+
+
+def test_a_forced_harmony_call_starts_at_its_own_header():
+    from dflash_tui.serve.tools import parser_for
+
+    named = forced_opening("harmony", {"type": "function", "function": {"name": "get_weather"}})
+    assert named == "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    text, calls = chunked(parser_for("harmony", named), json.dumps(WEATHER), 5)
+    assert text == "" and names_args(calls) == [("get_weather", WEATHER)]
+    required = forced_opening("harmony", "required")
+    text, calls = chunked(parser_for("harmony", required), "get_time <|constrain|>json<|message|>{}", 3)
+    assert names_args(calls) == [("get_time", {})]
+    assert forced_opening("harmony", "auto") == ""
+
+
+def test_streamed_harmony_calls_are_chunks_the_openai_client_accumulates():
+    """Through the serve shaping: the harmony split sends the analysis as reasoning and the final answer as
+    content, the call parser reads the raw reply; the call streams as its id and name, then its arguments."""
+    openai_types = pytest.importorskip("openai.types.chat")
+    pytest.importorskip("starlette")
+    from dflash_tui.engines.events import StepEvent
+    from dflash_tui.engines.reasoning import HARMONY
+    from dflash_tui.serve.api import Params
+    from dflash_tui.serve.app import ChatShaper, ServeState, pieces
+    from dflash_tui.serve.tools import parser_for
+    from dflash_tui.serve.worker import Job
+
+    texts = [HARMONY_CALLS[0][i:i + 6] for i in range(0, len(HARMONY_CALLS[0]), 6)]
+
+    async def run(stream: bool):
+        job = Job(request=None, loop=asyncio.get_running_loop())
+        for n, text in enumerate(texts):
+            job.results.put_nowait(("event", StepEvent(drafted=[], accepted=0, emitted=[n], pieces=[(text, "target")],
+                                                       finish_reason="stop" if n == len(texts) - 1 else None)))
+        job.results.put_nowait(("summary", None))
+        params = Params(model="tiny", stream=stream)
+        source = pieces(ServeState(engine=None, worker=None, metrics=None, names=["tiny"]), job, params,
+                        HARMONY.splitter(), parser_for("harmony"))
+        shaper = ChatShaper(params, [1], chat=True)
+        if not stream:
+            return await shaper.whole(source)
+        return [json.loads(raw.decode()[6:]) for raw in [b async for b in shaper.stream(source)][:-1]]
+
+    chunks = asyncio.run(run(True))
+    calls: dict[int, dict] = {}
+    for chunk in chunks:
+        openai_types.ChatCompletionChunk.model_validate(chunk)
+        for choice in chunk["choices"]:
+            for delta in choice["delta"].get("tool_calls") or []:
+                slot = calls.setdefault(delta["index"], {"name": "", "arguments": "", "ids": []})
+                slot["name"] += (delta.get("function") or {}).get("name") or ""
+                slot["arguments"] += (delta.get("function") or {}).get("arguments") or ""
+                slot["ids"].append(delta.get("id"))
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", WEATHER)]
+    assert calls[0]["ids"][0].startswith("call_") and calls[0]["ids"][1:] == [None]  # id and name, then arguments
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Need the weather."
+    assert "".join(d.get("content", "") for d in deltas) == ""
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
+    message = openai_types.ChatCompletion.model_validate(asyncio.run(run(False))).choices[0].message
+    assert message.content is None and message.reasoning_content == "Need the weather."
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+        ("get_weather", WEATHER)]
