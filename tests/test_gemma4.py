@@ -12,7 +12,10 @@ K/V head and keys reused as values; embeddings scaled by sqrt(hidden); final-log
   last block shrinks); a chat of five turns on kept caches equals the same chat prefilled fresh.
 - The graph path's static step (traced once and replayed) gives the eager ids on the dense target, which
   `why_eager` admits; the MoE one stays eager.
-- mlx-lm runs the translated config as transformers does; the MLX engine's kept caches equal fresh prefills.
+- The published config form (global sizes by name) builds the same model as transformers 5's saved form.
+- mlx-lm runs the translated config as transformers does; the MLX engine hands the draft transformers'
+  embeddings and context features, gives mlx-lm's greedy ids, and its kept caches equal fresh prefills.
+- `dflash generate --target T --draft D` runs the pair on both engines.
 (The greedy ids at blocks 1-16 with and without a draft window are in test_lossless.py.)
 """
 
@@ -100,6 +103,43 @@ def test_an_all_bidirectional_variant_is_refused_before_loading(pairs, tmp_path)
 
 
 # -- the engine's target passes against transformers' model ------------------------------------------------
+
+def published_form(target, out):
+    """A copy of a tiny target whose text config names the global layers' sizes as the published configs do
+    (`global_head_dim`, `num_global_key_value_heads`) instead of transformers 5's `per_layer_config`."""
+    import shutil
+
+    shutil.copytree(target, out)
+    config = json.loads((out / "config.json").read_text())
+    text = config["text_config"]
+    overrides = text.pop("per_layer_config")
+    first = overrides[str(text["layer_types"].index("full_attention"))]
+    text.update(global_head_dim=first["head_dim"], num_global_key_value_heads=first["num_key_value_heads"])
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@torch.inference_mode()
+def test_the_published_config_form_reads_as_transformers_5s(pairs, tmp_path):
+    """transformers builds the same model from either form, the K/V estimate reads both alike, and mlx-lm
+    reads the published one as it is (no translation) with the same logits."""
+    target = pairs("gemma4")[0]
+    published = published_form(target, tmp_path / "published")
+    ids = torch.tensor([IDS[:40]])
+    expected = transformers_model(target)(ids).logits[0]
+    torch.testing.assert_close(transformers_model(published)(ids).logits[0], expected, rtol=0, atol=0)
+    assert cache_bytes(published, torch.float32) == cache_bytes(target, torch.float32)
+    pytest.importorskip("mlx_lm")
+    import mlx.core as mx
+    import numpy as np
+
+    from dflash_tui.engines.mlx.target import gemma4_keys, load_mlx_model
+
+    config = json.loads((published / "config.json").read_text())
+    assert "text_config" not in gemma4_keys(config)
+    logits = np.array(load_mlx_model(published, "gemma4", config)(mx.array([IDS[:40]])))[0]
+    np.testing.assert_allclose(logits, expected.numpy(), rtol=1e-4, atol=2e-4)
+
 
 @pytest.mark.parametrize("family", VARIANTS)
 @torch.inference_mode()
@@ -256,9 +296,11 @@ def test_mlx_chat_on_kept_caches_equals_fresh_prefills(pairs):
     assert_same_chat(engine, reused, fresh)
 
 
-def test_mlx_draft_embeds_as_transformers_does(pairs):
-    """The draft shares the target's embeddings as transformers' embed_tokens returns them (scaled by
-    sqrt(hidden)); mlx-lm scales inside its model, so the MLX engine scales them for the draft."""
+def test_mlx_draft_inputs_are_transformers(pairs):
+    """What the MLX engine hands the draft is what it was trained on in transformers: the shared embeddings
+    scaled by sqrt(hidden) (transformers' embed_tokens returns them so; mlx-lm scales inside its model, so the
+    engine scales them for the draft), and the context features of hidden_states[i + 1], post-norm for the
+    last layer."""
     pytest.importorskip("mlx_lm")
     import mlx.core as mx
     import numpy as np
@@ -266,8 +308,12 @@ def test_mlx_draft_embeds_as_transformers_does(pairs):
     from dflash_tui.engines.mlx.target import Target as MlxTarget
 
     target_dir = pairs("gemma4")[0]
-    target = MlxTarget(TargetInfo.read(str(target_dir)), "float32", [0, 2])
-    ids = IDS[:10]
-    expected = transformers_model(target_dir).get_input_embeddings()(torch.tensor([ids]))
-    np.testing.assert_allclose(np.array(target.embed(mx.array([ids]))), expected.detach().numpy(), rtol=1e-5,
-                               atol=1e-5)
+    target = MlxTarget(TargetInfo.read(str(target_dir)), "float32", [0, 2, 3])
+    with torch.inference_mode():
+        reference = transformers_model(target_dir)
+        expected = reference(torch.tensor([IDS[:30]]), output_hidden_states=True).hidden_states
+        embeddings = reference.get_input_embeddings()(torch.tensor([IDS[:10]]))
+    np.testing.assert_allclose(np.array(target.embed(mx.array([IDS[:10]]))), embeddings.numpy(), rtol=1e-5, atol=1e-5)
+    _, features = target.forward(mx.array([IDS[:30]]), target.make_cache(), capture=True)
+    want = torch.cat([expected[1][0], expected[3][0], expected[4][0]], dim=-1)
+    np.testing.assert_allclose(np.array(features)[0], want.numpy(), rtol=1e-4, atol=1e-4)
