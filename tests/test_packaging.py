@@ -80,7 +80,8 @@ def test_the_sdist_carries_its_tests_and_they_pass_from_it_and_its_wheel_install
     with zipfile.ZipFile(wheel) as z:
         assert {"dflash_tui/engines/__init__.py", "dflash_tui/engines/cuda/loop.py", "dflash_tui/profiles_data/demo.toml",
                 "dflash_tui/profiles_data/demo/target/model.safetensors",
-                "dflash_tui/profiles_data/demo/draft2/model.safetensors"} <= set(z.namelist())  # both demo drafts
+                "dflash_tui/profiles_data/demo/draft2/model.safetensors",  # both demo drafts
+                "dflash_tui/py.typed"} <= set(z.namelist())  # PEP 561: type checkers read our annotations
         info = next(n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/RECORD"))
         assert "dflash-tui = dflash_tui.cli:main" in z.read(f"{info}/entry_points.txt").decode()
         long_description = email.message_from_bytes(z.read(f"{info}/METADATA")).get_payload()
