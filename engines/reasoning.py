@@ -21,7 +21,6 @@ import json
 import re
 from typing import Optional
 
-from dflash_tui.engines.config import EFFORTS, check_effort  # noqa: F401 - re-exported with the formats
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.remote.thinking import THINK_CLOSE, THINK_OPEN, ThinkingSplitter
 
@@ -92,7 +91,7 @@ class HarmonyFormat:
             ends = [i for i in (raw.find(END, start), raw.find(START, start)) if i != -1]
             stop = min(ends, default=len(raw))
             out.append({"channel": channel[0] if channel else "", "recipient": recipient.group(1) if recipient else None,
-                        "header": header, "start": start, "end": stop, "closed": bool(ends)})
+                        "start": start, "end": stop, "closed": bool(ends)})
             at = stop + len(END) if raw.startswith(END, stop) else stop
         return out
 

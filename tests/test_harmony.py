@@ -208,6 +208,21 @@ def test_the_chat_cycles_the_effort_and_a_resumed_session_renders_the_same_histo
     assert before.effort == "high" and len(before.turns) == 2
 
 
+def test_the_repl_sets_and_cycles_the_effort_and_shows_it(harmony, data_dir):
+    import io
+
+    from dflash_tui.core.conversation import ChatSettings, Conversation
+    from dflash_tui.repl import Repl
+
+    conv = Conversation(harmony, ChatSettings(temperature=0.0, max_new_tokens=4), record=False)
+    err = io.StringIO()
+    repl = Repl(conv, out=io.StringIO(), err=err, colour=False)
+    repl.run_piped(io.StringIO("/thinking high\n/thinking\n/thinking off\nWhat is 48 + 75?\n"))
+    assert err.getvalue().splitlines()[:3] == ["effort high", "effort low",
+                                               "usage: /thinking [low|medium|high] (no argument: the next level)"]
+    assert "effort low" in repl.status() and "\nReasoning: low\n" in harmony.decode(conv.turns[0].prompt_ids)
+
+
 @pytest.mark.asyncio
 async def test_the_tui_shows_the_effort_cycles_it_and_splits_a_resumed_reply(harmony, harmony_pair, data_dir,
                                                                              tmp_path):
@@ -271,59 +286,92 @@ def test_serve_splits_analysis_into_reasoning_content_streamed_and_whole(harmony
     assert len([d for d in deltas if d.get("reasoning_content")]) > 1  # streamed, not held to the end
 
 
-def test_serve_takes_the_effort_and_answers_a_forced_harmony_call_end_to_end(harmony, harmony_pair,
-                                                                            tmp_path_factory):
-    """`dflash serve` on the harmony pair, over HTTP: reasoning_effort reaches the rendered prompt (a bad value
-    is a 400 naming it); tools and the tool history render through the published template; a named tool_choice
-    opens the call's message and the model ends it (logit_bias makes its first token <|call|>): a tool call,
-    streamed and whole; a body that is not JSON comes back as text with finish_reason stop."""
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("uvicorn")
-    from tests.test_serve import HISTORY, TOOLS, Server, sse_chunks
-    from tests.tiny import write_profile
+@pytest.fixture
+def harmony_server(harmony):
+    """The serve app (starlette on uvicorn, on a loopback port) in front of the loaded harmony engine, as
+    `dflash serve` runs it in process; the served profile's default effort is low."""
+    pytest.importorskip("httpx")
+    uvicorn = pytest.importorskip("uvicorn")
+    import threading
+    import time
+    from types import SimpleNamespace
 
-    folder = tmp_path_factory.mktemp("harmony-serve")
-    server = Server(write_profile(folder / "harmony.toml", *harmony_pair, max_new_tokens=8), log=folder / "serve.log")
-    server.ready()
+    from dflash_tui.serve.app import ServeState, build_app
+    from dflash_tui.serve.metrics import Metrics
+    from dflash_tui.serve.worker import EngineWorker
+    from tests import waiting
+    from tests.test_serve import free_port
+
+    metrics = Metrics("tiny", harmony.block_size)
+    worker = EngineWorker(harmony, metrics=metrics)
+    state = ServeState(engine=harmony, worker=worker, metrics=metrics, names=["tiny"],
+                       defaults={"max_new_tokens": 8, "temperature": 0.0, "reasoning_effort": "low"})
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    end = time.monotonic() + waiting.limit()
+    while not server.started:  # the socket is bound and listening
+        assert thread.is_alive() and time.monotonic() < end, "the server never started"
+        time.sleep(0.02)
     try:
-        def prompt(**extra) -> str:
-            reply = httpx.post(server.root + "/tokenize", json={"model": "tiny", "messages": QUESTION, **extra},
-                               timeout=60)
-            assert reply.status_code == 200, reply.text
-            return harmony.decode(reply.json()["tokens"])
-
-        assert "\nReasoning: high\n" in prompt(reasoning_effort="high")
-        assert "\nReasoning: low\n" in prompt(chat_template_kwargs={"reasoning_effort": "low"})
-        bad = httpx.post(server.base + "/chat/completions", json={"messages": QUESTION, "reasoning_effort": "max"},
-                         timeout=60)
-        assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
-        tools_prompt = harmony.tokenizer.decode(httpx.post(server.root + "/tokenize", json={  # every token shown
-            "model": "tiny", "messages": HISTORY, "tools": TOOLS}, timeout=60).json()["tokens"])
-        assert "type get_weather = (_: {\ncity: string,\n}) => any;" in tools_prompt
-        assert ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}'
-                '<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"18 C, sunny"'
-                '<|end|><|start|>assistant') in tools_prompt
-
-        call_id = harmony.tokenizer.convert_tokens_to_ids("<|call|>")
-        body = {"model": "tiny", "messages": QUESTION, "tools": TOOLS, "max_tokens": 8, "temperature": 0,
-                "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-                "logit_bias": {str(call_id): 100}}
-        whole = httpx.post(server.base + "/chat/completions", json=body, timeout=60).json()["choices"][0]
-        assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None
-        assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole["message"]["tool_calls"]] == [
-            ("get_weather", "{}")]
-        with httpx.stream("POST", server.base + "/chat/completions", json=body | {"stream": True},
-                          timeout=60) as response:
-            chunks = sse_chunks(response)
-        calls = [d for c in chunks if c["choices"] for d in c["choices"][0]["delta"].get("tool_calls") or []]
-        assert calls[0]["function"] == {"name": "get_weather", "arguments": ""} and calls[0]["id"].startswith("call_")
-        assert calls[1]["function"] == {"arguments": "{}"}
-        assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
-
-        x = harmony.tokenizer.encode("x", add_special_tokens=False)[0]
-        malformed = body | {"logit_bias": {str(x): 100}, "stop_token_ids": [x]}
-        whole = httpx.post(server.base + "/chat/completions", json=malformed, timeout=60).json()["choices"][0]
-        assert whole["finish_reason"] == "stop" and whole["message"]["content"] == "x"
-        assert not whole["message"].get("tool_calls")
+        yield SimpleNamespace(root=f"http://127.0.0.1:{port}", base=f"http://127.0.0.1:{port}/v1")
     finally:
-        server.close()
+        server.should_exit = True
+        thread.join()
+        worker.close()
+
+
+def test_serve_takes_the_effort_and_answers_a_forced_harmony_call_end_to_end(harmony, harmony_server):
+    """`dflash serve` on the harmony pair, over HTTP: reasoning_effort reaches the rendered prompt (the profile's
+    when the request has none; a bad value is a 400 naming it); tools and the tool history render through the
+    published template; a named tool_choice opens the call's message and the model ends it (logit_bias makes
+    its first token <|call|>): a tool call, streamed and whole; a body that is not JSON comes back as text with
+    finish_reason stop."""
+    import httpx
+
+    from tests.test_serve import HISTORY, TOOLS, sse_chunks
+
+    server = harmony_server
+
+    def prompt(**extra) -> str:
+        reply = httpx.post(server.root + "/tokenize", json={"model": "tiny", "messages": QUESTION, **extra},
+                           timeout=60)
+        assert reply.status_code == 200, reply.text
+        return harmony.decode(reply.json()["tokens"])
+
+    assert "\nReasoning: high\n" in prompt(reasoning_effort="high")
+    assert "\nReasoning: low\n" in prompt()  # the served profile's
+    assert "\nReasoning: medium\n" in prompt(chat_template_kwargs={"reasoning_effort": "medium"})
+    bad = httpx.post(server.base + "/chat/completions", json={"messages": QUESTION, "reasoning_effort": "max"},
+                     timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_effort"
+    tools_prompt = harmony.tokenizer.decode(httpx.post(server.root + "/tokenize", json={  # every token shown
+        "model": "tiny", "messages": HISTORY, "tools": TOOLS}, timeout=60).json()["tokens"])
+    assert "type get_weather = (_: {\ncity: string,\n}) => any;" in tools_prompt
+    assert ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}'
+            '<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"18 C, sunny"'
+            '<|end|><|start|>assistant') in tools_prompt
+
+    call_id = harmony.tokenizer.convert_tokens_to_ids("<|call|>")
+    body = {"model": "tiny", "messages": QUESTION, "tools": TOOLS, "max_tokens": 8, "temperature": 0,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "logit_bias": {str(call_id): 100}}
+    whole = httpx.post(server.base + "/chat/completions", json=body, timeout=60).json()["choices"][0]
+    assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole["message"]["tool_calls"]] == [
+        ("get_weather", "{}")]
+    with httpx.stream("POST", server.base + "/chat/completions", json=body | {"stream": True},
+                      timeout=60) as response:
+        chunks = sse_chunks(response)
+    calls = [d for c in chunks if c["choices"] for d in c["choices"][0]["delta"].get("tool_calls") or []]
+    assert calls[0]["function"] == {"name": "get_weather", "arguments": ""} and calls[0]["id"].startswith("call_")
+    assert calls[1]["function"] == {"arguments": "{}"}
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
+
+    x = harmony.tokenizer.encode("x", add_special_tokens=False)[0]
+    malformed = body | {"logit_bias": {str(x): 100}, "stop_token_ids": [x]}
+    whole = httpx.post(server.base + "/chat/completions", json=malformed, timeout=60).json()["choices"][0]
+    assert whole["finish_reason"] == "stop" and whole["message"]["content"] == "x"
+    assert not whole["message"].get("tool_calls")

@@ -1,6 +1,7 @@
 """The chat controller shared by the TUI and the plain REPL (no UI framework here).
 
-It owns what a chat is: the history, the system prompt, the thinking flag, the block size, trimming
+It owns what a chat is: the history (resent by the family's thinking rule, engines/reasoning.py), the
+system prompt, the thinking flag or a family's reasoning effort (gpt-oss), the block size, trimming
 the oldest turns when the history outgrows the target's context (with a notice), building the
 `GenerationRequest` for each turn, and recording every turn, completed or cancelled, in the session.
 Only completed turns are resent as history: a cancelled or failed answer stops mid-thought (often inside
@@ -29,7 +30,6 @@ from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.events import StepEvent, Summary
 from dflash_tui.engines.probe import Block1Probe
 from dflash_tui.engines.reasoning import THINK, format_for, takes_effort
-from dflash_tui.engines.remote.thinking import THINK_CLOSE, THINK_OPEN  # noqa: F401 - re-exported for older imports
 
 BLOCK_CHOICES = (1, 2, 4, 8, 16)
 FULL_CONTEXT_KEEP = 0.75  # a full context drops its oldest turns down to this share at once (issue 14)
