@@ -4,11 +4,13 @@ The ownership rule, the same for `--out` and `--work-dir`: train-draft writes on
 is new, empty, or carries its own marker, and never a file it did not create. Its markers are the
 hidden claim `.dflash-train-draft` (`CLAIM`), written into the folder before any weight loads, and
 `training.json` (`MARKER`), written beside every draft it publishes, where it replaces the claim
-(earlier versions wrote only that one). Any other folder (the user's files, `$HOME`, another model)
-is refused in one sentence naming it and some of its files, and so are the target's folder, a plain
-file, and a folder holding the `--data` file; a folder that cannot be created or claimed (read-only,
-full, /proc) is refused the same way, before anything trains. An interrupted run leaves its claim,
-so a rerun of the command resumes there.
+(earlier versions wrote only that one). A marker counts only when it is a JSON object saying
+`"written_by": "dflash train-draft"`: a `training.json` of the user's own is no mark of ours. Any
+other folder (the user's files, `$HOME`, another model) is refused in one sentence naming it and some
+of its files, and so are the target's folder, a plain file, and a folder holding the `--data` file
+(by its path as given, by the path its links lead to, or as another hard link of it); a folder that
+cannot be created or claimed (read-only, full, /proc) is refused the same way, before anything
+trains. An interrupted run leaves its claim, so a rerun of the command resumes there.
 
 The finished draft is written into a hidden folder first and moved into place file by file with
 `os.replace`, so a reader never sees half a `model.safetensors`. Beside the weights goes a model card
@@ -22,6 +24,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +34,7 @@ from dflash_tui.engines.errors import UserError
 
 MARKER = "training.json"  # written beside every draft train-draft publishes
 CLAIM = ".dflash-train-draft"  # written into a folder train-draft takes, before any weight loads
+WRITTEN_BY = "dflash train-draft"  # what both say they were written by
 CARD = "README.md"  # the model card written beside it
 SGLANG_DEFAULT_MASK = "<|MASK|>"  # SGLang's mask token string when dflash_config.mask_token is absent
 MODEL_FILES = ("config.json", "*.safetensors", "*.bin", "*.gguf", "tokenizer*.json")
@@ -43,6 +47,44 @@ def _same_or_inside(path: Path, other: Path) -> bool:
 
 def _holds_model(folder: Path) -> bool:
     return any(any(folder.glob(pattern)) for pattern in MODEL_FILES)
+
+
+def _marked(folder: Path) -> bool:
+    """Whether train-draft's claim or marker is in `folder`: a regular file (a FIFO is never opened) holding
+    a JSON object written by train-draft. A file of the user's that merely has the name does not count."""
+    for name in (CLAIM, MARKER):
+        try:
+            if not stat.S_ISREG(os.stat(folder / name).st_mode):
+                continue
+            with open(folder / name, "rb") as fh:
+                record = json.loads(fh.read(1 << 20))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(record, dict) and record.get("written_by") == WRITTEN_BY:
+            return True
+    return False
+
+
+def _holds_file(folder: Path, file: Path) -> bool:
+    """Whether `file` lies in `folder` as given (through a link there), where its links lead, or as a hard
+    link of one of the folder's files: train-draft's writes there could reach it."""
+    given, where = Path(os.path.abspath(file)), Path(os.path.abspath(folder))
+    if _same_or_inside(file, folder) or given == where or where in given.parents:
+        return True
+    try:
+        data = os.stat(file)
+        entries = list(folder.iterdir()) if folder.is_dir() else []
+    except OSError:
+        return False
+    return any(_same_inode(entry, data) for entry in entries)
+
+
+def _same_inode(path: Path, st: os.stat_result) -> bool:
+    try:
+        other = os.stat(path)
+    except OSError:
+        return False
+    return (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
 
 
 def _reason(exc: OSError) -> str:
@@ -66,10 +108,10 @@ def _check_output_dir(out: Path, option: str, target: Path, data: Path) -> None:
         raise UserError(f"{option} {out} is a file; train-draft writes a folder there, so name a new folder.")
     if _same_or_inside(out, target) or _same_or_inside(target, out):
         raise UserError(f"{option} {out} is the target's folder (or contains it); name a new folder for the draft.")
-    if _same_or_inside(data, out):
+    if _holds_file(out, data):
         raise UserError(f"--data {data} is inside {option} {out}, where train-draft writes its own files; move the "
                         "data file out of it or name another folder.")
-    if not out.is_dir() or (out / CLAIM).is_file() or (out / MARKER).is_file():
+    if not out.is_dir() or _marked(out):
         return
     found = sorted((p.name for p in out.iterdir()), key=lambda name: (name.startswith("."), name))
     if not found:
@@ -83,7 +125,7 @@ def _check_output_dir(out: Path, option: str, target: Path, data: Path) -> None:
 def claim_output_dir(out: Path, *, option: str) -> None:
     """Create `out` (parents too) and write the claim into it, through a temporary file and `os.replace`.
     A folder that cannot be created or written is a UserError, raised before any weight loads."""
-    made = {"written_by": "dflash train-draft", "claimed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    made = {"written_by": WRITTEN_BY, "claimed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "note": "train-draft took this folder; it writes its draft and work files here, and a rerun resumes here."}
     tmp = None
     try:

@@ -215,6 +215,37 @@ def test_train_draft_refuses_outputs_it_does_not_own_before_any_work(pairs, tmp_
     assert _snapshot(target) == before_target and _snapshot(draft) == before_draft and a_file.read_text() == "mine"
 
 
+@pytest.mark.parametrize("mark", ["training.json", ".dflash-train-draft"])
+def test_a_file_named_like_train_drafts_mark_is_not_its_mark(pairs, tmp_path, train_data, mark):
+    """The user's own training.json (a log of theirs) or a file merely named like the claim: the folder is
+    still theirs, refused before any work, and nothing in it changes."""
+    target, _ = pairs("qwen3")
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / mark).write_text('{"steps": 5, "note": "my own run"}\n')
+    (out / "README.md").write_text("my notes\n")
+    before = _snapshot(out)
+    assert_refused(_train(target, train_data, out), "no mark of train-draft's")
+    assert _snapshot(out) == before
+
+
+def test_data_reachable_through_a_claimed_folder_is_refused_before_any_work(pairs, tmp_path, train_data, no_weights):
+    """--data inside --out by its path as given (a link in the folder to the user's file) or as a hard link of a
+    file there: a responses cache written into the folder would land in the user's data."""
+    from dflash_tui.engines.outputs import claim_output_dir
+
+    target, _ = pairs("qwen3")
+    before = train_data.read_bytes()
+    for how in ("symlink", "hardlink"):
+        out = tmp_path / how
+        claim_output_dir(out, option="--out")  # an earlier run's folder: train-draft's own
+        cache = out / "responses.jsonl"
+        (cache.symlink_to if how == "symlink" else cache.hardlink_to)(train_data)
+        data = cache if how == "symlink" else train_data
+        assert_refused(_train(target, data, out, "--responses", "generate"), "is inside --out")
+    assert train_data.read_bytes() == before
+
+
 def test_train_draft_writes_a_complete_draft_and_a_rerun_may_replace_its_own(pairs, tmp_path, train_data):
     target, _ = pairs("qwen3")
     out = tmp_path / "my-draft"
