@@ -411,6 +411,8 @@ def test_gpt_oss_profiles_load_validate_and_print_launch_lines(name, size):
     vllm = CliRunner().invoke(main, ["profile", "serve-command", name, "--for", "vllm"])
     assert vllm.exit_code == 0 and vllm.stdout.startswith(f"vllm serve openai/gpt-oss-{size} --speculative-config")
     assert f'"model": "z-lab/gpt-oss-{size}-DFlash", "num_speculative_tokens": 15' in vllm.stdout
+    assert "--reasoning-parser openai_gptoss --tool-call-parser openai --enable-auto-tool-choice" in vllm.stdout
     sglang = CliRunner().invoke(main, ["profile", "serve-command", name, "--for", "sglang"])
     assert sglang.exit_code == 0 and "--speculative-algorithm DFLASH" in sglang.stdout
     assert f"--speculative-draft-model-path z-lab/gpt-oss-{size}-DFlash --speculative-num-draft-tokens 16" in sglang.stdout
+    assert "--reasoning-parser gpt-oss --tool-call-parser gpt-oss" in sglang.stdout

@@ -95,7 +95,7 @@ def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning
 
     ensure_local(config)  # a pair not yet downloaded: its size and a question at a terminal, else one sentence
     defaults = {k: getattr(settings, k) for k in ("max_new_tokens", "temperature", "top_p", "top_k", "min_p",
-                                                    "thinking")}
+                                                    "thinking", "reasoning_effort")}
     served = list(names) or list(dict.fromkeys([settings.name, settings.target]))
     run_server(config, served, defaults, host=host, port=port, api_key=api_key, max_queue=max_queue,
                reasoning_split=reasoning_split, say=lambda text: click.echo(printable(text), err=True),

@@ -40,6 +40,7 @@ def serve_command(profile, server: str, host: str = "127.0.0.1", port: Optional[
         notes.append("the draft's block size could not be read offline; 16 assumed (set block_size in [dflash])")
     port = port or DEFAULT_PORTS[server]
     qwen3 = "qwen3" in f"{p.target}".lower()
+    gpt_oss = "gpt-oss" in f"{p.target}".lower()  # harmony: the servers' own reasoning and tool parsers
     if server == "vllm":
         spec = {"method": "dflash", "model": draft, "num_speculative_tokens": block - 1}
         args = ["vllm", "serve", target, "--speculative-config", json.dumps(spec)]
@@ -47,6 +48,8 @@ def serve_command(profile, server: str, host: str = "127.0.0.1", port: Optional[
             args += ["--dtype", p.dtype]
         if qwen3:
             args += ["--reasoning-parser", "qwen3"]
+        if gpt_oss:
+            args += ["--reasoning-parser", "openai_gptoss", "--tool-call-parser", "openai", "--enable-auto-tool-choice"]
         args += ["--host", host, "--port", str(port)]
     elif server == "sglang":
         args = ["python", "-m", "sglang.launch_server", "--model-path", target, "--speculative-algorithm", "DFLASH",
@@ -55,6 +58,8 @@ def serve_command(profile, server: str, host: str = "127.0.0.1", port: Optional[
             args += ["--dtype", p.dtype]
         if qwen3:
             args += ["--reasoning-parser", "qwen3"]
+        if gpt_oss:
+            args += ["--reasoning-parser", "gpt-oss", "--tool-call-parser", "gpt-oss"]
         args += ["--host", host, "--port", str(port)]
     else:
         raise UserError(f"Server {server!r} is unknown; choose vllm or sglang.")
