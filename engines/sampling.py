@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from dflash_tui.engines.config import PENALTY_FIELDS, SAMPLING_FIELDS, GenerationRequest, Penalties, Sampling
 from dflash_tui.engines.errors import UserError
@@ -18,6 +18,16 @@ class SamplingParams(Sampling, Penalties):
     p (greedy picks its argmax); `logprobs` / `top_logprobs` ask the loop for the emitted tokens' raw
     log-probabilities (RawStep.logprobs)."""
 
+    # The inherited settings again, in the type they hold here (never None), defaulting to their `OFF`
+    # value; keyword-only and in their declared order, as in `Sampling` and `Penalties`.
+    temperature: float = field(default=OFF["temperature"], kw_only=True)
+    top_p: float = field(default=OFF["top_p"], kw_only=True)
+    top_k: int = field(default=OFF["top_k"], kw_only=True)
+    min_p: float = field(default=OFF["min_p"], kw_only=True)
+    presence_penalty: float = field(default=OFF["presence_penalty"], kw_only=True)
+    frequency_penalty: float = field(default=OFF["frequency_penalty"], kw_only=True)
+    repetition_penalty: float = field(default=OFF["repetition_penalty"], kw_only=True)
+    logit_bias: dict[int, float] = field(default_factory=dict, kw_only=True)
     seed: int = 0
     logprobs: bool = False
     top_logprobs: int = 0

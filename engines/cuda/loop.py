@@ -10,7 +10,7 @@ Block size 1 is plain autoregressive decoding through the same code.
 from __future__ import annotations
 
 import time
-from typing import Iterator, Optional
+from typing import Any, Callable, Generator, Optional
 
 import torch
 
@@ -24,8 +24,9 @@ from dflash_tui.engines.sampling import SamplingParams
 HOST_SYNC = "dflash::host_sync"  # the profiler's name for the loop's one device-to-host copy per step
 
 
-def to_host(ids: torch.Tensor) -> list[int]:
-    """The ids as a Python list: the loop's one host sync per step, named so a profile can count it."""
+def to_host(ids: torch.Tensor) -> list[Any]:
+    """The ids as a Python list (ints; floats for a float64 tensor): the loop's one host sync per step,
+    named so a profile can count it."""
     with torch.profiler.record_function(HOST_SYNC):
         return ids.tolist()
 
@@ -126,20 +127,25 @@ class Penalizer:
     def __init__(self, params: SamplingParams, prompt_ids: list[int], device: torch.device):
         self.params, self.device = params, device
         self.prompt = torch.tensor(prompt_ids, dtype=torch.long, device=device)
-        self.seen = self.counts = self.bias = None  # sized from the first logits (the target's vocab rows)
+        # sized from the first logits (the target's vocab rows): `seen` is set with `counts`
+        self.counts: Optional[torch.Tensor] = None
+        self.seen: torch.Tensor
+        self.bias: Optional[torch.Tensor] = None
 
-    def _ready(self, vocab: int) -> None:
+    def _ready(self, vocab: int) -> torch.Tensor:
+        """The counts, sized to `vocab` on the first call (with `seen` and `bias`)."""
         if self.counts is not None:
-            return
+            return self.counts
         self.seen = torch.zeros(vocab, dtype=torch.bool, device=self.device)
         self.seen[self.prompt] = True
-        self.counts = torch.zeros(vocab, dtype=torch.float32, device=self.device)
+        self.counts = counts = torch.zeros(vocab, dtype=torch.float32, device=self.device)
         self.bias = None
         if self.params.logit_bias:
             ids = [i for i in self.params.logit_bias if i < vocab]
             self.bias = torch.zeros(vocab, dtype=torch.float32, device=self.device)
             self.bias[torch.tensor(ids, dtype=torch.long, device=self.device)] = torch.tensor(
                 [self.params.logit_bias[i] for i in ids], dtype=torch.float32, device=self.device)
+        return counts
 
     def observe(self, emitted: torch.Tensor) -> None:
         if self.counts is None:
@@ -149,9 +155,9 @@ class Penalizer:
 
     def __call__(self, logits: torch.Tensor, drafted: Optional[torch.Tensor]) -> torch.Tensor:
         n, vocab = logits.shape
-        self._ready(vocab)
+        counts = self._ready(vocab).expand(n, vocab)
         p = self.params
-        counts, seen = self.counts.expand(n, vocab), self.seen.expand(n, vocab)
+        seen = self.seen.expand(n, vocab)
         if drafted is not None and drafted.numel() and n > 1:
             ahead = torch.zeros(n, vocab, dtype=counts.dtype, device=logits.device)
             ahead[1:].scatter_(1, drafted[: n - 1, None], 1.0)
@@ -200,18 +206,22 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, rest / total.clamp(min=torch.finfo(p.dtype).tiny), p)
 
 
-def rejection_choice(p: torch.Tensor, proposal: "Proposal", generator, race) -> torch.Tensor:
+def rejection_choice(p: torch.Tensor, proposal: Proposal, generator: Optional[torch.Generator],
+                     race: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Exact speculative sampling over one block, on the device: p [b, vocab] the target's distributions,
     the proposal's ids [b-1] drawn from q (candidates and probabilities [b-1, K]). Position j keeps x_j with
     probability acceptance(p_j(x_j), q_j(x_j)), else holds a draw from residual(p_j, q_j), which never
     equals x_j; the last position holds a draw from p (the bonus token after a fully accepted block).
     The loop then keeps the drafted ids up to the first position that differs: that is the rule."""
-    n = proposal.ids.shape[0]
-    q = torch.zeros_like(p[:n]).scatter_(1, proposal.candidates, proposal.q.to(p.dtype))
-    x = proposal.ids[:, None]
+    ids, candidates, q_candidates = proposal.ids, proposal.candidates, proposal.q
+    if candidates is None or q_candidates is None:
+        raise ValueError("rejection sampling needs the draft's distribution q (a DFlash 2 proposal)")
+    n = ids.shape[0]
+    q = torch.zeros_like(p[:n]).scatter_(1, candidates, q_candidates.to(p.dtype))
+    x = ids[:, None]
     kept = torch.rand(n, device=p.device, generator=generator) < acceptance(p[:n].gather(1, x)[:, 0], q.gather(1, x)[:, 0])
     instead = race(residual(p[:n], q))
-    return torch.cat([torch.where(kept, proposal.ids, instead), race(p[n:])])
+    return torch.cat([torch.where(kept, ids, instead), race(p[n:])])
 
 
 class Clock:
@@ -247,7 +257,7 @@ def speculative_decode(
     turn: Optional[TurnCache] = None,
     reuse: bool = False,
     split: Optional[int] = None,
-) -> Iterator[RawStep]:
+) -> Generator[RawStep, None, None]:
     """Yields the prefill token, then one RawStep per verify step, up to max_new_tokens ids.
     `cache` / `draft_cache` may be passed in to observe them between steps (tests); otherwise they come
     from `pool` (reused across requests) or are allocated for this request. With `graphs`, every step
@@ -261,9 +271,8 @@ def speculative_decode(
     use_draft = block_size > 1
     prompt_len = len(prompt_ids)
     room = prompt_len + max_new_tokens + block_size  # a verify writes at most one block past the committed
-    tracked = turn is not None and pool is not None and cache is None and draft_cache is None
     reused = 0
-    if tracked:
+    if turn is not None and pool is not None and cache is None and draft_cache is None:
         if reuse:
             reused = turn.resume(prompt_ids, pool.draft_length() if use_draft else None)
         turn.ids = None  # the caches change from here on; valid again after each completed step
@@ -273,42 +282,53 @@ def speculative_decode(
         else:
             turn.snapshots = {}
             pool.crop_draft(0)
+    else:
+        turn = None  # recorded only where the pool's caches serve this request
     if cache is None:
         cache = pool.target_cache(room) if pool else target.new_cache(room)
     reserve(cache, room)
+    drafter: Optional[DraftCache] = None  # the draft's cache, with a draft (block size > 1)
     if use_draft:
-        if draft_cache is None:
-            draft_cache = pool.draft_cache(draft_window, room, reused) if pool else DraftCache(draft, draft_window, room)
-        draft_cache.reserve(room)
+        if draft_cache is not None:
+            drafter = draft_cache
+        elif pool:
+            drafter = pool.draft_cache(draft_window, room, reused)
+        elif draft is not None:
+            drafter = DraftCache(draft, draft_window, room)
+        else:
+            raise ValueError(f"block size {block_size} needs a draft")
+        drafter.reserve(room)
     if graphs is not None:
         captures = graphs.captures
         # None: a capture failed, run eager
-        ready = graphs.ready(cache, draft_cache if use_draft else None, block_size, prompt_len - 1, room)
+        ready = graphs.ready(cache, drafter, block_size, prompt_len - 1, room)
         if graphs.captures != captures:
             # a capture ran its warm-up passes over these buffers, whether or not it then succeeded:
             # nothing they kept survives it
             reused = 0
-            if use_draft:
-                draft_cache.length = 0
+            if drafter is not None:
+                drafter.length = 0
         graphs = ready
         for layer in bucket_layers(cache):
             layer.length = reused
-    if tracked:
+    if turn is not None:
         turn.cache = cache
 
     t0 = clock.mark()
     bounds = [reused, prompt_len]
-    hybrid_split = tracked and reuse and bool(target.rollback) and split is not None and reused < split <= prompt_len
-    if hybrid_split and split < prompt_len:
+    # a hybrid target's prefill is cut at `split` (its linear-attention states are kept there)
+    if turn is None or not reuse or not target.rollback or split is None or not reused < split <= prompt_len:
+        split = None
+    elif split < prompt_len:
         bounds = [reused, split, prompt_len]
     for a, b in zip(bounds, bounds[1:]):
         logits, features = target.forward(torch.tensor([prompt_ids[a:b]], device=device), a, cache, last_only=True,
                                           capture=use_draft)
         target.commit(cache, b - a, b - a)
-        if use_draft:
-            draft_cache.append(features)
-        if hybrid_split and b == split:
-            turn.snapshot(split)
+        if drafter is not None:
+            drafter.append(features)
+        if turn is not None and b == split:
+            turn.snapshot(b)
     sampler.start(prompt_ids, device)
     want_logprobs, top_k = sampler.params.logprobs, sampler.params.top_logprobs
     last = sampler(logits[0, -1:])  # [1], stays on the device
@@ -317,34 +337,34 @@ def speculative_decode(
     (first,) = ids
     logprobs, tops = unpack_logprobs(rows, top_k) if rows is not None else (None, None)
     held = list(prompt_ids)  # the ids the target cache holds
-    if tracked:
+    if turn is not None:
         turn.ids = held
     yield RawStep(drafted=[], accepted=0, emitted=[first], draft_s=0.0, verify_s=clock.seconds(t0, clock.mark()),
                   prefill=True, reused=reused, logprobs=logprobs, top_logprobs=tops)
 
     generated = 1
     last_id = first
-    mask_id = draft_cache.draft.mask_token_id if use_draft else 0
+    mask_id = drafter.draft.mask_token_id if drafter is not None else 0
     mask_block = torch.full((1, block_size), mask_id, dtype=torch.long, device=device)
+    selector = drafter.draft.candidate_selector if drafter is not None else None  # DFlash 2's
     while generated < max_new_tokens:
         b = min(block_size, max_new_tokens - generated)  # the last block shrinks: never more than asked
         start = prompt_len + generated - 1
-        on_graphs = graphs is not None and graphs.covers(start, block_size)
-        if tracked:
+        step_graphs = graphs if graphs is not None and graphs.covers(start, block_size) else None
+        if turn is not None:
             turn.ids = None
         t_draft = clock.mark()
-        proposal = None
-        if on_graphs:  # a shrunk last block runs padded to the captured size; only its first b positions count
-            block, proposal = graphs.draft_step(last, start, block_size, sampler, b)
+        proposal: Optional[Proposal] = None
+        if step_graphs is not None:  # a shrunk last block runs padded to the captured size; only its first b count
+            block, proposal = step_graphs.draft_step(last, start, block_size, sampler, b)
             t_verify = clock.mark()
-            logits = graphs.verify_step(block_size)
+            logits = step_graphs.verify_step(block_size)
         else:
             block = mask_block[:, :b].clone()
             block[0, :1] = last
-            if b > 1:
-                selector = draft_cache.draft.candidate_selector
+            if b > 1 and drafter is not None:  # (b > 1: block size > 1, so there is a draft)
                 walk = sampler.walk_noise(b - 1, selector.top_k, device) if selector is not None else (None, None)
-                proposal = draft_cache.propose(block, target.embed, target.lm_head, *walk)
+                proposal = drafter.propose(block, target.embed, target.lm_head, *walk)
                 block[0, 1:] = proposal.ids
             t_verify = clock.mark()
             target.before_verify(cache)
@@ -354,22 +374,22 @@ def speculative_decode(
                                 block[0, 1:b])
         t_end = clock.mark()
         # the emitted ids are choice[:accepted + 1] (a kept drafted id equals the choice there)
-        rows = sampler.logprob_rows(logits[0, :b], choice) if want_logprobs else None
-        host, rows = read_step(torch.cat([block[0, 1:b], choice]), rows)  # the step's one host sync
+        row_tensor = sampler.logprob_rows(logits[0, :b], choice) if want_logprobs else None
+        host, rows = read_step(torch.cat([block[0, 1:b], choice]), row_tensor)  # the step's one host sync
         drafted, chosen = host[: b - 1], host[b - 1:]
         accepted = 0
         while accepted < b - 1 and drafted[accepted] == chosen[accepted]:
             accepted += 1
-        if on_graphs:  # both caches hold the whole block: move their lengths
-            graphs.commit(start, accepted + 1)
+        if step_graphs is not None:  # both caches hold the whole block: move their lengths
+            step_graphs.commit(start, accepted + 1)
         else:
             target.commit(cache, accepted + 1, b)  # keep every committed token except the newest
-            if use_draft:
-                draft_cache.append(features[:, : accepted + 1])
+            if drafter is not None:
+                drafter.append(features[:, : accepted + 1])
         held.append(last_id)
         held += drafted[:accepted]
         last_id = chosen[accepted]
-        if tracked:
+        if turn is not None:
             turn.ids = held
         last = choice[accepted: accepted + 1]
         sampler.observe(choice[: accepted + 1])  # on the device: no sync

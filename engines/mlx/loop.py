@@ -19,7 +19,7 @@ draft on its own, and the other steps split their time in the last measured prop
 from __future__ import annotations
 
 import time
-from typing import Iterator, Optional
+from typing import Generator, Optional, cast
 
 import mlx.core as mx
 
@@ -41,7 +41,7 @@ class Sampler:
 
     def __init__(self, params: SamplingParams):
         self.params = params
-        self.key = None if params.greedy else mx.random.key(params.seed)
+        self.key = mx.random.key(params.seed)  # (lazy, and never drawn from when greedy)
         self.penalizer: Optional[Penalizer] = None
 
     def start(self, prompt_ids: list[int]) -> None:
@@ -130,18 +130,23 @@ class Penalizer:
     def __init__(self, params: SamplingParams, prompt_ids: list[int]):
         self.params = params
         self.prompt = mx.array(prompt_ids, dtype=mx.int32)
-        self.in_prompt = self.counts = self.bias = None  # sized from the first logits (the target's vocab rows)
+        # sized from the first logits (the target's vocab rows): `in_prompt` is set with `counts`
+        self.counts: Optional[mx.array] = None
+        self.in_prompt: mx.array
+        self.bias: Optional[mx.array] = None
 
-    def _ready(self, vocab: int) -> None:
+    def _ready(self, vocab: int) -> mx.array:
+        """The counts, sized to `vocab` on the first call (with `in_prompt` and `bias`)."""
         if self.counts is not None:
-            return
+            return self.counts
         self.in_prompt = mx.zeros((vocab,), dtype=mx.float32).at[self.prompt].add(1.0) > 0
-        self.counts = mx.zeros((vocab,), dtype=mx.float32)
+        self.counts = counts = mx.zeros((vocab,), dtype=mx.float32)
         ids = [i for i in self.params.logit_bias if i < vocab]
         self.bias = None
         if ids:
             self.bias = mx.zeros((vocab,), dtype=mx.float32).at[mx.array(ids, dtype=mx.int32)].add(
                 mx.array([self.params.logit_bias[i] for i in ids], dtype=mx.float32))
+        return counts
 
     def observe(self, emitted: mx.array) -> None:
         if self.counts is not None:
@@ -149,9 +154,8 @@ class Penalizer:
 
     def __call__(self, logits: mx.array, drafted: Optional[mx.array]) -> mx.array:
         n, vocab = logits.shape
-        self._ready(vocab)
+        counts = mx.broadcast_to(self._ready(vocab), (n, vocab))
         p = self.params
-        counts = mx.broadcast_to(self.counts, (n, vocab))
         if drafted is not None and drafted.size and n > 1:
             hits = (mx.arange(vocab)[None] == drafted[: n - 1, None].astype(mx.int32)).astype(mx.float32)
             ahead = mx.cumsum(mx.concatenate([mx.zeros((1, vocab), dtype=mx.float32), hits]), axis=0)
@@ -203,7 +207,7 @@ class TurnCache:
 
     MAX_SNAPSHOTS = 3
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.cache: Optional[list] = None
         self.draft_cache: Optional[DraftCache] = None
         self.ids: Optional[list[int]] = None
@@ -214,7 +218,10 @@ class TurnCache:
         self.snapshots = {}
 
     def snapshot(self, position: int, rollback) -> None:
-        self.snapshots[position] = {i: list(self.cache[i].cache) for i in rollback.mixers}
+        cache = self.cache
+        if cache is None:  # nothing kept (a request sets it before any snapshot)
+            return
+        self.snapshots[position] = {i: list(cache[i].cache) for i in rollback.mixers}
         for old in sorted(self.snapshots)[:-self.MAX_SNAPSHOTS]:
             del self.snapshots[old]
 
@@ -228,23 +235,24 @@ class TurnCache:
         least one prompt token left to prefill); 0 when nothing is reusable."""
         from dflash_tui.engines.engine import common_prefix
 
-        if not self.holds(rollback):
+        cache, ids = self.cache, self.ids
+        if cache is None or ids is None or not self.holds(rollback):
             return 0
-        keep = min(common_prefix(self.ids, prompt_ids), len(prompt_ids) - 1)
+        keep = min(common_prefix(ids, prompt_ids), len(prompt_ids) - 1)
         draft_length = self.draft_cache.length if self.draft_cache is not None else 0
         if use_draft:
             keep = min(keep, draft_length)
         if rollback.mode == "mixers":
-            live = len(self.ids) if len(self.ids) <= keep else None
+            live = len(ids) if len(ids) <= keep else None
             best = max([p for p in self.snapshots if p <= keep] + ([live] if live is not None else []), default=0)
             if best and best != live:
                 for i, entries in self.snapshots[best].items():
-                    self.cache[i].cache = list(entries)
+                    cache[i].cache = list(entries)
             keep = best
         self.snapshots = {p: s for p, s in self.snapshots.items() if p <= keep}
         if keep <= 0:
             return 0
-        for i, c in enumerate(self.cache):
+        for i, c in enumerate(cache):
             if i not in rollback.mixers:
                 c.trim(c.offset - keep)
         if self.draft_cache is not None:
@@ -253,7 +261,8 @@ class TurnCache:
 
 
 def speculative_decode(target: Target, draft: Optional[DFlashDraft], prompt_ids: list[int], block_size: int,
-                       max_new_tokens: int, sampler: Sampler, draft_window: Optional[int] = None, **kwargs) -> Iterator[RawStep]:
+                       max_new_tokens: int, sampler: Sampler, draft_window: Optional[int] = None,
+                       **kwargs) -> Generator[RawStep, None, None]:
     """`_speculative_decode`, whose kept caches are evaluated when the request ends however it ends: a
     lazy array left pending would belong to this thread's stream, and the next request may come from
     another thread (the TUI decodes in a worker)."""
@@ -280,16 +289,15 @@ def _speculative_decode(
     turn: Optional[TurnCache] = None,
     reuse: bool = False,
     split: Optional[int] = None,
-) -> Iterator[RawStep]:
+) -> Generator[RawStep, None, None]:
     """Yields the prefill token, then one RawStep per verify step, up to max_new_tokens ids.
     `cache` / `draft_cache` may be passed in to observe them between steps (tests). With `turn` the
     caches are kept in it for the next request; with `reuse` a request starts from the longest prefix of
     `prompt_ids` they hold, and a hybrid target cuts its prefill at `split` (after the assistant header)
     and snapshots its linear-attention states there."""
     use_draft = block_size > 1
-    tracked = turn is not None and cache is None and draft_cache is None
     reused = 0
-    if tracked:
+    if turn is not None and cache is None and draft_cache is None:
         if turn.cache is not None:
             rollback = target.rollback_for(turn.cache)
             if reuse:
@@ -298,23 +306,32 @@ def _speculative_decode(
         if reused:
             cache = turn.cache
         else:
-            turn.cache, turn.snapshots = target.make_cache(), {}
+            cache = target.make_cache()
+            turn.cache, turn.snapshots = cache, {}
             if turn.draft_cache is not None:
                 turn.draft_cache.crop(0)
-            cache = turn.cache
         if draft is not None:
             if turn.draft_cache is None:
                 turn.draft_cache = DraftCache(draft, draft_window)
             turn.draft_cache.set_window(draft_window)
             turn.draft_cache.crop(reused)
             draft_cache = turn.draft_cache if use_draft else None
+    else:
+        turn = None  # kept only where this request makes its own caches
     cache = cache if cache is not None else target.make_cache()
     rollback = target.rollback_for(cache)
-    if use_draft and draft_cache is None:
-        draft_cache = DraftCache(draft, draft_window)
+    drafter: Optional[DraftCache] = None  # the draft's cache, with a draft (block size > 1)
+    if use_draft:
+        if draft_cache is not None:
+            drafter = draft_cache
+        elif draft is not None:
+            drafter = DraftCache(draft, draft_window)
+        else:
+            raise ValueError(f"block size {block_size} needs a draft")
     prompt = mx.array(prompt_ids, dtype=mx.int32)[None]
-    hybrid_split = (tracked and reuse and rollback.mode == "mixers" and split is not None
-                    and reused < split <= len(prompt_ids))
+    # a hybrid target's prefill is cut at `split` (its linear-attention states are snapshotted there)
+    if turn is None or not reuse or rollback.mode != "mixers" or split is None or not reused < split <= len(prompt_ids):
+        split = None
 
     # Prefill as mlx-lm does: all but the last prompt token in chunks (only cache states and context
     # features evaluated, never their logits), then the last token alone for the first sampled token.
@@ -322,63 +339,68 @@ def _speculative_decode(
     done, n = reused, len(prompt_ids)
     while n - done > 1:
         chunk = min(PREFILL_STEP, n - done - 1)
-        if hybrid_split and done < split < done + chunk:
+        if split is not None and done < split < done + chunk:
             chunk = split - done
         _, features = target.forward(prompt[:, done: done + chunk], cache, capture=use_draft)
-        if use_draft:
-            draft_cache.append(features)
-        mx.eval([c.state for c in cache] + (draft_cache.arrays() if use_draft else []))
+        if drafter is not None:
+            drafter.append(features)
+        mx.eval([c.state for c in cache] + (drafter.arrays() if drafter is not None else []))
         done += chunk
-        if hybrid_split and done == split:
-            turn.snapshot(split, rollback)
+        if turn is not None and done == split:
+            turn.snapshot(done, rollback)
     logits, features = target.forward(prompt[:, done:], cache, capture=use_draft)
-    if use_draft:
-        draft_cache.append(features)
+    if drafter is not None:
+        drafter.append(features)
     sampler.start(prompt_ids)
     want_logprobs, top_k = sampler.params.logprobs, sampler.params.top_logprobs
     last = sampler(logits[0, -1:])  # [1], stays on the device
     sampler.observe(last)
-    rows = sampler.logprob_rows(logits[0, -1:], last) if want_logprobs else None
-    mx.eval(last, [c.state for c in cache], draft_cache.arrays() if use_draft else [], rows if rows is not None else [])
-    if hybrid_split and split == n:  # thinking on: the prompt ends with the assistant header
-        turn.snapshot(split, rollback)
-    first = last.item()
-    logprobs, tops = unpack_logprobs(rows.tolist(), top_k) if rows is not None else (None, None)
+    first_rows = sampler.logprob_rows(logits[0, -1:], last) if want_logprobs else None
+    mx.eval(last, [c.state for c in cache], drafter.arrays() if drafter is not None else [],
+            first_rows if first_rows is not None else [])
+    if turn is not None and split == n:  # thinking on: the prompt ends with the assistant header
+        turn.snapshot(n, rollback)
+    first = cast(int, last.item())  # (mlx's stubs type item() as any scalar; an int32 array's is an int)
+    logprobs, tops = (unpack_logprobs(cast(list[list[float]], first_rows.tolist()), top_k) if first_rows is not None
+                      else (None, None))
     held = list(prompt_ids)  # the ids the target cache holds
-    if tracked:
+    if turn is not None:
         turn.ids = held
     yield RawStep(drafted=[], accepted=0, emitted=[first], draft_s=0.0, verify_s=time.perf_counter() - t0,
                   prefill=True, reused=reused, logprobs=logprobs, top_logprobs=tops)
 
     last_id = first
     generated, step, draft_share = 1, 0, 0.0
-    mask_id = draft_cache.draft.mask_token_id if use_draft else 0
+    mask_id = drafter.draft.mask_token_id if drafter is not None else 0
     # exact rejection sampling needs the draft's q: DFlash 2 at T > 0; DFlash 1 keeps exact match
-    rejection = use_draft and draft_cache.draft.selector is not None and not sampler.params.greedy
+    selector = drafter.draft.selector if drafter is not None else None
+    rejection = selector is not None and not sampler.params.greedy
+    walk_top_k = selector.top_k if selector is not None else 0  # the walk's candidates per slot
     mask = mx.full((max(block_size - 1, 1),), mask_id, dtype=mx.int32)
     while generated < max_new_tokens:
         b = min(block_size, max_new_tokens - generated)  # the last block shrinks: never more than asked
-        if tracked:
+        if turn is not None:
             turn.ids = None
         t_start = time.perf_counter()
         timed = b > 1 and step % TIMING_EVERY == 0
-        drafted = q = None
+        drafted: Optional[mx.array] = None
+        q: Optional[mx.array] = None
         block = last
-        if b > 1:
+        if b > 1 and drafter is not None:  # (b > 1: block size > 1, so there is a draft)
             proposal = mx.concatenate([last, mask[: b - 1]])[None]
             if rejection:  # a DFlash 2 draft at T > 0: its walk sampled, q kept
-                noise = sampler.exponential((b - 1, draft_cache.draft.selector.top_k))
-                drafted, q = draft_cache.propose_sampled(proposal, target.embed, target.lm_head,
-                                                         sampler.params.temperature, noise)
+                noise = sampler.exponential((b - 1, walk_top_k))
+                drafted, q = drafter.propose_sampled(proposal, target.embed, target.lm_head,
+                                                     sampler.params.temperature, noise)
             else:  # argmax proposals (a DFlash 2 draft's argmax walk)
-                drafted = draft_cache.propose(proposal, target.embed, target.lm_head)
+                drafted = drafter.propose(proposal, target.embed, target.lm_head)
             block = mx.concatenate([last, drafted])
             if timed:
                 mx.eval(block)
         t_mid = time.perf_counter()
         rollback.snapshot(b)
         logits, features = target.forward(block[None], cache, capture=use_draft)
-        if q is not None:
+        if q is not None and drafted is not None:  # (q comes with drafted ids)
             agree, choice = rejection_verify(sampler.probs(logits[0], drafted), q, drafted, sampler)
             ids = mx.concatenate([drafted, choice, agree])
             # the token emitted at each position if the block stops after it: a kept drafted id, else the choice
@@ -387,12 +409,16 @@ def _speculative_decode(
             choice = sampler(logits[0], drafted)  # the target's own token at every block position
             ids = mx.concatenate([drafted, choice]) if drafted is not None else choice
             tokens = choice  # a kept drafted id equals the choice there
-        rows = sampler.logprob_rows(logits[0], tokens) if want_logprobs else None
-        if rows is None:
-            host = ids.tolist()  # the one sync
+        row_array = sampler.logprob_rows(logits[0], tokens) if want_logprobs else None
+        rows: Optional[list[list[float]]]
+        host: list[int]
+        if row_array is None:
+            # the one sync (mlx's stubs type tolist() as any nesting; a 1-D int32 array's is list[int])
+            host = ids.tolist()  # type: ignore[assignment]
+            rows = None
         else:  # the ids ride along as float32 (exact below 2**24) in the same sync
-            flat = mx.concatenate([ids.astype(mx.float32), rows.reshape(-1)]).tolist()
-            width = rows.shape[1]
+            flat: list[float] = mx.concatenate([ids.astype(mx.float32), row_array.reshape(-1)]).tolist()  # type: ignore[assignment]
+            width = row_array.shape[1]
             host, flat = [int(x) for x in flat[: ids.shape[0]]], flat[ids.shape[0]:]
             rows = [flat[i * width: (i + 1) * width] for i in range(b)]
         if q is not None:
@@ -405,12 +431,12 @@ def _speculative_decode(
         while accepted < b - 1 and kept[accepted]:
             accepted += 1
         rollback.rollback(b, accepted + 1, lambda keep, block=block: target.forward(block[None, :keep], cache, capture=False))
-        if use_draft:
-            draft_cache.append(features[:, : accepted + 1])
+        if drafter is not None:
+            drafter.append(features[:, : accepted + 1])
         held.append(last_id)
         held += drafted_ids[:accepted]
         last_id = chosen[accepted]
-        if tracked:
+        if turn is not None:
             turn.ids = held
         last = choice[accepted: accepted + 1]
         sampler.observe(mx.concatenate([block[1: accepted + 1], last]))  # the emitted ids, lazily
