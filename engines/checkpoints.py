@@ -22,6 +22,7 @@ from typing import Optional
 from dflash_tui.engines import hub
 from dflash_tui.engines.config import check_block_size_value
 from dflash_tui.engines.errors import CheckpointError, UserError, describe
+from dflash_tui.engines.text import finite_number as _number
 from dflash_tui.engines.text import printable
 
 # Weight formats that are pickles (or other formats a loader could deserialize into code paths we do
@@ -62,8 +63,14 @@ def check_checkpoint_files(directory: Path, role: str) -> None:
 
 
 def resolve_checkpoint(name: str, role: str) -> Path:
-    """A local directory for `name` (a path or a hub id), or a CheckpointError saying how to get it."""
+    """A local directory for `name` (a path or a hub id), or a CheckpointError saying how to get it. The
+    path is absolute (links resolved): a session records it, and a relative one would not resume from another
+    folder."""
     path = Path(name).expanduser()
+    try:
+        path = path.resolve()
+    except (OSError, RuntimeError, ValueError):  # a link loop, a NUL byte: not a folder, said below
+        pass
     if path.exists():
         if not path.is_dir():
             raise CheckpointError(printable(f"The {role} '{name}' is a file, not a folder; point at a Hugging Face "
@@ -207,6 +214,9 @@ def safetensors_header(file: Path, role: str = "checkpoint", floats_only: bool =
                 isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in v["shape"])
             for k, v in header.items() if k != "__metadata__"):
         raise CheckpointError(f"{bad} (its header does not list tensors with shapes); re-download it.")
+    metadata = header.get("__metadata__", {})
+    if not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise CheckpointError(f"{bad} (its __metadata__ is not an object of strings); re-download it.")
     _check_tensors(header, size - 8 - length, bad, floats_only)
     return header
 
@@ -263,8 +273,6 @@ def _int_field(config: dict, key: str, where: str, required: bool = True) -> Opt
     return value
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _token_ids(value) -> bool:
@@ -412,6 +420,10 @@ class DraftInfo:
             raise CheckpointError(f"{where} has no dflash_config.mask_token_id (a token id); re-export the draft.")
         _check_shape_fields(config, where)
         _check_rope_and_norm(config, where)
+        names = config.get("architectures")
+        if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            raise CheckpointError(f"{where} has architectures {json.dumps(names)[:40]}, not a list of class names; "
+                                  "re-export the draft.")
         _int_field(config, "num_key_value_heads", where)
         hidden = _int_field(config, "hidden_size", where)
         layers = _int_field(config, "num_hidden_layers", where)
@@ -546,6 +558,9 @@ def _read_dflash2(info: DraftInfo, dflash: dict, where: str) -> None:
 
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+ROPE_NEEDS = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),  # what each type cannot do without
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+              "longrope": ("short_factor", "long_factor")}
 ROPE_NUMBERS = ("factor", "beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "attention_factor",
                 "mscale", "mscale_all_dim", "partial_rotary_factor", "rope_theta")
 
@@ -584,8 +599,9 @@ def _check_rope_and_norm(config: dict, where: str) -> None:
             value = scaling.get(key)
             if value is not None and not (isinstance(value, list) and all(_number(v) for v in value)):
                 raise fail(f"{section}.{key}", value, "a list of numbers")
-        if kind in ("linear", "dynamic", "yarn", "llama3") and scaling.get("factor") is None:
-            raise fail(f"{section}.factor", None, f"a positive number (rope type {kind} needs one)")
+        for key in ROPE_NEEDS.get(kind, ()):
+            if scaling.get(key) is None:
+                raise fail(f"{section}.{key}", None, f"set (rope type {kind} needs it)")
 
 
 def layer_windows(cfg: dict) -> list[Optional[int]]:

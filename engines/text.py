@@ -1,9 +1,11 @@
-"""Text from outside the program made safe for a terminal (`printable`): the engines put checkpoint and
-config values into their error sentences with it, and every front end passes model output, file contents
-and echoed values through it (dflash_tui/core/terminal.py re-exports it). Framework-free, so it lives here,
-below the front ends."""
+"""Values from outside the program: text made safe for a terminal (`printable`), and numbers read from
+JSON checked as numbers (`finite_number`). The engines put checkpoint and config values into their error
+sentences with `printable`, and every front end passes model output, file contents and echoed values through
+it (dflash_tui/core/terminal.py re-exports it). Framework-free, so it lives here, below the front ends."""
 
 from __future__ import annotations
+
+import math
 
 # C0 controls but tab and newline become their Unicode pictures (ESC shows as ␛), DEL as ␡, C1
 # controls (8-bit CSI and friends) and lone surrogates (undecodable input bytes) as the replacement
@@ -18,3 +20,14 @@ CONTROL.update({c: 0xFFFD for c in range(0xD800, 0xE000)})
 def printable(text) -> str:
     """Text safe to put on a terminal; newlines and tabs stay. Anything else is shown as its str()."""
     return (text if isinstance(text, str) else str(text)).translate(CONTROL)
+
+
+def finite_number(value) -> bool:
+    """An int or float that is finite as a float: JSON holds integers of any length (10**400), which
+    math.isfinite and float() refuse with an OverflowError; a bool is no number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

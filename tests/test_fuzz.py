@@ -429,17 +429,19 @@ _header_damage = st.one_of(
     st.tuples(st.just("dtype"), _DTYPES),
     st.tuples(st.just("shape"), st.lists(st.integers(-1, 70), max_size=3)),
     st.tuples(st.just("offsets"), weird),
+    st.tuples(st.just("metadata"), weird),
 )
 _CONFIG_KEYS = st.sampled_from(["rope_theta", "rms_norm_eps", "rope_scaling", "rope_parameters", "layer_types",
                                 "sliding_window", "max_position_embeddings", "dflash_config.target_layer_ids",
                                 "dflash_config.mask_token_id", "block_size", "head_dim", "num_key_value_heads",
                                 "generation_config.temperature", "generation_config.top_p",
                                 "generation_config.top_k", "generation_config.eos_token_id",
-                                "generation_config.do_sample"])
+                                "generation_config.do_sample", "architectures"])
 _CONFIG_VALUES = st.one_of(weird, st.sampled_from([
     "ten thousand", "tiny", [1, 1], [0, 2], {"rope_type": "yarn", "factor": "x"}, {"rope_type": "yarn", "factor": 4.0},
     {"rope_type": "nonsense"}, {"type": "linear"}, {"rope_type": "dynamic", "factor": -2}, 1e-300, 1e300, -1,
-    ["sliding_attention", "full_attention"], True, "hot"]))
+    ["sliding_attention", "full_attention"], True, "hot", 10**400, {"rope_type": "llama3", "factor": 8.0},
+    {"rope_type": "longrope", "factor": 2.0}]))
 
 
 def _damage_header(file: Path, damage) -> None:
@@ -457,6 +459,8 @@ def _damage_header(file: Path, damage) -> None:
     entry = header[names[len(names) // 2]]
     if kind == "shift":
         entry["data_offsets"] = [o + value for o in entry["data_offsets"]]
+    elif kind == "metadata":
+        header["__metadata__"] = value
     else:
         entry[{"dtype": "dtype", "shape": "shape", "offsets": "data_offsets"}[kind]] = value
     text = json.dumps(header).encode()
@@ -543,7 +547,8 @@ def _write_records(folder: Path, session_id: str, created: str, records: list) -
 
 
 @settings(parent=FUZZ, max_examples=30)
-@given(where=_SESSION_FIELDS, value=st.sampled_from(["fast", "abc", "x", -3, 10**30, [-1], "\x1b]0;x\x07", 5]) | weird)
+@given(where=_SESSION_FIELDS, value=st.sampled_from(["fast", "abc", "x", -3, 10**30, 10**400, [-1], "\x1b]0;x\x07", 5])
+       | weird)
 def test_damaged_session_fields_never_break_a_reader(recorded_session, tiny_engine, tmp_path_factory, monkeypatch,
                                                      where, value):
     """A nested field of a recorded session set to anything: `sessions list` still lists the others, and

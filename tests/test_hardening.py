@@ -442,7 +442,9 @@ def _retype(dtype):
     (lambda f: _edit_header(f, _retype("Q7")), "unknown dtype 'Q7'"),
     (lambda f: _edit_header(f, _retype("I32")), "not floating point"),
     (lambda f: _edit_header(f, _retype("BOOL")), "BOOL"),
-], ids=["a-byte-short", "half", "overlapping", "unknown-dtype", "int", "bool"])
+    (lambda f: _edit_header(f, lambda header: header.update(__metadata__={"format": 5})), "__metadata__"),
+    (lambda f: _edit_header(f, lambda header: header.update(__metadata__=[1])), "__metadata__"),
+], ids=["a-byte-short", "half", "overlapping", "unknown-dtype", "int", "bool", "metadata-number", "metadata-list"])
 def test_corrupt_draft_weights_are_one_sentence_before_loading(copied, no_weights, damage, phrase):
     target, draft = copied
     damage(draft / "model.safetensors")
@@ -453,7 +455,11 @@ def test_corrupt_draft_weights_are_one_sentence_before_loading(copied, no_weight
     ("rope_theta", "ten thousand", "rope_theta"), ("rms_norm_eps", "tiny", "rms_norm_eps"),
     ("rope_scaling", {"rope_type": "yarn", "factor": "x"}, "rope_scaling.factor"),
     ("dflash_config", {"mask_token_id": 3, "target_layer_ids": [1, 1]}, "target_layer_ids"),
-])
+    ("rms_norm_eps", 10**400, "rms_norm_eps"),  # JSON's integers have no limit; a float has
+    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, "rope_scaling.low_freq_factor"),
+    ("architectures", 5, "architectures"),
+], ids=["rope-theta-text", "eps-text", "yarn-factor-text", "repeated-layers", "eps-beyond-float", "llama3-incomplete",
+        "architectures-number"])
 def test_bad_draft_config_values_are_one_sentence_before_loading(copied, no_weights, key, value, phrase):
     target, draft = copied
     config = json.loads((draft / "config.json").read_text())

@@ -319,6 +319,23 @@ def test_a_damaged_file_is_skipped_in_the_list_and_show_names_the_field(data_dir
 # -- nothing the user wrote is lost (hardening round 2) ----------------------------------------------
 
 
+@pytest.mark.parametrize("field", ["decode_tokens_per_s", "ttft_s"])
+def test_a_number_too_long_for_a_float_is_a_damaged_field_not_a_crash(data_dir, field):
+    """JSON integers have no limit (a float's end is near 10**308): such a value in a recorded number is named
+    like any damaged field, and `sessions list` still lists the other sessions."""
+    from dflash_tui.cli import main
+
+    kept = write("20260101-110000-good", turns=1)
+    bad = write("20260101-120000-huge", turns=1)
+    header, turn = (json.loads(line) for line in bad.path.read_text().splitlines())
+    turn["summary"][field] = 10**400
+    bad.path.write_text(json.dumps(header) + "\n" + json.dumps(turn) + "\n")
+    listed = CliRunner().invoke(main, ["sessions", "list"])
+    assert listed.exit_code == 0 and kept.id in listed.stdout and bad.id not in listed.stdout, listed.output
+    shown = CliRunner().invoke(main, ["sessions", "show", bad.id])
+    assert shown.exit_code == 2 and f"line 2: summary.{field} is 1000" in shown.output, shown.output
+
+
 def test_a_last_line_without_its_newline_is_a_complete_turn_and_resuming_keeps_it(data_dir):
     writer = write("20260101-120000-nlnl", turns=2)
     with open(writer.path, "rb+") as f:  # an editor that strips the final newline
@@ -330,6 +347,27 @@ def test_a_last_line_without_its_newline_is_a_complete_turn_and_resuming_keeps_i
     resumed.close()
     again = sessions.load_session(writer.id)
     assert [t["user"] for t in again.turns] == ["q0", "q1", "q2"] and again.warnings == []
+
+
+def test_a_chat_started_with_relative_target_and_draft_resumes_from_another_folder(pairs, data_dir, tmp_path,
+                                                                                     monkeypatch):
+    """The session records the pair's folders as absolute paths: `--target ../t` typed in one folder still
+    names the same checkpoint when the chat is resumed from another."""
+    from dflash_tui.cli import main
+
+    target, draft = pairs("qwen3")
+    first, later = tmp_path / "here", tmp_path / "later" / "deeper"
+    first.mkdir()
+    later.mkdir(parents=True)
+    monkeypatch.chdir(first)
+    pair = ["--target", os.path.relpath(target), "--draft", os.path.relpath(draft), "--max-new-tokens", "4"]
+    assert CliRunner().invoke(main, ["chat", "--plain", *pair], input="remember this\n").exit_code == 0
+    (session,) = sessions.list_sessions()
+    assert Path(session.header["target_path"]) == target and Path(session.header["draft_path"]) == draft
+    monkeypatch.chdir(later)
+    again = CliRunner().invoke(main, ["chat", "--plain", "--resume", session.id], input="and this\n")
+    assert again.exit_code == 0, again.output
+    assert [t["user"] for t in sessions.load_session(session.id).turns] == ["remember this", "and this"]
 
 
 def test_deleting_a_session_whose_name_looks_like_a_pattern_leaves_other_sessions_files(data_dir):

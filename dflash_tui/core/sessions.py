@@ -20,7 +20,6 @@ import errno
 import fcntl
 import hashlib
 import json
-import math
 import os
 import secrets
 import stat
@@ -33,6 +32,7 @@ from typing import Iterable, Optional
 from dflash_tui.core.figures import fixed, known
 from dflash_tui.core.terminal import counted, printable
 from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.text import finite_number as _number
 
 FORMAT_VERSION = 1
 SUFFIX = ".jsonl"
@@ -336,8 +336,6 @@ def _int_from(low: int, high: Optional[int] = None):
     return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low and (high is None or v <= high)
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _non_negative(value) -> bool:
