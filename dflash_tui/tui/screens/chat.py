@@ -21,7 +21,6 @@ import math
 import re
 import time
 from collections import deque
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Optional
 
 from textual import events, work
@@ -32,6 +31,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.notifications import Notification, Notify
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Footer, Input, LoadingIndicator, Static
 
 from dflash_tui.core import sessions
@@ -490,32 +490,9 @@ class ChatScreen(Screen):
 
     def action_toggle_ghosts(self) -> None:
         self.ghosts = not self.ghosts
-        with self.keeping_place():  # ghosts change the answers' heights above the reader
-            for view in self.query(AnswerView):
-                view.set_ghosts(self.ghosts)
+        for view in self.query(AnswerView):  # the conversation keeps the reader's line as the heights change
+            view.set_ghosts(self.ghosts)
         self.refresh_chrome()
-
-    @contextmanager
-    def keeping_place(self):
-        """Keep the line at the top of the conversation there while the block changes the heights of what
-        is shown (the anchor keeps the end for a reader who follows it)."""
-        view = self._view
-        if following(view):
-            yield
-            return
-        top = view.scroll_y
-        shown = [w for w in view.children if w.display and w.virtual_region.bottom > top]
-        if not shown:
-            yield
-            return
-        mark = shown[0]
-        offset = top - mark.virtual_region.y
-        yield
-
-        def restore() -> None:
-            view.scroll_to(y=mark.virtual_region.y + offset, animate=False, immediate=True)
-
-        view.call_after_refresh(restore)
 
     def action_cycle_block(self) -> None:
         if self.conversation is None:
@@ -827,11 +804,13 @@ class NewTextMarker(Static):
 
 class ConversationView(VerticalScroll):
     """The conversation, following its end through new text, a resize, a taller message box and a resume,
-    until the reader scrolls up: then nothing moves them, not even the answer ending. Scrolling back to
-    the end (the wheel, pagedown, ctrl+end) or sending follows again. (Textual's own `anchor()` pushes a
-    short conversation to the bottom of the view, under an empty top.)"""
+    until the reader scrolls up. From then on it keeps the line they were on through whatever changes the
+    heights above it (ghosts shown or hidden, a resize, an answer as Markdown), and nothing else moves them,
+    not even the answer ending. Scrolling back to the end (the wheel, pagedown, ctrl+end) or sending follows
+    again. (Textual's own `anchor()` pushes a short conversation to the bottom of the view, under an empty top.)"""
 
     following = True
+    place: Optional[tuple[Widget, int]] = None  # while not following: the widget at the top, and rows into it
 
     def follow(self) -> None:
         self.following = True
@@ -845,11 +824,27 @@ class ConversationView(VerticalScroll):
                 marker.display = False
         elif new_value < old_value:  # up, by the reader: a longer text below only raises max_scroll_y
             self.following = False
+        self.place = None if self.following else self._line_at(round(new_value))
+
+    def _line_at(self, y: int) -> Optional[tuple[Widget, int]]:
+        for child in self.children:
+            if child.display:
+                region = child.virtual_region
+                if region.bottom > y:
+                    return child, y - region.y
+        return None
 
     def _size_updated(self, size, virtual_size, container_size, layout: bool = True) -> bool:
+        """The layout changed: to the end for a follower, else back to the reader's line where it now lies.
+        In the same pass that moved it (a callback after the next refresh could run before the heights above
+        the reader have changed, and then nothing would put them back)."""
+        place = self.place  # as the reader left it: the clamp of scroll_y below may recompute it
         changed = super()._size_updated(size, virtual_size, container_size, layout)
         if changed and self.following:
             self.call_after_refresh(self._to_end)
+        elif changed and place is not None and place[0].is_attached:
+            widget, rows = place
+            self.scroll_to(y=widget.virtual_region.y + rows, animate=False, immediate=True)
         return changed
 
     def _to_end(self) -> None:
