@@ -303,6 +303,28 @@ def test_tune_never_writes_another_profile_that_shares_the_name(profile_file, co
     assert mine.read_text() == kept
 
 
+def test_tune_writes_through_a_link_keeps_permissions_and_writes_no_other_file(profile_file, tmp_path):
+    """The profile given through a link (a dotfiles set-up): the file it names gets the result and the link
+    stays; a private profile (it may hold an api_key) stays private; a file of the user's named like a
+    temporary copy (`tiny.toml.tmp`, a link to another file) is neither written nor removed."""
+    import os
+    import stat
+
+    profile_file.chmod(0o600)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    (profile_file.parent / f"{profile_file.name}.tmp").symlink_to(notes)
+    link = tmp_path / "elsewhere" / "linked.toml"
+    link.parent.mkdir()
+    link.symlink_to(profile_file)
+    path, changes = tune.write_best(load_profile(str(link)), {"block_size": 8})
+    assert path == profile_file and changes == ["[dflash] block_size: 16 -> 8"]
+    assert link.is_symlink() and load_profile(str(link)).block_size == 8
+    assert stat.S_IMODE(os.stat(profile_file).st_mode) == 0o600
+    assert notes.read_text() == "mine\n" and (profile_file.parent / f"{profile_file.name}.tmp").is_symlink()
+    assert sorted(p.name for p in profile_file.parent.iterdir() if p.name.startswith(".")) == []
+
+
 def test_write_best_without_a_change_creates_no_copy(profile_file, tmp_path):
     path, changes = tune.write_best(load_profile(str(profile_file)), {"block_size": 16})
     assert changes == [] and path == profile_file

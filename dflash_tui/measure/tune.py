@@ -11,7 +11,9 @@ when its best beats the current setting's best by more than the spread (fastest 
 either of the two; `decide` says why in one sentence either way.
 
 It is written with tomlkit into the profile tune was given, so comments and layout survive: a user
-profile or a profile file named by path is edited in place; a built-in one is first copied to
+profile or a profile file named by path is edited in place (through a link, which stays a link; keeping
+its permissions, so a profile holding an api_key stays private; by way of a new temporary file of its
+own, never one that was there); a built-in one is first copied to
 `user_profile_dir()/<name>.toml` (never over an existing file), its relative checkpoint paths
 made absolute so they still resolve from there. A value set in the `[engines.<engine>]` override of
 the engine tuned on is changed there, since it is the one that engine reads. A changed line's old
@@ -22,6 +24,7 @@ tune measured.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,7 +210,7 @@ def user_copy_path(profile) -> Path:
     if profile.path is None:
         raise UserError("Tune writes its result into a profile; give one with --profile (a name or a TOML file).")
     if profile.origin != "built-in":
-        return Path(profile.path)
+        return Path(profile.path).resolve()  # a link's file: replacing the link would cut it from the profile
     stem = Path(profile.path).stem
     check_name(stem)
     copy = user_profile_dir() / f"{stem}.toml"
@@ -305,11 +308,30 @@ def write_best(profile, best, tune_window: bool = False, engine: Optional[str] =
             changes.append(f"{name}: {'(unset)' if old is None else old} -> {'(unset)' if value is None else value}")
     if changes == notes:  # the values are already there: write nothing (and create no copy)
         return (target if target.is_file() else Path(profile.path)), []
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".toml.tmp")
-    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
-    tmp.replace(target)
+    _replace(target, tomlkit.dumps(doc))
     return target, changes
+
+
+def _replace(target: Path, text: str) -> None:
+    """`text` as the new content of `target`, written to a temporary file that no other file had the name of
+    (mkstemp), then renamed over it: readers never see half a profile, and a file or link that happened to
+    have a fixed temporary name is never written. The file keeps its permissions (a new one: the umask's)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            os.fchmod(fh.fileno(), mode)
+            fh.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _engine_of(profile) -> Optional[str]:
