@@ -78,6 +78,17 @@ async def test_the_footer_keeps_help_and_quit_at_80_columns(profile, engine, dat
             assert app.screen.region.contains_region(keys[key].region)
 
 
+def test_chat_help_names_the_footers_keys():
+    """`dflash chat --help` still said "ctrl+k block size" once the block size had moved to f7."""
+    from click.testing import CliRunner
+
+    from dflash_tui.cli.chat import chat
+
+    text = " ".join(CliRunner().invoke(chat, ["--help"]).output.split())
+    for binding in KEYS:
+        assert not binding.show or f"{binding.key} {binding.description}" in text, (binding.key, text)
+
+
 @pytest.mark.asyncio
 async def test_help_scrolls_to_its_last_row_by_key_and_by_wheel(profile, engine, data_dir):
     from dflash_tui.tui.screens import HelpScreen
@@ -107,7 +118,10 @@ async def test_help_scrolls_to_its_last_row_by_key_and_by_wheel(profile, engine,
         for static in scroll.query(Static):
             console.print(static.content)
         help_text = console.export_text()
-        assert "≈ measured: this turn's tokens per second of draft + verify steps over block 1's" in " ".join(help_text.split())
+        joined = " ".join(help_text.split())
+        assert "≈ measured: this turn's tokens per second of draft + verify steps over block 1's" in joined
+        # ctrl+t cycles gpt-oss's effort (issue 29): f1 said only "thinking on/off" (issue 32, build 4)
+        assert "thinking on/off" in joined and "reasoning effort (low, medium, high)" in joined, joined
         rows = [line.strip() for line in help_text.splitlines()]
         for binding in KEYS:  # a key the footer leaves out is still in help
             assert binding.show or any(binding.key in row.split("  ")[0].split(" / ") for row in rows), binding.key

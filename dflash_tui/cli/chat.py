@@ -56,8 +56,8 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
          max_new_tokens) -> None:
     """Chat with a target and its DFlash draft; drafted tokens are coloured as they stream.
 
-    Keys: enter send, ctrl+j newline, ctrl+t thinking, ctrl+g ghosts, ctrl+k block size, escape stop,
-    ctrl+n new session, ctrl+o sessions, ctrl+r replay, ctrl+p palette, f1 help, ctrl+q quit.
+    Keys: enter send, ctrl+j newline, ctrl+t thinking (gpt-oss: its effort), ctrl+g ghosts, f7 block size,
+    escape stop, ctrl+n new session, ctrl+o sessions, ctrl+r replay, ctrl+p palette, f1 help, ctrl+q quit.
     Every turn is saved as it completes (`dflash sessions list`).
     """
     if max_new_tokens is not None and max_new_tokens < 1:

@@ -11,13 +11,15 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from dflash_tui.engines.config import EFFORTS
 from dflash_tui.tui.widgets.answer import origin_styles, theme_background
 
 KEY_HELP = [
     ("enter", "send the message"),
     ("ctrl+j / shift+enter", "new line in the message"),
     ("↑ / ↓", "earlier prompts (on the first / last line)"),
-    ("ctrl+t", "thinking on/off for the next turns"),
+    ("ctrl+t", "thinking on/off for the next turns; gpt-oss has no off: it cycles its reasoning effort "
+               f"({', '.join(EFFORTS)}), shown as effort in the header"),
     ("ctrl+g", "show rejected draft tokens (ghosts)"),
     ("ctrl+a / ctrl+e", "start / end of the message's line (readline)"),
     ("ctrl+k / ctrl+u", "delete to the end / start of the line (readline; ctrl+w a word)"),
