@@ -229,6 +229,9 @@ class Repl:
                                 bottom_toolbar=lambda: f" {self.status()} · ctrl+t thinking · ctrl+j newline · /help ",
                                 prompt_continuation="… ")
         self.info(f"dflash · {self.conv.engine_name} on {self.conv.engine.device} · /help for commands · ctrl+d quits")
+        saved = len(sessions.session_paths())
+        if saved and not self.conv.turns:  # a fresh chat: say how to pick up the last one instead
+            self.info(f"{counted(saved, 'saved session')}: dflash chat --plain -c continues the last one")
         while not self.quit:
             try:
                 line = session.prompt("you> ")

@@ -120,6 +120,41 @@ def test_interactive_loop_with_key_bindings(profile, data_dir, pairs):
     assert "\033[" in out.getvalue()  # coloured by origin
     history = (data_dir / "repl_history").read_text()
     assert "line one" in history and "/quit" in history
+    assert "continues the last" not in err.getvalue()  # no session was saved before this one
+    conv.close()
+    # the next chat starts by saying how to pick that one up (issue 32, defect 9)
+    fresh = Repl(Conversation(engine, ChatSettings.from_profile(p), profile=p), out=out, err=err)
+    with create_pipe_input() as pipe:
+        with create_app_session(input=pipe, output=DummyOutput()):
+            pipe.send_text("/quit\r")
+            fresh.run_interactive()
+    assert "1 saved session: dflash chat --plain -c continues the last one" in err.getvalue()
+
+
+def test_continue_and_resume_without_an_id_open_the_last_session_used(profile, data_dir):
+    """Issue 32, build 6: `dflash chat -c` (`--continue`), or `--resume` without an id, continues the session
+    used last (the picker's first row): the one whose file was written last, not the one created last."""
+    from click.testing import CliRunner
+
+    from dflash_tui.cli import main
+
+    runner = CliRunner()
+    none = runner.invoke(main, ["chat", "-c", "--plain", "--profile", str(profile)], input="hello\n")
+    assert none.exit_code == 2 and "No session to continue" in none.output, none.output
+    for prompt in ("first session", "second session"):
+        started = runner.invoke(main, ["chat", "--plain", "--profile", str(profile)], input=f"{prompt}\n")
+        assert started.exit_code == 0, started.output
+    by_prompt = {s.turns[0]["user"]: s for s in sessions.list_sessions()}
+    first, second = by_prompt["first session"], by_prompt["second session"]
+    written = second.path.stat().st_mtime_ns
+    os.utime(first.path, ns=(written + 10**9, written + 10**9))  # the first was written to after the second
+    for args, prompt in ((["-c"], "continued"), (["--resume", "--plain"], "and again")):
+        resumed = runner.invoke(main, ["chat", "--plain", *args], input=f"{prompt}\n")
+        assert resumed.exit_code == 0 and f"resumed session {first.id}" in resumed.output, resumed.output
+    assert [t["user"] for t in sessions.load_session(first.id).turns] == ["first session", "continued", "and again"]
+    assert [t["user"] for t in sessions.load_session(second.id).turns] == ["second session"]
+    both = runner.invoke(main, ["chat", "-c", "--resume", second.id, "--plain"], input="hello\n")
+    assert both.exit_code == 2 and "give one of them" in both.output, both.output
 
 
 def test_a_refused_long_prompt_gives_up_no_history(profile, data_dir):

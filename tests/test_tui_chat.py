@@ -263,7 +263,8 @@ async def test_first_screen_offers_the_profiles_examples(tmp_path, pair, engine,
         await pilot.press("ctrl+n")  # a new session starts at the welcome again, and says how to resume one
         await waiting.until(pilot, lambda: app.screen.query(Welcome))
         hints = " ".join(str(w.render()) for w in app.screen.query_one(Welcome).query(".welcome-hint"))
-        assert "ctrl+o resumes an earlier session (1 saved; from the shell: dflash chat --resume ID)" in hints
+        assert "ctrl+o resumes an earlier session (1 saved); from the shell, dflash chat -c continues the last one" \
+            in hints
 
 
 @pytest.mark.asyncio

@@ -34,6 +34,19 @@ def profile_from_session(session: store.Session) -> Union[str, Profile, None]:
     return profile.get("name") or None
 
 
+LAST = ""  # `--resume` without an id
+
+
+def last_session() -> store.Session:
+    """The session used last (the picker's first row): `--continue`, and `--resume` without an id."""
+    from dflash_tui.tui.screens.sessions import by_last_use
+
+    found = store.list_sessions()
+    if not found:
+        raise UserError(printable(f"No session to continue in {store.sessions_dir()} yet; `dflash chat` starts one."))
+    return by_last_use(found)[0]
+
+
 @click.command()
 @click.option("--profile", "-p", "profile", metavar="NAME|PATH", shell_complete=complete.profile_names,
               help="A profile name or TOML file (default: demo).")
@@ -48,21 +61,28 @@ def profile_from_session(session: store.Session) -> Union[str, Profile, None]:
 @click.option("--thinking/--no-thinking", default=None, help="Thinking for the first turn (ctrl+t toggles it).")
 @click.option("--reasoning-effort", type=click.Choice(EFFORTS), default=None,
               help="How long a model with an effort level thinks (gpt-oss; ctrl+t cycles it; default: the profile's).")
-@click.option("--resume", "resume_id", metavar="ID", shell_complete=complete.session_ids,
-              help="Continue a recorded session (`dflash sessions list`).")
+@click.option("--resume", "resume_id", metavar="[ID]", is_flag=False, flag_value=LAST, default=None,
+              shell_complete=complete.session_ids,
+              help="Continue a recorded session (`dflash sessions list`); without an ID, the last one used.")
+@click.option("--continue", "-c", "continue_last", is_flag=True, help="Continue the last session used.")
 @click.option("--plain", is_flag=True, help="The plain prompt-toolkit REPL instead of the full-screen TUI.")
 @click.option("--max-new-tokens", type=int, default=None, help="Answer length cap (default: the profile's).")
-def chat(profile, target, draft, engine, url, model, api_key, block_size, thinking, reasoning_effort, resume_id, plain,
-         max_new_tokens) -> None:
+def chat(profile, target, draft, engine, url, model, api_key, block_size, thinking, reasoning_effort, resume_id,
+         continue_last, plain, max_new_tokens) -> None:
     """Chat with a target and its DFlash draft; drafted tokens are coloured as they stream.
 
     Keys: enter send, ctrl+j newline, ctrl+t thinking (gpt-oss: its effort), ctrl+g ghosts, f7 block size,
     escape stop, ctrl+n new session, ctrl+o sessions, ctrl+r replay, ctrl+p palette, f1 help, ctrl+q quit.
-    Every turn is saved as it completes (`dflash sessions list`).
+    Every turn is saved as it completes (`dflash sessions list`); `dflash chat -c` continues the last session.
     """
     if max_new_tokens is not None and max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {max_new_tokens} must be a positive number of tokens.")
-    session = store.load_session(resume_id) if resume_id else None
+    if continue_last and resume_id:
+        raise UserError("--continue resumes the last session; --resume ID names one: give one of them.")
+    if continue_last or resume_id == LAST:
+        session = last_session()
+    else:
+        session = store.load_session(resume_id) if resume_id is not None else None
     if session is not None:
         store.refuse_if_open(session, "resuming")  # before any weight loads; the chat takes the lock itself
         if profile is None:

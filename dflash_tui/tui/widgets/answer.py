@@ -130,8 +130,8 @@ class Welcome(Vertical):
         yield Static("Green text came free from the draft, blue is the target's own; f1 lists every key.",
                      classes="welcome-hint")
         if self.earlier:
-            yield Static(f"ctrl+o resumes an earlier session ({self.earlier} saved; from the shell: "
-                         "dflash chat --resume ID).", classes="welcome-hint")
+            yield Static(f"ctrl+o resumes an earlier session ({self.earlier} saved); from the shell, "
+                         "dflash chat -c continues the last one.", classes="welcome-hint")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
