@@ -596,3 +596,19 @@ def test_fifos_named_like_weights_or_sessions_never_block(pairs, copied, data_di
     assert listed.exit_code == 0 and "20260101-120000-abcd" in listed.output, listed.output
     assert_refused(invoke("sessions", "show", fifo))
     assert invoke("sessions", "show", "20260101-120000-abcd").exit_code == 0
+
+
+def test_export_onto_a_fifo_nothing_reads_is_one_sentence_not_a_wait(data_dir, tmp_path, deadline):
+    """An export written to a named pipe goes to its reader; with none, opening it for writing would wait
+    forever: one sentence instead. A pipe with a reader still gets the export."""
+    import os
+
+    _session(data_dir, "20260101-120000-abcd")
+    fifo = _fifo(tmp_path / "export.md")
+    assert_refused(invoke("sessions", "export", "20260101-120000-abcd", "-o", fifo), "a pipe that nothing reads")
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader holds it open (the export fits the pipe)
+    try:
+        assert invoke("sessions", "export", "20260101-120000-abcd", "-o", fifo).exit_code == 0
+        assert os.read(reader, 1 << 16).decode().startswith("# dflash session 20260101-120000-abcd")
+    finally:
+        os.close(reader)

@@ -614,7 +614,9 @@ def write_export(output: Path, text: str) -> None:
     """Write an export for the user (mode 0600: it holds the conversation), never over a session file.
 
     The text goes to a new file that then replaces `output` (os.replace): a file the name pointed at is
-    never truncated in place, so even a hard link of a session elsewhere keeps the session whole."""
+    never truncated in place, so even a hard link of a session elsewhere keeps the session whole. A pipe or
+    a device (/dev/stdout, a FIFO a reader holds open) is written as it is; a FIFO that nothing reads is
+    refused at once instead of waiting for a reader forever."""
     output = output.expanduser()
     if _is_a_session_file(output):
         raise UserError(f"{output} is a session file (in or linked from the sessions folder {sessions_dir()}); "
@@ -622,7 +624,8 @@ def write_export(output: Path, text: str) -> None:
     special = output.exists() and not output.is_file()  # /dev/stdout, a FIFO: written as they are
     tmp = output if special else output.with_name(f".{output.name}.{secrets.token_hex(4)}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | (0 if special else os.O_CREAT | os.O_EXCL), 0o600)
+        fd = os.open(tmp, os.O_WRONLY | (os.O_NONBLOCK if special else os.O_CREAT | os.O_EXCL), 0o600)
+        os.set_blocking(fd, True)  # opened without waiting (a FIFO with no reader: ENXIO); written as usual
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         if not special:
@@ -631,7 +634,8 @@ def write_export(output: Path, text: str) -> None:
         if not special:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-        raise UserError(f"Cannot write {output} ({exc.strerror}); choose a folder that exists and that you can write.") from None
+        why = "a pipe that nothing reads" if exc.errno == errno.ENXIO else exc.strerror
+        raise UserError(f"Cannot write {output} ({why}); choose a folder that exists and that you can write.") from None
 
 
 def to_json(session: Session) -> dict:
