@@ -15,7 +15,7 @@ pytest.importorskip("textual")
 pytest.importorskip("torch")
 
 from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
-from tests.tui_helpers import SIZE, every_theme_reads, make_app, ready, recorded_turn, send, write_session  # noqa: E402 - after the importorskip above
+from tests.tui_helpers import SIZE, every_theme_reads, make_app, ready, recorded_turn, send, session_lines, write_session  # noqa: E402 - after the importorskip above
 
 
 @pytest.fixture
@@ -346,6 +346,36 @@ async def test_speedup_is_measured_off_the_ui_thread(profile, engine, data_dir):
         await pilot.pause()
         stats = app._last_stats
         assert stats.speedup_kind == "measured" and stats.speedup > 0
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("engine_name", ["cuda", "mlx"])
+async def test_the_speedup_shown_is_the_recorded_steps_against_the_probe_on_both_engines(engine_name, profile, pair,
+                                                                                          engine, data_dir):
+    """Issue 32, build 1 ("the speedup agreement test passes on both engines"): the figure the TUI shows after
+    a turn is the turn's recorded steps (the session file's committed tokens over its draft + verify seconds)
+    against the block-1 probe timed after it, and nothing else (the end-to-end rate with the UI in it made
+    1.0x of a 5x replay). How close that comes to a replay at blocks 1 and B is a timing, measured by
+    benchmarks/tui_overhead.py, never asserted."""
+    from tests.oracles import engine_for
+
+    loaded = engine if engine_name == "cuda" else engine_for("mlx", *pair)
+    app = make_app(profile, loaded, block_size=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "What is 48 + 75?")
+        await waiting.until(pilot, lambda: app.chat.measures >= 1)
+        await pilot.pause()
+        summary = session_lines(app)[-1]["summary"]
+        (probe,) = app.conversation.probes
+        assert probe.context_tokens <= summary["prompt_tokens"] + summary["generated_tokens"]
+        # block 4's tokens per second of steps over block 1's (one token per probe step)
+        expected = sum(summary["acceptance_lengths"]) / (summary["draft_s"] + summary["verify_s"]) \
+            * probe.seconds_per_token
+        stats = app._last_stats
+        assert stats.speedup_kind == "measured" and stats.speedup == pytest.approx(expected, rel=1e-9)
+        panel = str(app.screen.query_one("#stats-panel").render())
+        assert f"speedup ≈{expected:.1f}x (measured)" in panel, panel
 
 
 # -- issue 32: no lost keystrokes, no lost place ------------------------------------------------------
