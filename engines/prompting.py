@@ -25,7 +25,7 @@ from typing import Optional
 
 from dflash_tui.engines.config import GenerationRequest
 from dflash_tui.engines.errors import UserError, describe
-from dflash_tui.engines.reasoning import show_markers, template_kwargs
+from dflash_tui.engines.reasoning import format_of, show_markers, template_kwargs
 from dflash_tui.engines.text import printable
 
 
@@ -309,7 +309,7 @@ def load_tokenizer(path: Path):
     except Exception as exc:
         raise UserError(f"The tokenizer in {printable(path)} cannot be loaded ({printable(describe(exc))}); "
                         "re-download the target.") from None
-    show_markers(tokenizer)  # harmony's channel markers read as text, as Qwen's <think> does (engines/reasoning.py)
+    show_markers(tokenizer)  # harmony's and Gemma 4's markers read as text, as Qwen's <think> does (engines/reasoning.py)
     return tokenizer
 
 
@@ -355,7 +355,8 @@ def template_file(tokenizer) -> str:
 
 def chat_ids(tokenizer, messages: list[dict], thinking: bool, effort: Optional[str] = None,
              tools: Optional[list[dict]] = None) -> list[int]:
-    """The chat template applied (with `tools` when given), bounded as every render is."""
+    """The chat template applied (with `tools` when given), bounded as every render is; the messages as the
+    template's chat format takes them (engines/reasoning.py)."""
     if not getattr(tokenizer, "chat_template", None):
         raise UserError("The target's tokenizer has no chat template; use --raw to send plain text.")
     bound_templates()
@@ -363,8 +364,8 @@ def chat_ids(tokenizer, messages: list[dict], thinking: bool, effort: Optional[s
     if tools:
         kwargs["tools"] = tools
     try:
-        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False,
-                                            **kwargs)
+        out = tokenizer.apply_chat_template(format_of(tokenizer).template_messages(messages), add_generation_prompt=True,
+                                            tokenize=True, return_dict=False, **kwargs)
     except UserError:
         raise
     except TemplateLimitError as exc:

@@ -7,11 +7,15 @@ template, which every front end (the chat, `generate --hide-thinking`, sessions,
   (the thinking), then `<|start|>assistant<|channel|>final<|message|>...` (the answer, ended by `<|return|>`),
   or a tool call `... to=functions.NAME ...<|message|>{json}` (ended by `<|call|>`). There is no off: the
   template's `reasoning_effort` sets how long it thinks.
+- `gemma4` (Gemma 4): a thought channel `<|channel>thought\n...<channel|>` then the answer, tool calls
+  `<|tool_call>call:NAME{...}<tool_call|>` after it. Thinking on puts `<|think|>` in the system turn; off, the
+  template writes an empty channel into the prompt, and a model that opens one anyway is split the same.
 
-Harmony's markers are special tokens, which a tokenizer leaves out of decoded text; `show_markers` makes
-them text, as Qwen's `<think>` is, so that every decoder (the engines', the engine process's, the remote
-engine's) yields the same raw text and the split happens here. `<|return|>` and `<|call|>` stay hidden:
-they end the reply, as an eos does.
+Harmony's and Gemma 4's markers are special tokens, which a tokenizer leaves out of decoded text;
+`show_markers` makes them text, as Qwen's `<think>` is, so that every decoder (the engines', the engine
+process's, the remote engine's) yields the same raw text and the split happens here. The tokens that end a
+reply (harmony's `<|return|>` and `<|call|>`, Gemma 4's `<turn|>`, `<eos>` and `<|tool_response>`) stay
+hidden, as an eos does.
 """
 
 from __future__ import annotations
@@ -27,9 +31,24 @@ from dflash_tui.engines.remote.thinking import THINK_CLOSE, THINK_OPEN, Thinking
 CHANNEL, MESSAGE, START, END, CONSTRAIN = "<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>"
 SHOWN_MARKERS = (CHANNEL, MESSAGE, START, END, CONSTRAIN)
 RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+# Gemma 4's thought channel, and its tool-call markers and string delimiter (read by serve/tools.py)
+GEMMA_OPEN, GEMMA_CLOSE = "<|channel>", "<channel|>"
+GEMMA_CALL_OPEN, GEMMA_CALL_CLOSE, GEMMA_STRING = "<|tool_call>", "<tool_call|>", '<|"|>'
 
 
-class ThinkFormat:
+class ChatFormat:
+    """What every format has: `markers`, the marker texts a streamed chunk may stop inside (LayoutSplitter
+    holds such an end back); `shown`, the special tokens `show_markers` makes text."""
+
+    markers: tuple = ()
+    shown: tuple = ()
+
+    def template_messages(self, messages: list[dict]) -> list[dict]:
+        """The messages as the chat template takes them (an OpenAI request's, or the chat's history)."""
+        return messages
+
+
+class ThinkFormat(ChatFormat):
     """`<think>...</think>` then the answer (a template may open the block in the prompt already)."""
 
     name = "think"
@@ -69,11 +88,12 @@ class ThinkFormat:
         return ThinkingSplitter(opened=opened)
 
 
-class HarmonyFormat:
+class HarmonyFormat(ChatFormat):
     """gpt-oss's harmony: the first analysis message is the thinking, the final message the answer; other
     messages (commentary: tool calls, preambles) are neither."""
 
     name = "harmony"
+    markers = shown = SHOWN_MARKERS
 
     @staticmethod
     def messages(raw: str) -> list[dict]:
@@ -127,6 +147,79 @@ class HarmonyFormat:
         return LayoutSplitter(self, prefix)
 
 
+class GemmaFormat(ChatFormat):
+    """Gemma 4: a channel that opens the reply (`<|channel>thought\n`) is the thinking, up to `<channel|>`;
+    what follows is the answer (tool calls included: the call parser reads them from it). The published
+    template drops earlier thinking from the history itself and wants a call's arguments as an object."""
+
+    name = "gemma4"
+    markers = (GEMMA_OPEN, GEMMA_CLOSE)
+    shown = (GEMMA_OPEN, GEMMA_CLOSE, GEMMA_CALL_OPEN, GEMMA_CALL_CLOSE, GEMMA_STRING)
+
+    def layout(self, raw: str, thinking: bool = True) -> tuple[int, int, int]:
+        """(thinking start, thinking end, answer start), as `ThinkFormat.layout`; `thinking` does not matter:
+        a model may open the channel with thinking off. A channel whose name line has not ended yet is
+        neither thinking nor answer (more is coming)."""
+        lead = len(raw) - len(raw.lstrip())
+        if not raw.startswith(GEMMA_OPEN, lead):
+            return 0, 0, lead
+        at = lead + len(GEMMA_OPEN)
+        close, newline = raw.find(GEMMA_CLOSE, at), raw.find("\n", at)
+        if close != -1 and (newline == -1 or close < newline):
+            start = close  # a channel closed on its name line: no thinking
+        elif newline != -1:
+            start = newline + 1
+        else:
+            return len(raw), len(raw), len(raw)
+        if close == -1:
+            return start, len(raw), len(raw)
+        answer = close + len(GEMMA_CLOSE)
+        while answer < len(raw) and raw[answer] == "\n":
+            answer += 1
+        return start, close, answer
+
+    def thought(self, raw: str) -> bool:
+        """The channel has closed, or the reply started without one."""
+        lead = raw.lstrip()
+        return GEMMA_CLOSE in raw or bool(lead) and not (lead.startswith(GEMMA_OPEN) or GEMMA_OPEN.startswith(lead))
+
+    def history(self, raw: str) -> dict:
+        """The answer as content and the thinking as `reasoning_content`, the fields the template reads (it
+        renders the thinking only for the turn still in progress, so earlier turns go without it)."""
+        start, end, answer = self.layout(raw)
+        message = {"role": "assistant", "content": raw[answer:]}
+        thinking = raw[start:end].strip("\n")
+        if thinking:
+            message["reasoning_content"] = thinking
+        return message
+
+    def splitter(self, opened: bool = False, prefix: str = ""):
+        """`opened`: the prompt opened the channel already (thinking on, after a tool's response)."""
+        return LayoutSplitter(self, (f"{GEMMA_OPEN}thought\n" if opened else "") + prefix)
+
+    def template_messages(self, messages: list[dict]) -> list[dict]:
+        """An assistant's tool calls with their arguments as objects: OpenAI sends them as JSON text, which the
+        published template refuses ("Deserialize arguments before passing to the template"). Text that is not
+        a JSON object is left as it is (the template then says what is wrong)."""
+        return [_with_object_arguments(m) if isinstance(m, dict) and m.get("tool_calls") else m for m in messages]
+
+
+def _with_object_arguments(message: dict) -> dict:
+    calls = []
+    for call in message["tool_calls"]:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            try:
+                parsed = json.loads(arguments)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict):
+                call = {**call, "function": {**function, "arguments": parsed}}
+        calls.append(call)
+    return {**message, "tool_calls": calls}
+
+
 class LayoutSplitter:
     """Text as it streams -> (reasoning, content) deltas, read off a format's layout: a region never shrinks
     once text is in it. A marker arrives whole from the detokenizer (it is one token); text cut elsewhere (a
@@ -139,7 +232,7 @@ class LayoutSplitter:
 
     def add(self, text: str) -> tuple[str, str]:
         self.raw += text
-        return self._send(len(self.raw) - _marker_prefix(self.raw))
+        return self._send(len(self.raw) - _marker_prefix(self.raw, self.fmt.markers))
 
     def flush(self) -> tuple[str, str]:
         return self._send(len(self.raw))
@@ -154,13 +247,13 @@ class LayoutSplitter:
         return reasoning, content
 
 
-def _marker_prefix(text: str) -> int:
-    """Length of the longest end of `text` that may still grow into a harmony marker."""
+def _marker_prefix(text: str, markers: tuple) -> int:
+    """Length of the longest end of `text` that may still grow into one of `markers`."""
     tail = text[text.rfind("<"):] if "<" in text else ""
-    return len(tail) if any(m.startswith(tail) and m != tail for m in SHOWN_MARKERS) else 0
+    return len(tail) if any(m.startswith(tail) and m != tail for m in markers) else 0
 
 
-THINK, HARMONY = ThinkFormat(), HarmonyFormat()
+THINK, HARMONY, GEMMA4 = ThinkFormat(), HarmonyFormat(), GemmaFormat()
 
 
 def _template_text(tokenizer) -> str:
@@ -172,7 +265,9 @@ def _template_text(tokenizer) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _format_of_template(text: str):
-    return HARMONY if CHANNEL in text and MESSAGE in text else THINK
+    if CHANNEL in text and MESSAGE in text:
+        return HARMONY
+    return GEMMA4 if GEMMA_OPEN in text and GEMMA_CLOSE in text else THINK
 
 
 def format_of(tokenizer):
@@ -207,11 +302,13 @@ def template_kwargs(tokenizer, thinking: bool, effort: Optional[str]) -> dict:
 
 
 def show_markers(tokenizer) -> None:
-    """Make a harmony tokenizer's structure markers (`<|channel|>`, `<|message|>`, `<|start|>`, `<|end|>`,
-    `<|constrain|>`) text when decoding skips special tokens, as Qwen's `<think>` is: the backend is rebuilt
-    from its own JSON with those added tokens no longer flagged special. Encoding is unchanged (added tokens
-    are matched whatever their flag); the tokenizer's special tokens (bos, eos, pad) stay as they were."""
-    if format_of(tokenizer) is not HARMONY:
+    """Make the markers of a tokenizer's chat format (its `shown`: harmony's `<|channel|>`, `<|message|>`,
+    `<|start|>`, `<|end|>`, `<|constrain|>`; Gemma 4's channel and tool-call markers and `<|"|>`) text when
+    decoding skips special tokens, as Qwen's `<think>` is: the backend is rebuilt from its own JSON with those
+    added tokens no longer flagged special. Encoding is unchanged (added tokens are matched whatever their
+    flag); the tokens that end a reply, and bos, eos and pad, stay as they were."""
+    shown = format_of(tokenizer).shown
+    if not shown:
         return
     backend = getattr(tokenizer, "_tokenizer", None)
     if backend is None or not hasattr(backend, "to_str"):
@@ -221,7 +318,7 @@ def show_markers(tokenizer) -> None:
     data = json.loads(backend.to_str())
     changed = False
     for token in data.get("added_tokens", []):
-        if token.get("content") in SHOWN_MARKERS and token.get("special"):
+        if token.get("content") in shown and token.get("special"):
             token["special"] = False
             changed = True
     if changed:

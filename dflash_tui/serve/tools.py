@@ -11,10 +11,13 @@ Formats (picked from the chat template's text):
   recipient may also stand in the role part, as the template renders history). `<|call|>` is a stop id, so
   the call's body ends the reply. This parser reads the raw reply (every channel: `raw`), not the content
   left after the reasoning split, since a call is neither thinking nor answer.
+- `gemma4` (Gemma 4): `<|tool_call>call:NAME{key:VALUE,...}<tool_call|>` after the answer's text, its
+  arguments in the template's own syntax: bare keys, strings between `<|"|>` delimiters, objects, lists,
+  numbers, true, false and null (`gemma_value`). `<|tool_response>` is a stop id, so a call ends the reply.
 
 A forced `tool_choice` (`required` or a named function) cannot be guided here (no constrained decoding):
 the answer is started with the format's opening (`<tool_call>\\n{"name": "NAME", "arguments": ` for a
-named one), which the target continues; what it writes is its own distribution given that opening.
+named one, Gemma 4's `<|tool_call>call:NAME{`), which the target continues; what it writes is its own distribution given that opening.
 A call that does not parse comes back as text, with finish_reason "stop".
 """
 
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from dflash_tui.engines.errors import UserError, describe
-from dflash_tui.engines.reasoning import HARMONY, format_of
+from dflash_tui.engines.reasoning import GEMMA4, GEMMA_CALL_CLOSE, GEMMA_CALL_OPEN, GEMMA_STRING, HARMONY, format_of
 from dflash_tui.engines.text import printable
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -42,10 +45,12 @@ def template_text(tokenizer) -> str:
 
 
 def tool_format(tokenizer) -> Optional[str]:
-    """`hermes`, `llama3_json`, `harmony`, or None when the template has no tools branch."""
+    """`hermes`, `llama3_json`, `harmony`, `gemma4`, or None when the template has no tools branch."""
     text = template_text(tokenizer)
     if format_of(tokenizer) is HARMONY:
         return "harmony" if "functions." in text else None
+    if format_of(tokenizer) is GEMMA4:
+        return "gemma4" if GEMMA_CALL_OPEN in text else None
     if HERMES_OPEN in text or "<function=" in text:
         return "hermes"
     if "tools" in text and ("<|python_tag|>" in text or "ipython" in text or '"parameters"' in text):
@@ -64,6 +69,10 @@ def forced_opening(fmt: str, choice: Any) -> str:
         if name:
             return f'{HERMES_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
         return f"{HERMES_OPEN}\n" if choice == "required" else ""
+    if fmt == "gemma4":
+        if name:
+            return f"{GEMMA_CALL_OPEN}call:{name}{{"
+        return f"{GEMMA_CALL_OPEN}call:" if choice == "required" else ""
     if name:
         return f'{{"name": {json.dumps(name)}, "parameters": '
     return '{"name": "' if choice == "required" else ""
@@ -141,6 +150,96 @@ def parse_llama_json(text: str) -> Optional[list[dict]]:
     return calls or None
 
 
+GEMMA_CALL = re.compile(r"\s*call:([\w-]+)(.*)", re.S)
+GEMMA_KEY = re.compile(r"[\w.-]+")
+GEMMA_LITERAL = re.compile(r"[^\s,}\]]+")
+
+
+def parse_gemma_call(body: str) -> Optional[dict]:
+    """One `<|tool_call>` body, `call:NAME{...}`; None when it is not one."""
+    match = GEMMA_CALL.fullmatch(body)
+    if not match:
+        return None
+    try:
+        arguments = gemma_value(match.group(2))
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than any real call's
+        return None
+    return _call(match.group(1), arguments) if isinstance(arguments, dict) else None
+
+
+def gemma_value(text: str) -> Any:
+    """A value in Gemma 4's argument syntax (what the template's `format_argument` writes, keys bare or
+    quoted) as Python; a JSON string is taken too. ValueError when `text` is not exactly one value."""
+    value, at = _gemma_value(text, _skip(text, 0))
+    if _skip(text, at) != len(text):
+        raise ValueError("text after the value")
+    return value
+
+
+def _skip(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
+
+
+def _gemma_value(text: str, at: int) -> tuple[Any, int]:
+    if text.startswith(GEMMA_STRING, at):
+        end = text.find(GEMMA_STRING, at + len(GEMMA_STRING))
+        if end < 0:
+            raise ValueError("a string that never ends")
+        return text[at + len(GEMMA_STRING):end], end + len(GEMMA_STRING)
+    if text.startswith('"', at):
+        return json.JSONDecoder().raw_decode(text, at)
+    if text.startswith(("{", "["), at):
+        return _gemma_container(text, at)
+    match = GEMMA_LITERAL.match(text, at)
+    if not match:
+        raise ValueError("no value")
+    return json.loads(match.group()), match.end()  # a number, true, false or null
+
+
+def _gemma_container(text: str, at: int) -> tuple[Any, int]:
+    is_object = text[at] == "{"
+    close = "}" if is_object else "]"
+    out: Any = {} if is_object else []
+    at = _skip(text, at + 1)
+    if text.startswith(close, at):
+        return out, at + 1
+    while True:
+        if is_object:
+            key, at = _gemma_key(text, at)
+            at = _skip(text, at)
+            if not text.startswith(":", at):
+                raise ValueError("a key without its value")
+            out[key], at = _gemma_value(text, _skip(text, at + 1))
+        else:
+            value, at = _gemma_value(text, at)
+            out.append(value)
+        at = _skip(text, at)
+        if text.startswith(close, at):
+            return out, at + 1
+        if not text.startswith(",", at):
+            raise ValueError("items not separated by commas")
+        at = _skip(text, at + 1)
+
+
+def _gemma_key(text: str, at: int) -> tuple[str, int]:
+    if text.startswith((GEMMA_STRING, '"'), at):
+        key, at = _gemma_value(text, at)
+        if isinstance(key, str):
+            return key, at
+        raise ValueError("a key that is not text")
+    match = GEMMA_KEY.match(text, at)
+    if not match:
+        raise ValueError("no key")
+    return match.group(), match.end()
+
+
+# the formats whose calls stand between an opening and a closing tag in the answer, and their body parsers
+TAGGED = {"hermes": (HERMES_OPEN, HERMES_CLOSE, parse_hermes_block),
+          "gemma4": (GEMMA_CALL_OPEN, GEMMA_CALL_CLOSE, parse_gemma_call)}
+
+
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
@@ -161,8 +260,9 @@ class ToolCallParser:
 
     def __init__(self, fmt: str, opening: str = ""):
         self.fmt = fmt
+        self.open, self.close, self.parse = TAGGED.get(fmt, ("", "", None))
         self.buffer = opening  # a forced opening is part of the answer the model continues
-        self.inside = bool(opening) and fmt == "hermes"
+        self.inside = bool(opening) and fmt in TAGGED
         self.whole = bool(opening) and fmt == "llama3_json"
         self.started = False  # any content seen (Llama calls are the whole answer)
         self.calls = 0
@@ -196,27 +296,27 @@ class ToolCallParser:
         self.buffer += text
         while True:
             if self.inside:
-                end = self.buffer.find(HERMES_CLOSE)
+                end = self.buffer.find(self.close)
                 if end < 0:
                     return out
-                body = self.buffer[len(HERMES_OPEN):end] if self.buffer.startswith(HERMES_OPEN) else self.buffer[:end]
-                call = parse_hermes_block(body)
+                body = self.buffer[len(self.open):end] if self.buffer.startswith(self.open) else self.buffer[:end]
+                call = self.parse(body)
                 if call is None:  # malformed: the block goes out as text
-                    out.text += self.buffer[:end + len(HERMES_CLOSE)]
+                    out.text += self.buffer[:end + len(self.close)]
                 else:
                     out.calls.append(self._call(call))
-                self.buffer = self.buffer[end + len(HERMES_CLOSE):]
+                self.buffer = self.buffer[end + len(self.close):]
                 self.inside = False
                 continue
-            start = self.buffer.find(HERMES_OPEN)
+            start = self.buffer.find(self.open)
             if start >= 0:
                 out.text += self.buffer[:start]
                 self.buffer = self.buffer[start:]
                 self.inside = True
                 continue
             keep = 0
-            for n in range(min(len(HERMES_OPEN) - 1, len(self.buffer)), 0, -1):
-                if self.buffer.endswith(HERMES_OPEN[:n]):
+            for n in range(min(len(self.open) - 1, len(self.buffer)), 0, -1):
+                if self.buffer.endswith(self.open[:n]):
                     keep = n
                     break
             cut = len(self.buffer) - keep

@@ -1,0 +1,61 @@
+"""A tiny Gemma 4 pair that speaks Gemma 4's chat format: the tiny `gemma4` target (tests/tiny.py) with a small
+byte-level BPE carrying Gemma 4's special tokens and named tokens (as google/gemma-4-31B-it's tokenizer_config
+names them), the published chat template, and `<turn|>`, `<eos>` and `<|tool_response>` as stop ids.
+
+`fixtures/gemma-4/chat_template.jinja` is the template of google/gemma-4-31B-it as published (2026-07-09; its
+README says where the bytes come from): the tests render the real template.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests import tiny
+
+TEMPLATE = Path(__file__).parent / "fixtures" / "gemma-4" / "chat_template.jinja"
+# the published tokenizer_config's named tokens (all special there); `<|mask|>` is the tiny drafts' mask
+NAMED = {"sot_token": "<|turn>", "eot_token": "<turn|>", "soc_token": "<|channel>", "eoc_token": "<channel|>",
+         "think_token": "<|think|>", "std_token": "<|tool>", "etd_token": "<tool|>", "stc_token": "<|tool_call>",
+         "etc_token": "<tool_call|>", "str_token": "<|tool_response>", "etr_token": "<tool_response|>",
+         "escape_token": '<|"|>', "image_token": "<|image|>", "audio_token": "<|audio|>"}
+SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", *NAMED.values(), "<|mask|>"]
+CORPUS = [
+    "system user model thought call: response: declaration: description: parameters: properties: required: "
+    "type: STRING OBJECT NUMBER get_weather city days units value true false null { } [ ] , :",
+    "What is 48 + 75? Let me think: 8 + 5 = 13, write 3 carry 1; 4 + 7 + 1 = 12. So 123. The weather is sunny.",
+    "Paris 18 C, sunny. Look up the weather for a city. And 1 + 1? Thanks.",
+]
+
+
+def make_tokenizer(out: Path):
+    """Gemma 4's special tokens, all flagged special as published; eos `<eos>`, and `<turn|>` ending a turn."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>", mask_token="<mask>", extra_special_tokens=NAMED)
+    fast.chat_template = TEMPLATE.read_text()
+    fast.save_pretrained(str(out))
+    return fast
+
+
+def make_pair(root: Path) -> tuple[Path, Path]:
+    """(target, draft): the tiny gemma4 target speaking Gemma 4's format, and a random draft on it."""
+    target = tiny.make_target(Path(root) / "target", "gemma4")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        (target / name).unlink(missing_ok=True)
+    tok = make_tokenizer(target)
+    ids = tok.convert_tokens_to_ids
+    # a reply ends at the end of its turn, at eos, or where a tool call hands over to the tool's response
+    (target / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": ids("<bos>"), "eos_token_id": [ids("<eos>"), ids("<turn|>"), ids("<|tool_response>")],
+         "pad_token_id": ids("<pad>"), "do_sample": False}))
+    draft = tiny.make_draft(Path(root) / "draft", target, [0, 2])
+    return target, draft
