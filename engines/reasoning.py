@@ -26,13 +26,14 @@ import re
 from typing import Optional
 
 from dflash_tui.engines.errors import UserError
-from dflash_tui.engines.remote.thinking import THINK_CLOSE, THINK_OPEN, ThinkingSplitter
+from dflash_tui.engines.remote.thinking import THINK_CLOSE, THINK_OPEN, ThinkingSplitter, prompt_opens_thinking
 
 CHANNEL, MESSAGE, START, END, CONSTRAIN = "<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>"
 SHOWN_MARKERS = (CHANNEL, MESSAGE, START, END, CONSTRAIN)
 RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 # Gemma 4's thought channel, and its tool-call markers and string delimiter (read by serve/tools.py)
 GEMMA_OPEN, GEMMA_CLOSE = "<|channel>", "<channel|>"
+GEMMA_THOUGHT = f"{GEMMA_OPEN}thought\n"  # the thought channel's header
 GEMMA_CALL_OPEN, GEMMA_CALL_CLOSE, GEMMA_STRING = "<|tool_call>", "<tool_call|>", '<|"|>'
 
 
@@ -46,6 +47,11 @@ class ChatFormat:
     def template_messages(self, messages: list[dict]) -> list[dict]:
         """The messages as the chat template takes them (an OpenAI request's, or the chat's history)."""
         return messages
+
+    def opened_by(self, prompt_text: str) -> bool:
+        """Whether a rendered prompt (its decoded end) leaves the thinking open, so that the reply starts
+        inside it: the `opened` of `splitter`."""
+        return False
 
 
 class ThinkFormat(ChatFormat):
@@ -86,6 +92,9 @@ class ThinkFormat(ChatFormat):
     def splitter(self, opened: bool = False, prefix: str = ""):
         """(reasoning, content) deltas as the text streams (`dflash serve`)."""
         return ThinkingSplitter(opened=opened)
+
+    def opened_by(self, prompt_text: str) -> bool:
+        return prompt_opens_thinking(prompt_text)
 
 
 class HarmonyFormat(ChatFormat):
@@ -195,7 +204,10 @@ class GemmaFormat(ChatFormat):
 
     def splitter(self, opened: bool = False, prefix: str = ""):
         """`opened`: the prompt opened the channel already (thinking on, after a tool's response)."""
-        return LayoutSplitter(self, (f"{GEMMA_OPEN}thought\n" if opened else "") + prefix)
+        return LayoutSplitter(self, (GEMMA_THOUGHT if opened else "") + prefix)
+
+    def opened_by(self, prompt_text: str) -> bool:
+        return prompt_text.endswith(GEMMA_THOUGHT)
 
     def template_messages(self, messages: list[dict]) -> list[dict]:
         """An assistant's tool calls with their arguments as objects: OpenAI sends them as JSON text, which the
