@@ -10,7 +10,7 @@ enter the cache. The target's embeddings and lm_head are shared, not stored here
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -114,7 +114,7 @@ class DynamicConv(nn.Module):
                                                                                     self.taps, hidden)
         return self.base_kernel + content
 
-    def apply(self, coef: torch.Tensor, side: int, u: torch.Tensor) -> torch.Tensor:
+    def convolve(self, coef: torch.Tensor, side: int, u: torch.Tensor) -> torch.Tensor:
         """Side `side` of the convolution over u [..., n, hidden], blocks of coef's block length."""
         *lead, blocks, block, _, taps, hidden = coef.shape
         u = u.reshape(*lead, blocks, block, hidden)
@@ -160,12 +160,21 @@ class DraftLayer(nn.Module):
         if conv is None:
             return h + sublayer(x)
         coef = conv.coefficients(x, block or x.shape[-2])
-        return h + conv.apply(coef, 1, sublayer(conv.apply(coef, 0, x)))
+        return h + conv.convolve(coef, 1, sublayer(conv.convolve(coef, 0, x)))
 
     def _mlp(self, h, block: Optional[int]):
         def mlp(x):
             return self.mlp["down_proj"](F.silu(self.mlp["gate_proj"](x)) * self.mlp["up_proj"](x))
         return self._wrapped(h, self.post_attention_layernorm(h), mlp, self.mlp_conv, block)
+
+
+if TYPE_CHECKING:
+    class DraftLayers(nn.ModuleList):
+        """The draft's layers: an nn.ModuleList of DraftLayer (what iterating it gives, for the type checker)."""
+
+        def __iter__(self) -> Iterator[DraftLayer]: ...
+else:
+    DraftLayers = nn.ModuleList
 
 
 class CandidateSelector(nn.Module):
@@ -247,13 +256,15 @@ class DFlashDraft(nn.Module):
         self.block_size: int = int(cfg.get("block_size", 16))
         hidden, eps = cfg["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         self.dims = dims
-        self.layers = nn.ModuleList(DraftLayer(cfg, w, c, dims) for w, c in zip(layer_windows(cfg), resolve_causal(cfg)))
+        self.layers = DraftLayers(DraftLayer(cfg, w, c, dims) for w, c in zip(layer_windows(cfg), resolve_causal(cfg)))
         self.norm = RMSNorm(hidden, eps)
         self.fc = nn.Linear(len(self.target_layer_ids) * hidden, hidden, bias=False)
         self.hidden_norm = RMSNorm(hidden, eps)
         self.rotary = rotary_embedding(cfg)
         self.embedding_scale = float(cfg.get("input_embedding_scale", dflash.get("input_embedding_scale", 1.0)))
-        self.logit_multiplier, self.logit_softcap = 1.0, None  # the selector's head logits (DraftInfo.with_target)
+        # the selector's head logits (DraftInfo.with_target)
+        self.logit_multiplier: float = 1.0
+        self.logit_softcap: Optional[float] = None
         self.candidate_selector = (CandidateSelector(hidden, cfg["vocab_size"], dims.selector_dim, dims.top_k)
                                    if dims else None)
 
@@ -274,7 +285,7 @@ class DFlashDraft(nn.Module):
             raise CheckpointError(f"The draft {info.path} lacks weights {missing[:3]}; the checkpoint is incomplete, re-download it.")
         state = {k: v for k, v in state.items() if k in expected}  # the public drafts may carry unused extras
         model.load_state_dict(state, assign=True, strict=True)
-        model.rotary = None
+        model.rotary = nn.Identity()  # (its frequencies are on the meta device: not moved, replaced below)
         model = model.to(device=device, dtype=dtype).eval()
         # Rotary frequencies are not in the checkpoint and stay float32 whatever the weights' dtype.
         model.rotary = rotary_embedding(info.config).to(device)
@@ -286,7 +297,7 @@ class DFlashDraft(nn.Module):
         x = embedding(ids)
         return x * self.embedding_scale if self.embedding_scale != 1.0 else x
 
-    def head_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+    def head_logits(self, hidden: torch.Tensor, lm_head: nn.Linear) -> torch.Tensor:
         """The target head's logits for draft hidden states, as the selector reads them."""
         return self.as_target_scores(lm_head(hidden.to(lm_head.weight.device)))
 
@@ -298,7 +309,7 @@ class DFlashDraft(nn.Module):
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         return logits
 
-    def propose(self, hidden: torch.Tensor, anchor: torch.Tensor, lm_head: nn.Module, noise=None,
+    def propose(self, hidden: torch.Tensor, anchor: torch.Tensor, lm_head: nn.Linear, noise=None,
                 temperature=None) -> Proposal:
         """The drafted ids for a block's mask slots from its hidden states [1, b, H]: DFlash 1 takes each
         slot's argmax, DFlash 2 walks its selector (noise/temperature: CandidateSelector.walk)."""
@@ -332,7 +343,7 @@ class DFlashDraft(nn.Module):
         """block_hidden over the cache's buffers in place (no copy of the context), one Span per layer."""
         cos, sin = self.rope(positions, block_embeds)
         h = block_embeds
-        for layer, k, v, span in zip(self.layers, cache.k_bufs, cache.v_bufs, spans):
+        for layer, k, v, span in zip(self.layers, cache.k_buffers, cache.v_buffers, spans):
             h = layer.forward_buffered(h, k, v, cos, sin, span)
         return self.norm(h)
 
@@ -377,9 +388,21 @@ class DraftCache:
 
         self.draft = draft
         self.capacity = capacity or BUCKET
-        self.k_bufs: list[Optional[torch.Tensor]] = [None] * len(draft.layers)
-        self.v_bufs: list[Optional[torch.Tensor]] = [None] * len(draft.layers)
+        # per layer K/V [1, kv_heads, capacity, head_dim]: none until the first use gives their device and dtype
+        self.k_buffers: list[torch.Tensor] = []
+        self.v_buffers: list[torch.Tensor] = []
+        self.length = 0
+        self.windows: list[Optional[int]] = []
         self.reset(window)
+
+    @property
+    def k_bufs(self) -> list[Optional[torch.Tensor]]:
+        """Each layer's K buffer, None before the first use."""
+        return list(self.k_buffers) if self.k_buffers else [None] * len(self.draft.layers)
+
+    @property
+    def v_bufs(self) -> list[Optional[torch.Tensor]]:
+        return list(self.v_buffers) if self.v_buffers else [None] * len(self.draft.layers)
 
     def reset(self, window: Optional[int], keep: int = 0) -> None:
         """A new window; the first `keep` committed positions stay (the whole context K/V is kept, the
@@ -392,34 +415,39 @@ class DraftCache:
         """Room for `tokens` positions; allocates (zeroed) on first use, grows only past the bucket."""
         from dflash_tui.engines.cuda.cache import bucket
 
-        if like is None and self.k_bufs[0] is None:
-            self.capacity = max(self.capacity, bucket(tokens))
-            return
-        if self.k_bufs[0] is not None and tokens <= self.capacity:
+        old_k, old_v = self.k_buffers, self.v_buffers
+        if old_k and tokens <= self.capacity:
             return
         self.capacity = max(self.capacity, bucket(tokens))
-        for i, layer in enumerate(self.draft.layers):
+        if old_k:  # grown: the committed positions are copied over
+            refs = old_k
+        elif like is not None:
+            refs = [like] * len(self.draft.layers)
+        else:  # allocated at this capacity on first use
+            return
+        self.k_buffers, self.v_buffers = [], []
+        for i, (layer, ref) in enumerate(zip(self.draft.layers, refs)):
             att = layer.self_attn
-            old_k, old_v = self.k_bufs[i], self.v_bufs[i]
-            ref = old_k if old_k is not None else like
             shape = (1, att.kv_heads, self.capacity, att.head_dim)
-            self.k_bufs[i] = ref.new_zeros(shape)
-            self.v_bufs[i] = ref.new_zeros(shape)
-            if old_k is not None:
-                self.k_bufs[i][:, :, : self.length] = old_k[:, :, : self.length]
-                self.v_bufs[i][:, :, : self.length] = old_v[:, :, : self.length]
+            k_buf, v_buf = ref.new_zeros(shape), ref.new_zeros(shape)
+            self.k_buffers.append(k_buf)
+            self.v_buffers.append(v_buf)
+            if old_k:
+                k_buf[:, :, : self.length] = old_k[i][:, :, : self.length]
+                v_buf[:, :, : self.length] = old_v[i][:, :, : self.length]
 
     def _lo(self, i: int) -> int:
-        return max(0, self.length - self.windows[i]) if self.windows[i] else 0
+        window = self.windows[i]
+        return max(0, self.length - window) if window else 0
 
     @property
     def keys(self) -> list[torch.Tensor]:
         """Each layer's context keys the next block attends to (views of the buffers)."""
-        return [] if self.k_bufs[0] is None else [k[:, :, self._lo(i): self.length] for i, k in enumerate(self.k_bufs)]
+        return [k[:, :, self._lo(i): self.length] for i, k in enumerate(self.k_buffers)]
 
     @property
     def values(self) -> list[torch.Tensor]:
-        return [] if self.v_bufs[0] is None else [v[:, :, self._lo(i): self.length] for i, v in enumerate(self.v_bufs)]
+        return [v[:, :, self._lo(i): self.length] for i, v in enumerate(self.v_buffers)]
 
     def project(self, features: torch.Tensor, positions: torch.Tensor):
         """Per-layer (k, v) of context features [b, n, F] at `positions` [1, n]."""
@@ -433,17 +461,17 @@ class DraftCache:
         positions = torch.arange(self.length, self.length + n, device=features.device).unsqueeze(0)
         kv = self.project(features, positions)
         self.reserve(self.length + n, like=kv[0][0])
-        for i, (k, v) in enumerate(kv):
-            self.k_bufs[i][:, :, self.length: self.length + n] = k
-            self.v_bufs[i][:, :, self.length: self.length + n] = v
+        for k_buf, v_buf, (k, v) in zip(self.k_buffers, self.v_buffers, kv):
+            k_buf[:, :, self.length: self.length + n] = k
+            v_buf[:, :, self.length: self.length + n] = v
         self.length += n
 
     def write_static(self, features: torch.Tensor, positions: torch.Tensor) -> None:
         """Graph path: K/V of features [1, n, F] written at device `positions` [n]; the caller then moves
         `length` past the ones it commits (the rest are overwritten by the next block)."""
-        for i, (k, v) in enumerate(self.project(features, positions[None])):
-            self.k_bufs[i].index_copy_(2, positions, k)
-            self.v_bufs[i].index_copy_(2, positions, v)
+        for k_buf, v_buf, (k, v) in zip(self.k_buffers, self.v_buffers, self.project(features, positions[None])):
+            k_buf.index_copy_(2, positions, k)
+            v_buf.index_copy_(2, positions, v)
 
     def hidden(self, block_embeds: torch.Tensor) -> torch.Tensor:
         """The draft's final hidden states for a block [1, b, hidden] placed at positions length.."""
@@ -477,7 +505,7 @@ class DraftCache:
             spans.append(Span(positions=positions, mask=masks[key], reach=reach))
         return self.draft.block_hidden_buffered(block_embeds, self, positions[None], spans)
 
-    def propose(self, block: torch.Tensor, embed: nn.Module, lm_head: nn.Module, noise=None,
+    def propose(self, block: torch.Tensor, embed: nn.Module, lm_head: nn.Linear, noise=None,
                 temperature=None) -> Proposal:
         """The drafted ids for block positions 1.. ([b-1]); block is [1, b] = [last token, mask...]."""
         hidden = self.hidden(self.draft.embed(embed, block))

@@ -17,7 +17,7 @@ temperature 0, else sampling each slot from q = softmax(score / T) with exponent
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -114,7 +114,7 @@ class DynamicConv(nn.Module):
         return self.base_kernel + content.reshape(b, n, 2, self.taps, hidden)
 
     @staticmethod
-    def apply(coef: mx.array, side: int, u: mx.array) -> mx.array:
+    def convolve(coef: mx.array, side: int, u: mx.array) -> mx.array:
         """sum over taps t of coef[:, i, side, t] * u[:, i - t] (zero before the anchor)."""
         n = u.shape[1]
         out = coef[:, :, side, 0] * u
@@ -129,7 +129,7 @@ def wrapped(h: mx.array, x: mx.array, sublayer, conv: Optional[DynamicConv]) -> 
     if conv is None:
         return h + sublayer(x)
     coef = conv.coefficients(x)
-    return h + conv.apply(coef, 1, sublayer(conv.apply(coef, 0, x)))
+    return h + conv.convolve(coef, 1, sublayer(conv.convolve(coef, 0, x)))
 
 
 class MLP(nn.Module):
@@ -178,7 +178,7 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = mx.zeros((vocab, dim))
 
     def walk(self, hidden: mx.array, logits: mx.array, anchor: mx.array, temperature: float = 0.0,
-             noise: Optional[mx.array] = None):
+             noise: Optional[mx.array] = None) -> tuple[mx.array, mx.array, Optional[mx.array]]:
         """hidden [s, H] and head logits [s, V] of the mask slots, the anchor id [1]. Returns the drafted
         ids [s] (int32), the candidates [s, K] and, at temperature > 0, q [s, K] (float32) each slot was
         sampled from as argmax(q / noise) with noise [s, K] of Exp(1) draws. Lazy: no host sync."""
@@ -192,19 +192,25 @@ class CandidateSelector(nn.Module):
         z = self.hidden_projection(hidden).astype(mx.float32)  # [s, d]
         succ = self.successor_codebook[candidates].astype(mx.float32) * z[:, None, :]  # [s, K, d]
         prev, ids, rows = anchor.reshape(1), [], []
-        for slot in range(candidates.shape[0]):
-            pred = self.predecessor_codebook[prev].astype(mx.float32)  # [1, d]
-            score = unary[slot] + (succ[slot] @ pred[0])
-            if temperature > 0:
+        if temperature > 0:  # sampled: each slot's q kept
+            if noise is None:
+                raise ValueError("a sampled walk needs its noise (Exp(1) draws [s, K])")
+            for slot in range(candidates.shape[0]):
+                pred = self.predecessor_codebook[prev].astype(mx.float32)  # [1, d]
+                score = unary[slot] + (succ[slot] @ pred[0])
                 q = mx.softmax(score / temperature, axis=-1)
                 pick = mx.argmax(q / noise[slot], axis=-1)
                 rows.append(q)
-            else:
+                prev = mx.take(candidates[slot], pick.reshape(1))
+                ids.append(prev)
+        else:  # the argmax walk (the same steps without q)
+            for slot in range(candidates.shape[0]):
+                pred = self.predecessor_codebook[prev].astype(mx.float32)  # [1, d]
+                score = unary[slot] + (succ[slot] @ pred[0])
                 pick = mx.argmax(score, axis=-1)
-            prev = mx.take(candidates[slot], pick.reshape(1))
-            ids.append(prev)
-        q = mx.stack(rows) if rows else None
-        return mx.concatenate(ids).astype(mx.int32), candidates, q
+                prev = mx.take(candidates[slot], pick.reshape(1))
+                ids.append(prev)
+        return mx.concatenate(ids).astype(mx.int32), candidates, mx.stack(rows) if rows else None
 
 
 class DFlashDraft(nn.Module):
@@ -230,7 +236,7 @@ class DFlashDraft(nn.Module):
         else:
             self.embedding_scale = float(cfg.get("input_embedding_scale", dflash.get("input_embedding_scale", 1.0)))
             self.logit_multiplier, self.logit_softcap = 1.0, None
-        if dims is not None:
+        if info is not None and dims is not None:
             vocab = (info.weight_shapes.get("candidate_selector.predecessor_codebook") or [info.vocab_size])[0]
             self.candidate_selector = CandidateSelector(hidden, vocab, dims.selector_dim, dims.top_k)
 
@@ -247,9 +253,11 @@ class DFlashDraft(nn.Module):
         model = cls(info.config, info)
         weights: dict[str, mx.array] = {}
         for file in sorted(Path(info.path).glob("*.safetensors")):
-            weights.update(mx.load(str(file)))
+            # (mx.load's return type covers every format; a .safetensors file gives a dict of arrays)
+            weights.update(cast(dict[str, mx.array], mx.load(str(file))))
         weights = {k.removeprefix("model."): v for k, v in weights.items()}
-        expected = {k for k, _ in tree_flatten(model.parameters())}
+        # (typed list-or-dict: without `destination` it is the list of (name, array) pairs)
+        expected = {k for k, _ in cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))}
         missing = sorted(expected - set(weights))
         if missing:
             raise CheckpointError(f"The draft {info.path} lacks weights {missing[:3]}; the checkpoint is incomplete, re-download it.")
@@ -287,7 +295,7 @@ class DFlashDraft(nn.Module):
         return self.norm(h)
 
     def propose(self, hidden: mx.array, anchor: mx.array, lm_head, temperature: float = 0.0,
-                noise: Optional[mx.array] = None):
+                noise: Optional[mx.array] = None) -> tuple[mx.array, Optional[mx.array]]:
         """Drafted ids [s] for the mask slots of hidden [1, b, H] and, for a DFlash 2 draft sampled at
         temperature > 0, the dense rows q [s, vocab] they were drawn from (else None). DFlash 1 takes each
         slot's argmax; DFlash 2 walks its selector from `anchor` [1]."""
@@ -317,9 +325,9 @@ class DraftCache:
         self.draft = draft
         self.length = 0  # committed positions covered (including ones outside the window)
         self.set_window(window)
-        n = len(draft.layers)
-        self._keys: list[Optional[mx.array]] = [None] * n
-        self._values: list[Optional[mx.array]] = [None] * n
+        # per layer K/V buffers, each made when its layer first stores (then the same for every layer)
+        self._keys: list[mx.array] = []
+        self._values: list[mx.array] = []
 
     def set_window(self, window: Optional[int]) -> None:
         self.windows = [attention_window(window, layer.self_attn.window) for layer in self.draft.layers]
@@ -339,18 +347,23 @@ class DraftCache:
 
     def _store(self, i: int, k: mx.array, v: mx.array) -> None:
         n, used = k.shape[2], self.length
-        buf_k, buf_v = self._keys[i], self._values[i]
-        if buf_k is None or used + n > buf_k.shape[2]:
+        first = i == len(self._keys)  # this layer's first entries: no buffers yet
+        if first or used + n > self._keys[i].shape[2]:
             rows = ((used + n + self.step - 1) // self.step + 1) * self.step
-            new_k = mx.zeros((*k.shape[:2], rows, k.shape[3]), k.dtype)
-            new_v = mx.zeros((*v.shape[:2], rows, v.shape[3]), v.dtype)
-            if used:
-                new_k[:, :, :used] = buf_k[:, :, :used]
-                new_v[:, :, :used] = buf_v[:, :, :used]
-            buf_k, buf_v = new_k, new_v
+            buf_k = mx.zeros((*k.shape[:2], rows, k.shape[3]), k.dtype)
+            buf_v = mx.zeros((*v.shape[:2], rows, v.shape[3]), v.dtype)
+            if first:
+                self._keys.append(buf_k)
+                self._values.append(buf_v)
+            else:
+                if used:
+                    buf_k[:, :, :used] = self._keys[i][:, :, :used]
+                    buf_v[:, :, :used] = self._values[i][:, :, :used]
+                self._keys[i], self._values[i] = buf_k, buf_v
+        else:
+            buf_k, buf_v = self._keys[i], self._values[i]
         buf_k[:, :, used: used + n] = k
         buf_v[:, :, used: used + n] = v
-        self._keys[i], self._values[i] = buf_k, buf_v
 
     def _first(self, i: int) -> int:
         window = self.windows[i]
@@ -370,7 +383,7 @@ class DraftCache:
 
     def arrays(self) -> list[mx.array]:
         """The buffers, to evaluate with the target cache."""
-        return [x for x in self._keys + self._values if x is not None]
+        return self._keys + self._values
 
     def masks(self, n: int) -> list[Optional[mx.array]]:
         """Each layer's visibility for a block of n rows after the visible context (None: all visible)."""
@@ -379,7 +392,7 @@ class DraftCache:
 
     def propose_hidden(self, block_embeds: mx.array) -> mx.array:
         """Final normed hidden states of a block of embeddings [1, b, H] at positions length.."""
-        views = [self.view(i) for i in range(len(self._keys))]
+        views = [self.view(i) for i in range(len(self.draft.layers))]
         return self.draft.block_hidden(block_embeds, [k for k, _ in views], [v for _, v in views], self.length,
                                        self.masks(block_embeds.shape[1]))
 
@@ -389,10 +402,10 @@ class DraftCache:
         return self.propose_sampled(block, embed, lm_head)[0]
 
     def propose_sampled(self, block: mx.array, embed, lm_head, temperature: float = 0.0,
-                        noise: Optional[mx.array] = None):
+                        noise: Optional[mx.array] = None) -> tuple[mx.array, Optional[mx.array]]:
         """(ids [b-1], q [b-1, vocab] or None): DFlashDraft.propose on this block."""
         hidden = self.propose_hidden(self.draft.embed(embed, block))
         return self.draft.propose(hidden, block[0, :1], lm_head, temperature, noise)
 
     def entries(self) -> int:
-        return self.length - self._first(0) if self._keys and self._keys[0] is not None else 0
+        return self.length - self._first(0) if self._keys else 0

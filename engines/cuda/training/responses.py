@@ -104,7 +104,7 @@ class Responses:
                 prompts = [next(t, None) for t in talks]
                 while any(p is not None for p in prompts):
                     live = [i for i, p in enumerate(prompts) if p is not None]
-                    written = self._generate([prompts[i] for i in live])
+                    written = self._generate([p for p in prompts if p is not None])  # in `live`'s order
                     for i, response in zip(live, written):
                         responses[i].append(response)
                         try:
@@ -155,11 +155,11 @@ class Responses:
             return out
         width = max(len(p) for p in prompts)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+        batch = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         with torch.inference_mode():
             out = self.target.model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max(self._max_new(p) for p in prompts),
+                input_ids=batch, attention_mask=mask, max_new_tokens=max(self._max_new(p) for p in prompts),
                 do_sample=False, temperature=None, top_p=None, top_k=None, eos_token_id=self.eos or None,
                 pad_token_id=pad)
         written = []

@@ -236,12 +236,14 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.draft = DFlashDraft(self.draft_config, self.dims).to(self.device)
         self.draft.rotary.to(self.device)
-        if self.dims is not None:  # the convolutions start as the identity, the codebooks small and random
-            for layer in self.draft.layers:
-                layer.attention_conv.identity_()
-                layer.mlp_conv.identity_()
-            for book in (self.draft.candidate_selector.predecessor_codebook,
-                         self.draft.candidate_selector.successor_codebook):
+        # DFlash 2 (self.dims): the convolutions start as the identity, the codebooks small and random
+        for layer in self.draft.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                if conv is not None:
+                    conv.identity_()
+        selector = self.draft.candidate_selector
+        if selector is not None:
+            for book in (selector.predecessor_codebook, selector.successor_codebook):
                 torch.nn.init.normal_(book, std=0.02)
         self.init_digest = self._start_from(init) if init else None
         autocast = bf16_autocast_pays(self.device) if cfg.compute == "auto" else cfg.compute == "bfloat16"
