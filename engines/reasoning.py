@@ -217,19 +217,18 @@ class GemmaFormat(ChatFormat):
 
 
 def _with_object_arguments(message: dict) -> dict:
-    calls = []
-    for call in message["tool_calls"]:
-        function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
-        if isinstance(arguments, str):
-            try:
-                parsed = json.loads(arguments)
-            except ValueError:
-                parsed = None
-            if isinstance(parsed, dict):
-                call = {**call, "function": {**function, "arguments": parsed}}
-        calls.append(call)
-    return {**message, "tool_calls": calls}
+    return {**message, "tool_calls": [_object_arguments(call) for call in message["tool_calls"]]}
+
+
+def _object_arguments(call):
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        parsed = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": parsed}} if isinstance(parsed, dict) else call
 
 
 class LayoutSplitter:
