@@ -648,6 +648,24 @@ async def test_resize_and_a_taller_message_box_keep_the_end_in_view(profile, eng
 
 
 @pytest.mark.asyncio
+async def test_a_resumed_long_session_shows_its_last_answer(profile, engine, data_dir):
+    """Defect 5: after a resume the last line stayed hidden below the fold."""
+    from dflash_tui.core import sessions
+    from dflash_tui.tui.widgets import AnswerView
+
+    turns = [recorded_turn(engine, f"question {n}", f"answer {n}: " + "words to wrap " * 12) for n in range(12)]
+    app = make_app(profile, engine, resume=sessions.load_session(write_session("20260101-100000-long", *turns)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        view = app.chat._view
+        last = app.screen.query(AnswerView).last()
+        await waiting.until(pilot, lambda: last.status == "completed")  # laid out in full
+        await waiting.until(pilot, lambda: view.max_scroll_y > 0 and view.scroll_y == view.max_scroll_y)
+        text = last.query_one(".answer-text")
+        assert view.region.contains_region(text.region) and text.region.height > 1, (view.region, text.region)
+
+
+@pytest.mark.asyncio
 async def test_ghosts_keep_the_line_the_reader_was_on(profile, engine, data_dir):
     """Defect 5: ctrl+g on a long chat jumped to the middle of the conversation. The reader's line is put back
     in the layout pass that moved it: a callback after the next refresh (as before) could run before the
