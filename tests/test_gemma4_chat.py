@@ -252,7 +252,7 @@ def test_gemma_calls_parse_whatever_the_chunking(cut):
     "<|tool_call>get_weather{}<tool_call|>",  # no call:
     '<|tool_call>call:get_weather{city:<|"|>Pa',  # cut off by max_tokens
     "<|tool_call>call:f" + "{a:" * 5000 + "1" + "}" * 5000 + "<tool_call|>",  # nested past any real call
-])
+], ids=["unended-string", "bare-word", "not-an-object", "no-call", "cut-off", "nested"])
 def test_a_malformed_gemma_call_comes_back_as_its_text(text):
     assert parse_text("gemma4", text) == (text, [])
 
