@@ -35,8 +35,8 @@ CALL = ('<|tool_call>call:get_weather{city:<|"|>Paris, FR<|"|>,days:3,flags:[tru
 
 
 @pytest.fixture(scope="module")
-def gemma_pair(tmp_path_factory):
-    return tiny_gemma4_chat.make_pair(tmp_path_factory.mktemp("gemma4-chat"))
+def gemma_pair(pairs, tmp_path_factory):
+    return tiny_gemma4_chat.make_pair(tmp_path_factory.mktemp("gemma4-chat"), pairs("gemma4")[0])
 
 
 @pytest.fixture(scope="module")

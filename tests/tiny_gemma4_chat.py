@@ -9,6 +9,7 @@ README says where the bytes come from): the tests render the real template.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from tests import tiny
@@ -46,11 +47,12 @@ def make_tokenizer(out: Path):
     return fast
 
 
-def make_pair(root: Path) -> tuple[Path, Path]:
-    """(target, draft): the tiny gemma4 target speaking Gemma 4's format, and a random draft on it."""
-    target = tiny.make_target(Path(root) / "target", "gemma4")
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-        (target / name).unlink(missing_ok=True)
+def make_pair(root: Path, weights: Path) -> tuple[Path, Path]:
+    """(target, draft): the tiny gemma4 target in `weights` (tests/tiny.py's, built once per session by the
+    `pairs` fixture), copied with Gemma 4's tokenizer in place of the tiny one, and a random draft on it."""
+    target = Path(root) / "target"
+    shutil.copytree(weights, target, ignore=shutil.ignore_patterns(
+        "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"))
     tok = make_tokenizer(target)
     ids = tok.convert_tokens_to_ids
     # a reply ends at the end of its turn, at eos, or where a tool call hands over to the tool's response
