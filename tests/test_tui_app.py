@@ -90,6 +90,26 @@ def test_chat_help_names_the_footers_keys():
 
 
 @pytest.mark.asyncio
+async def test_f1_explains_every_figure_of_the_stats_line(profile, engine, data_dir):
+    """Defect 8 and build 5: "draft N%" was not explained in the f1 list; every figure the stats line shows
+    after a turn has its row in f1's figures."""
+    import re
+
+    from dflash_tui.tui.screens.help import FIGURES
+    from dflash_tui.tui.widgets import StatsLine
+
+    app = make_app(profile, engine, block_size=4)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        fields = [text for text, _ in app.screen.query_one(StatsLine).fields]
+        labels = {re.match(r"[\d.]* ?([a-z/_]+)", text).group(1) for text in fields}
+        assert {"tok/s", "speedup", "tau", "block", "ctx", "draft", "peak"} <= labels, fields
+        explained = {key.split()[0] for key, _ in FIGURES}
+        assert labels <= explained, (labels - explained, fields)
+
+
+@pytest.mark.asyncio
 async def test_help_scrolls_to_its_last_row_by_key_and_by_wheel(profile, engine, data_dir):
     from dflash_tui.tui.screens import HelpScreen
 
