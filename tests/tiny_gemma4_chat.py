@@ -1,6 +1,7 @@
 """A tiny Gemma 4 pair that speaks Gemma 4's chat format: the tiny `gemma4` target (tests/tiny.py) with a small
 byte-level BPE carrying Gemma 4's special tokens and named tokens (as google/gemma-4-31B-it's tokenizer_config
-names them), the published chat template, and `<turn|>`, `<eos>` and `<|tool_response>` as stop ids.
+names them), the published chat template, and `<turn|>`, `<eos>` and `<|tool_response>` as stop ids (where
+transformers' Gemma 4 response parser ends the content).
 
 `fixtures/gemma-4/chat_template.jinja` is the template of google/gemma-4-31B-it as published (2026-07-09; its
 README says where the bytes come from): the tests render the real template.
