@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Optional
+from typing import Optional, Union
 
 # The version of this contract (docs/engine-contract.md). Additions with a default keep the number;
 # a field that changes meaning or goes away bumps it. Version 2: None means unknown (a server that is not
@@ -17,6 +17,7 @@ CONTRACT_VERSION = 3
 UNVERSIONED = 1  # the version of a Summary written before `contract` existed
 
 Piece = tuple[str, str]  # (text, origin) with origin "draft" or "target"
+TopLogprob = list[Union[int, float]]  # [id, logprob]: one of the most likely ids at a position (a JSON pair)
 _EMPTY = {"int": 0, "float": 0.0, "str": "", "bool": False}
 
 
@@ -48,7 +49,7 @@ class StepEvent:
     # with GenerationRequest.logprobs: per emitted id, its raw log-probability under the target (before
     # bias, penalties, temperature and truncation), and with top_logprobs [[id, logprob], ...] at that position
     logprobs: Optional[list[float]] = None
-    top_logprobs: Optional[list[list]] = None
+    top_logprobs: Optional[list[list[TopLogprob]]] = None
 
     @property
     def text(self) -> str:

@@ -94,7 +94,8 @@ def plan(absent: dict[str, str]) -> list[Download]:
         try:
             files = snapshot_download(repo, allow_patterns=CHECKPOINT_FILES, dry_run=True)
             todo = [f for f in files if f.will_download]
-            planned.append(Download(role, repo, [f.filename for f in todo], sum(f.file_size for f in todo)))
+            sizes = [f.file_size for f in todo if f.file_size is not None]  # (None: the hub did not say)
+            planned.append(Download(role, repo, [f.filename for f in todo], sum(sizes) if len(sizes) == len(todo) else None))
         except Exception as exc:  # unreachable, gated, no such repo
             raise CheckpointError(
                 f"The {role} '{repo}' could not be looked up on the Hugging Face hub ({type(exc).__name__}); "

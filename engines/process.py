@@ -18,11 +18,12 @@ import os
 import sys
 import time
 from dataclasses import fields
-from typing import Iterator, Optional
+from typing import Generator, Iterator, Optional
 
 from dflash_tui.engines.baseline import BaselineRun, Margin
 from dflash_tui.engines.config import EngineConfig, GenerationRequest
 from dflash_tui.engines.errors import CheckpointError, EngineUnavailable, UserError
+from dflash_tui.engines.events import StepEvent
 from dflash_tui.engines.probe import Block1Probe
 from dflash_tui.engines.prompting import load_tokenizer, prompt_ids
 
@@ -204,7 +205,7 @@ class ProcessEngine:
         the pipe with generations: a front end makes them one at a time (the probe lasts steps + 1 block-1 steps)."""
         return self._call("measure_block1", steps)
 
-    def generate(self, request: GenerationRequest) -> Iterator:
+    def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
         self.last_summary = None
         self._cancel.clear()
         if request.cancel.is_set():
@@ -214,7 +215,7 @@ class ProcessEngine:
         self._conn.send(("generate", {name: getattr(request, name) for name in REQUEST_FIELDS}))
         return self._events(original)
 
-    def _events(self, original) -> Iterator:
+    def _events(self, original) -> Generator[StepEvent, None, None]:
         done = False
         try:
             while True:

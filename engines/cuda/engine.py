@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from typing import Generator
 
 import torch
 
@@ -17,6 +17,7 @@ from dflash_tui.engines.cuda.probe import block1_step
 from dflash_tui.engines.cuda.target import Target, check_family
 from dflash_tui.engines.engine import Engine, RawStep
 from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.events import StepEvent
 from dflash_tui.engines.sampling import SamplingParams
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -98,7 +99,7 @@ class CudaEngine(Engine):
                                    self.config.max_new_tokens or GenerationRequest.max_new_tokens, self.config.draft_window)
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
-                max_new_tokens: int, reuse: bool = False, split=None) -> Iterator[RawStep]:
+                max_new_tokens: int, reuse: bool = False, split=None) -> Generator[RawStep, None, None]:
         self._replays = self.graphs.replays if self.graphs else 0
         return speculative_decode(self.target, self.draft, prompt_ids, block_size, max_new_tokens,
                                   Sampler(sampling, self.target.lm_head.weight.device), self.config.draft_window,
@@ -110,7 +111,7 @@ class CudaEngine(Engine):
     def _block1_step(self):
         return block1_step(self.target, self.turn, self.graphs)
 
-    def _drive(self, *args) -> Iterator:
+    def _drive(self, *args) -> Generator[StepEvent, None, None]:
         yield from super()._drive(*args)
         if self.last_summary is not None and self.graphs is not None:
             self.last_summary.graphs = self.graphs.replays > self._replays

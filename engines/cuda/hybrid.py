@@ -19,7 +19,7 @@ import torch
 
 
 class LinearStateRollback:
-    def __init__(self, model):
+    def __init__(self, model) -> None:
         layers = model.model.layers
         self.mixers = {i: layer.linear_attn for i, layer in enumerate(layers) if hasattr(layer, "linear_attn")}
         self.inputs: dict[int, torch.Tensor] = {}

@@ -19,6 +19,7 @@ from dflash_tui.engines.cuda.draft import DFlashDraft, DraftCache, Proposal
 from dflash_tui.engines.cuda.graphs import StepGraphs
 from dflash_tui.engines.cuda.target import Target
 from dflash_tui.engines.engine import RawStep
+from dflash_tui.engines.events import TopLogprob
 from dflash_tui.engines.sampling import SamplingParams
 
 HOST_SYNC = "dflash::host_sync"  # the profiler's name for the loop's one device-to-host copy per step
@@ -185,7 +186,7 @@ def read_step(ids: torch.Tensor, rows: Optional[torch.Tensor]) -> tuple[list[int
     return [int(x) for x in host[:n]], [host[n + i * width: n + (i + 1) * width] for i in range(rows.shape[0])]
 
 
-def unpack_logprobs(rows: list[list[float]], k: int) -> tuple[list[float], Optional[list[list]]]:
+def unpack_logprobs(rows: list[list[float]], k: int) -> tuple[list[float], Optional[list[list[TopLogprob]]]]:
     """Rows from `Sampler.logprob_rows` -> (the tokens' log-probabilities, [[id, logprob] x k] per token)."""
     logprobs = [row[0] for row in rows]
     if k <= 0:

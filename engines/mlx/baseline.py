@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import mlx.core as mx
 
@@ -26,8 +27,8 @@ def generate(engine, prompt_ids: list[int], max_new_tokens: int, temperature: fl
     ids: list[int] = []
     first = None
     started = time.perf_counter()
-    for token, _ in generate_step(mx.array(prompt_ids), engine.model, max_tokens=max_new_tokens, sampler=sampler):
-        token = int(token)
+    for step, _ in generate_step(mx.array(prompt_ids), engine.model, max_tokens=max_new_tokens, sampler=sampler):
+        token = int(step)
         if first is None:
             first = time.perf_counter()
         ids.append(token)
@@ -43,4 +44,5 @@ def top2_margin(engine, ids: list[int]) -> Margin:
     logits = engine.model(mx.array([ids]))[0, -1].astype(mx.float32)
     order = mx.argsort(-logits)[:2]
     values = logits[order]
-    return Margin(float((values[0] - values[1]).item()), [int(t) for t in order.tolist()])
+    # (mlx's stubs type tolist() as any nesting; a 1-D array's is a flat list)
+    return Margin(float((values[0] - values[1]).item()), [int(t) for t in cast(list[int], order.tolist())])

@@ -7,7 +7,7 @@ one sentence on how to install them.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Generator
 
 import mlx.core as mx
 import mlx_lm  # noqa: F401  (an ImportError here, not later, when mlx-lm is missing)
@@ -62,7 +62,7 @@ class MlxEngine(Engine):
         return self.target.model
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
-                max_new_tokens: int, reuse: bool = False, split=None) -> Iterator[RawStep]:
+                max_new_tokens: int, reuse: bool = False, split=None) -> Generator[RawStep, None, None]:
         return speculative_decode(self.target, self.draft, prompt_ids, block_size, max_new_tokens,
                                   Sampler(sampling), self.config.draft_window, turn=self.turn, reuse=reuse,
                                   split=split)

@@ -24,6 +24,7 @@ from typing import Generator, Optional, cast
 import mlx.core as mx
 
 from dflash_tui.engines.engine import RawStep
+from dflash_tui.engines.events import TopLogprob
 from dflash_tui.engines.mlx.draft import DFlashDraft, DraftCache
 from dflash_tui.engines.mlx.target import Target
 from dflash_tui.engines.sampling import SamplingParams
@@ -173,7 +174,7 @@ class Penalizer:
         return logits
 
 
-def unpack_logprobs(rows: list[list[float]], k: int) -> tuple[list[float], Optional[list[list]]]:
+def unpack_logprobs(rows: list[list[float]], k: int) -> tuple[list[float], Optional[list[list[TopLogprob]]]]:
     """Rows from `Sampler.logprob_rows` -> (the tokens' log-probabilities, [[id, logprob] x k] per token)."""
     logprobs = [row[0] for row in rows]
     if k <= 0:

@@ -24,7 +24,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Iterator, Optional
 
 from dflash_tui.engines.config import EngineConfig, GenerationRequest
@@ -54,7 +53,7 @@ class RemoteConfig:
 class RemoteTarget:
     """What front ends read of a target, as far as the server tells it."""
 
-    def __init__(self, path, max_positions: Optional[int], stop_ids: list[int], generation_config: dict):
+    def __init__(self, path: str, max_positions: Optional[int], stop_ids: list[int], generation_config: dict):
         self.path, self.max_positions = path, max_positions
         self._stop_ids, self._generation_config = list(stop_ids), dict(generation_config)
 
@@ -63,6 +62,13 @@ class RemoteTarget:
 
     def generation_config(self) -> dict:
         return dict(self._generation_config)
+
+
+class RemoteDraft:
+    """What front ends read of a draft: the server's path for it (or the name it was given)."""
+
+    def __init__(self, path: str):
+        self.path = path
 
 
 def server_kind(card: dict) -> str:
@@ -92,7 +98,7 @@ def _import_transformers_quietly() -> None:
             os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = saved
 
 
-def local_tokenizer(names: list[str]):
+def local_tokenizer(names: list[Optional[str]]):
     """The target's tokenizer from a local directory or the local HF cache (never the network), or None."""
     from dflash_tui.engines.prompting import load_tokenizer
 
@@ -170,7 +176,7 @@ class RemoteEngine:
         self.target_info = RemoteTarget(self.info.get("target_path") or target, max_len,
                                         self.info.get("stop_ids") or [], self.generation_config)
         draft = self.info.get("draft")
-        self.draft_info = SimpleNamespace(path=self.info.get("draft_path") or draft) if draft else None
+        self.draft_info = RemoteDraft(self.info.get("draft_path") or draft) if draft else None
         # what a request without a block size asks for: the one given here (-b), else the server's default
         self.requested_block_size: Optional[int] = getattr(config, "block_size", None)
         self.requested_draft_window: Optional[int] = getattr(config, "draft_window", None)
@@ -525,7 +531,9 @@ class RemoteEngine:
         body = {"input_ids": prompt, "sampling_params": params, "stream": True}
         started = time.perf_counter()
         first_at = None
-        text, ids, meta = "", [], {}
+        text = ""
+        ids: list[int] = []
+        meta: dict = {}
         finish = "cancelled"
         with self.client.stream("/generate", body, root=True) as chunks:
             for chunk in chunks:
