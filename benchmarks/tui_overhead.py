@@ -3,6 +3,7 @@ iterate the events, write the text) and through the Textual app running headless
 
     python benchmarks/tui_overhead.py                     # the demo pair when it is installed, else a tiny random pair
     python benchmarks/tui_overhead.py --profile qwen3-8b --max-new-tokens 256
+    python benchmarks/tui_overhead.py --engine mlx        # the speedup columns on each engine (issue 32)
 
 The app decodes in a thread worker and renders batched events from a timer, so it should keep at
 least 90% of the direct rate. Each TUI prompt runs in a fresh session (ctrl+n) so both sides decode
@@ -191,6 +192,7 @@ def speedup_text(value) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", help="profile name or TOML path (default: demo, else a tiny random pair)")
+    parser.add_argument("--engine", choices=["auto", "cuda", "mlx"], help="the engine (default: the profile's)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="the demo profile's limit: a 5-number sort trace runs to about 230")
     parser.add_argument("--no-thinking", action="store_true")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved passes; the best of each is kept")
@@ -209,7 +211,7 @@ def main() -> None:
         os.environ.setdefault("DFLASH_DATA_DIR", str(Path(tmp) / "data"))  # keep benchmark sessions out of yours
         profile_ref = pick_profile(args.profile, Path(tmp))
         profile = load_profile(profile_ref)
-        engine = load_engine(profile.engine_config())
+        engine = load_engine(profile.engine_config(args.engine))
         settings = settings_for(profile, args.max_new_tokens, not args.no_thinking)
         settings.block_size = settings.block_size or engine.block_size
         direct(engine, settings, PROMPTS[:1])  # warm-up
