@@ -23,9 +23,9 @@ from starlette.routing import Route
 from dflash_tui.engines.config import GenerationRequest
 from dflash_tui.engines.errors import describe
 from dflash_tui.engines.prompting import chat_ids
-from dflash_tui.engines.reasoning import THINK, format_for, takes_effort
+from dflash_tui.engines.reasoning import format_for, takes_effort
 from dflash_tui.engines.remote.sse import encode_event
-from dflash_tui.engines.remote.thinking import ThinkingSplitter, prompt_opens_thinking
+from dflash_tui.engines.remote.thinking import ThinkingSplitter
 from dflash_tui.engines.remote.wire import EXTENSION, step_to_wire
 
 from .api import MAX_DEPTH, ApiError, Params, check_request, fresh_seed, new_id, now, parse, refuse_effort, too_deep, usage
@@ -509,8 +509,8 @@ def build_app(state: ServeState):
         split = None
         fmt = format_for(state.engine)
         if chat and split_on:
-            split = ThinkingSplitter(opened=thinking and not prepared.opening and prompt_opens_thinking(
-                state.engine.decode(ids[-8:]))) if fmt is THINK else fmt.splitter(prefix=prepared.opening)
+            opened = thinking and not prepared.opening and fmt.opened_by(state.engine.decode(ids[-8:]))
+            split = fmt.splitter(opened=opened, prefix=prepared.opening)
         parser = parser_for(prepared.tool_format, prepared.opening) if prepared.tool_format else None
         shaper = ChatShaper(params, ids, chat, getattr(state.engine, "tokenizer", None))
         if params.stream:
