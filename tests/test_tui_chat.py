@@ -593,6 +593,15 @@ def fill(app, lines: int = 60) -> None:
         app.chat.notice(f"line {n}")
 
 
+async def scroll_up_to(pilot, view, widget) -> None:
+    """Scroll up, as the reader does, to `widget`'s top: once the view has followed the text below to its end
+    (a scroll down to it before then would be overtaken by the follow)."""
+    await waiting.until(pilot, lambda: view.max_scroll_y > widget.virtual_region.y
+                        and view.scroll_y == view.max_scroll_y)
+    view.scroll_to(y=widget.virtual_region.y, animate=False, immediate=True)
+    assert not view.following and view.scroll_y == widget.virtual_region.y
+
+
 @pytest.mark.asyncio
 async def test_streaming_never_moves_a_reader_who_scrolled_up(tmp_path, pair, process_engine, data_dir):
     """Defect 5: wheel-up while an answer streamed snapped back to the bottom when the answer ended."""
@@ -682,9 +691,7 @@ async def test_ghosts_keep_the_line_the_reader_was_on(profile, engine, data_dir)
         assert any(kind == "ghost" for _, kind in answers[0].segments)  # above the reader: ghosts move them
         fill(app, 40)  # more below: the answers are well above the end
         mark = answers[1]  # the reader scrolled up to the second answer's top
-        await waiting.until(pilot, lambda: view.max_scroll_y > mark.virtual_region.y)
-        view.scroll_to(y=mark.virtual_region.y, animate=False, immediate=True)
-        assert not view.following
+        await scroll_up_to(pilot, view, mark)
         for _ in range(2):  # on, then off again
             before = mark.virtual_region.y
             await pilot.press("ctrl+g")
@@ -708,8 +715,7 @@ async def test_a_resize_keeps_the_line_a_reader_who_scrolled_up_was_on(profile, 
             await send(pilot, f"question {n}")
         fill(app, 40)
         mark = list(app.screen.query(AnswerView))[2]
-        await waiting.until(pilot, lambda: view.max_scroll_y > mark.virtual_region.y)
-        view.scroll_to(y=mark.virtual_region.y, animate=False, immediate=True)
+        await scroll_up_to(pilot, view, mark)
         before = mark.virtual_region.y
         await pilot.resize_terminal(50, 24)  # the answers above wrap taller
         await waiting.until(pilot, lambda: mark.virtual_region.y != before)
