@@ -541,3 +541,39 @@ def test_a_profiles_api_key_never_reaches_the_session_file():
 
     snapshot = profile_snapshot(Profile(name="p", description="", path=None, target="t", draft=None, api_key="sk-secret"))
     assert "api_key" not in snapshot and "sk-secret" not in json.dumps(snapshot)
+
+
+def test_a_folder_that_cannot_be_changed_is_one_sentence_when_deleting_or_saving_a_replay(data_dir, monkeypatch):
+    """A read-only sessions folder (faked: every removal and creation there fails with EROFS; a full disk
+    fails the same way): `sessions delete` and a replay's save say so in one sentence naming the file, and the
+    session and its replay file stay whole."""
+    import errno
+
+    from dflash_tui.cli import main
+    from dflash_tui.measure import replay
+
+    writer = write("20260101-120000-rofs", turns=1)
+    companion = writer.path.with_name(f"{writer.id}.replay-20260101-130000.json")
+    companion.write_text("{}\n")
+    before = writer.path.read_bytes()
+    folder = writer.path.parent
+    real_unlink, real_open = Path.unlink, os.open
+
+    def unlink(path, *args, **kwargs):
+        if Path(path).parent == folder:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real_unlink(path, *args, **kwargs)
+
+    def create(path, flags, *args, **kwargs):
+        if flags & os.O_CREAT and Path(path).parent == folder:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    monkeypatch.setattr(os, "open", create)
+    result = CliRunner().invoke(main, ["sessions", "delete", writer.id, "--yes"])
+    assert result.exit_code == 2 and "Read-only file system" in result.output and "is kept" in result.output, result.output
+    with pytest.raises(UserError, match="cannot be saved to .*Read-only file system.*--no-save"):
+        replay.save_comparison(replay.ReplayResult(session=writer.id, session_path=str(writer.path)), writer.path)
+    assert writer.path.read_bytes() == before and companion.read_text() == "{}\n"
+    assert sorted(p.name for p in folder.iterdir()) == sorted([writer.path.name, companion.name])

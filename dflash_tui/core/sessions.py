@@ -584,11 +584,16 @@ def deletion_text(session: Session) -> str:
 
 def delete_session(session: Session) -> list[Path]:
     """Remove a session file and its companions; returns what was removed (symlinks are not followed).
-    A session open in a dflash (its lock held) is refused."""
+    A session open in a dflash (its lock held) is refused, and a file that cannot be removed (a read-only
+    folder) is one sentence; the replay files go first and the session last, so a failure keeps the session."""
     refuse_if_open(session)
     removed = []
-    for path in [session.path, *companion_files(session.path)]:
-        path.unlink(missing_ok=True)
+    for path in [*companion_files(session.path), session.path]:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise UserError(printable(f"{path} cannot be deleted ({exc.strerror}); the session {session.id} is "
+                                      "kept.")) from None
         removed.append(path)
     return removed
 

@@ -375,7 +375,8 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
 
 
 def save_comparison(comparison: ReplayResult, session_path: Optional[Path] = None) -> Path:
-    """Write the comparison next to its session file (never touching the session itself)."""
+    """Write the comparison next to its session file (never touching the session itself). A folder that
+    cannot take it (read-only, full) is one sentence naming the file, and no partial file stays."""
     session_path = Path(session_path or comparison["session_path"])
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = session_path.with_suffix("")
@@ -384,10 +385,18 @@ def save_comparison(comparison: ReplayResult, session_path: Optional[Path] = Non
     while path.exists():
         n += 1
         path = base.parent / f"{base.name}.replay-{stamp}-{n}.json"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(comparison.to_dict(), f, ensure_ascii=False, indent=1)
-        f.write("\n")
+    created = False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        created = True
+        with os.fdopen(fd, "w") as f:
+            json.dump(comparison.to_dict(), f, ensure_ascii=False, indent=1)
+            f.write("\n")
+    except OSError as exc:
+        if created:
+            path.unlink(missing_ok=True)
+        raise UserError(printable(f"The comparison cannot be saved to {path} ({exc.strerror}); free space or make "
+                                  "the sessions folder writable, or pass --no-save (--json prints it).")) from None
     return path
 
 
