@@ -148,12 +148,14 @@ def publish(out: Path, write: Callable[[Path], None]) -> None:
     Each file lands with one atomic rename; the marker goes last, so a folder with the marker always
     holds a complete draft, and then replaces the claim (a published folder carries no hidden file).
     Files get the usual umask permissions (safetensors writes its file owner-only), so a server running
-    as another user can read the draft."""
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".draft-", dir=out))
+    as another user can read the draft. A disk that fills (or a folder that turns read-only) on the way is
+    one sentence; the staging folder is removed, so no half-written file stays."""
     umask = os.umask(0)
     os.umask(umask)
+    staging = None
     try:
+        out.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".draft-", dir=out))
         write(staging)
         files = sorted((p for p in staging.iterdir() if p.is_file()), key=lambda p: p.name == MARKER)
         for file in files:
@@ -162,8 +164,12 @@ def publish(out: Path, write: Callable[[Path], None]) -> None:
         if (out / MARKER).is_file():
             with contextlib.suppress(OSError):
                 (out / CLAIM).unlink(missing_ok=True)
+    except OSError as exc:
+        raise UserError(f"The draft cannot be written into {out} ({_reason(exc)}); free space there or make it "
+                        "writable, and rerun the same command.") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def mask_spelling(tokenizer, mask_id: int) -> tuple[Optional[str], Optional[int]]:

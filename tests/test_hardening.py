@@ -612,3 +612,23 @@ def test_export_onto_a_fifo_nothing_reads_is_one_sentence_not_a_wait(data_dir, t
         assert os.read(reader, 1 << 16).decode().startswith("# dflash session 20260101-120000-abcd")
     finally:
         os.close(reader)
+
+
+def test_a_disk_that_fills_while_the_draft_is_published_is_one_sentence(tmp_path):
+    """The draft's files are written into a staging folder, then moved into place: a disk that fills on the
+    way (faked: the weights' write fails with ENOSPC) is one sentence, and nothing half-written is left."""
+    import errno
+
+    from dflash_tui.engines.errors import UserError
+    from dflash_tui.engines.outputs import CLAIM, claim_output_dir, publish
+
+    out = tmp_path / "draft"
+    claim_output_dir(out, option="--out")
+
+    def write(folder: Path) -> None:
+        (folder / "config.json").write_text("{}")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(UserError, match="cannot be written into .*No space left on device"):
+        publish(out, write)
+    assert [p.name for p in out.iterdir()] == [CLAIM]
