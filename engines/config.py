@@ -6,10 +6,13 @@ import math
 import re
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.text import printable
+
+if TYPE_CHECKING:
+    from multiprocessing.synchronize import Event as ProcessEvent
 
 ENGINES = ("auto", "cuda", "mlx", "remote")  # remote: an OpenAI-compatible server (engines/remote)
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -161,7 +164,8 @@ class GenerationRequest(Sampling, Penalties):
     # replay and speed comparisons need
     logprobs: bool = False  # each emitted token's log-probability under the target's raw logits (StepEvent.logprobs)
     top_logprobs: int = 0  # with logprobs: the most likely ids and their log-probabilities, per emitted token
-    cancel: threading.Event = field(default_factory=threading.Event)
+    # set to stop the generation; a ProcessEngine swaps in the event it shares with its child process
+    cancel: Union[threading.Event, ProcessEvent] = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         """Sampling values checked where they are made, so a bad flag fails before any weight loads."""

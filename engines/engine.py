@@ -14,7 +14,8 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Generator, Iterator, Optional, Protocol, Union, runtime_checkable
 
 from dflash_tui.engines import hub
 from dflash_tui.engines.baseline import BaselineRun, Margin
@@ -22,7 +23,7 @@ from dflash_tui.engines.checkpoints import DraftInfo, TargetInfo, check_block_si
 from dflash_tui.engines.config import EngineConfig, GenerationRequest
 from dflash_tui.engines.detokenize import StreamingDetokenizer
 from dflash_tui.engines.errors import UserError
-from dflash_tui.engines.events import StepEvent, Summary, acceptance_histogram
+from dflash_tui.engines.events import StepEvent, Summary, TopLogprob, acceptance_histogram
 from dflash_tui.engines.probe import Block1Probe, Block1Step, time_block1
 from dflash_tui.engines.prompting import check_context, load_tokenizer, prompt_ids
 from dflash_tui.engines.sampling import SamplingParams, resolve_sampling
@@ -38,7 +39,7 @@ class RawStep:
     prefill: bool = False
     reused: int = 0  # prefill step: prompt tokens taken from the kept caches (not prefilled again)
     logprobs: Optional[list[float]] = None  # per emitted id, when the request asks (raw log-probabilities)
-    top_logprobs: Optional[list[list]] = None  # per emitted id: [[id, logprob], ...] (top_logprobs of them)
+    top_logprobs: Optional[list[list[TopLogprob]]] = None  # per emitted id: [[id, logprob], ...] (top_logprobs of them)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -97,6 +98,23 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
+class TargetLike(Protocol):
+    """What a front end reads of an engine's target: `TargetInfo` here, a remote engine's `RemoteTarget`."""
+
+    @property
+    def path(self) -> Union[str, Path]: ...  # a folder here; the server's path or model id for a remote engine
+
+    @property
+    def max_positions(self) -> Optional[int]: ...  # the context size, None when unknown
+
+
+class DraftLike(Protocol):
+    """What a front end reads of an engine's draft: `DraftInfo` here, a remote engine's `RemoteDraft`."""
+
+    @property
+    def path(self) -> Union[str, Path]: ...
+
+
 @runtime_checkable
 class EngineLike(Protocol):
     """What a front end may use of an engine: `Engine` here, `ProcessEngine` (engines/process.py) and
@@ -108,11 +126,15 @@ class EngineLike(Protocol):
     config: EngineConfig
     block_size: int  # the default block size (the draft's trained one unless configured)
     warnings: list[str]  # notes from loading, one sentence each
-    target_info: TargetInfo
-    draft_info: Optional[DraftInfo]  # None: the target runs alone (block size 1)
     generation_config: dict  # the target's generation_config.json (sampling defaults)
     tokenizer: Any
     last_summary: Optional[Summary]  # set when a generation's stream ends
+
+    @property
+    def target_info(self) -> TargetLike: ...
+
+    @property
+    def draft_info(self) -> Optional[DraftLike]: ...  # None: the target runs alone (block size 1)
 
     @property
     def trained_block_size(self) -> Optional[int]: ...
@@ -226,7 +248,7 @@ class Engine:
         """Refuse a target family this engine does not run (one sentence), before anything loads."""
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
-                max_new_tokens: int, reuse: bool = False, split: Optional[int] = None) -> Iterator[RawStep]:
+                max_new_tokens: int, reuse: bool = False, split: Optional[int] = None) -> Generator[RawStep, None, None]:
         """RawSteps for one request. With `reuse`, start from the caches the previous request left (their
         longest prefix shared with `prompt_ids`); `split` is where a hybrid target's prefill is cut
         (right after the assistant header) and snapshotted. Either way the caches are kept afterwards."""
@@ -263,7 +285,7 @@ class Engine:
             return "greedy"
         return "rejection" if self.draft_info is not None and self.draft_info.arch == "dflash2" else "exact-match"
 
-    def generate(self, request: GenerationRequest) -> Iterator[StepEvent]:
+    def generate(self, request: GenerationRequest) -> Generator[StepEvent, None, None]:
         ids = self.prepare(request)
         rows = self.target_info.vocab_size
         bad = next((i for i in ids if not isinstance(i, int) or not 0 <= i < rows), None)
@@ -284,7 +306,7 @@ class Engine:
             max_new, limit = max_positions - len(ids), "context"  # the answer can only fill the window
         return self._drive(ids, block_size, sampling, max_new, stops, request, limit)
 
-    def _drive(self, ids, block_size, sampling, max_new, stops, request, limit: str) -> Iterator[StepEvent]:
+    def _drive(self, ids, block_size, sampling, max_new, stops, request, limit: str) -> Generator[StepEvent, None, None]:
         self.last_summary = None
         self._reset_peak_memory()
         detok = StreamingDetokenizer(self.decode, ids)

@@ -275,7 +275,8 @@ def bound_templates() -> None:
     with _bind_lock:
         if hasattr(chat_template_utils, "_dflash_original_compile"):
             return
-        chat_template_utils._dflash_original_compile = chat_template_utils._compile_jinja_template
+        # our marker on transformers' module (the original kept there, so the swap is made once per process)
+        chat_template_utils._dflash_original_compile = chat_template_utils._compile_jinja_template  # type: ignore[attr-defined]
         chat_template_utils._compile_jinja_template = compile_template
 
 
@@ -299,7 +300,8 @@ def _tokenizer_key(path: Path) -> Optional[tuple]:
 
 def load_tokenizer(path: Path):
     bound_templates()
-    handed = _HANDOFF.pop(_tokenizer_key(Path(path)), None)
+    key = _tokenizer_key(Path(path))
+    handed = _HANDOFF.pop(key, None) if key is not None else None
     if handed is not None:
         return handed
     from transformers import AutoTokenizer
@@ -323,7 +325,7 @@ def prompt_ids(tokenizer, request: GenerationRequest) -> list[int]:
         ids = list(request.prompt_ids)
     elif request.prompt is not None:
         ids = tokenizer.encode(request.prompt, add_special_tokens=False)
-    else:
+    elif request.messages is not None:  # (exactly one of the three is given: checked above)
         ids = chat_ids(tokenizer, request.messages, request.thinking, request.reasoning_effort)
     if not ids:
         raise UserError("The prompt is empty; type something to send.")

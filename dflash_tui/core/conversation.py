@@ -261,7 +261,7 @@ class Conversation:
     def cycle_block(self) -> int:
         self._block_settable()
         choices = self.block_choices()
-        current = self.settings.block_size
+        current = self.settings.block_size or self.engine.block_size  # (__init__ sets it)
         later = [b for b in choices if b > current]
         self.settings.block_size = later[0] if later else choices[0]
         return self.settings.block_size
@@ -340,7 +340,7 @@ class Conversation:
         # Once the history outgrows the context, the oldest turns go at once until it fills about 75%:
         # dropping one turn per answer would change the prompt's start on every later turn, and the
         # engine's kept caches (a prefix) would be lost exactly in long chats.
-        fill = limit
+        fill = limit or 0  # (used only with a limit)
         while True:
             history = self.turns[start:]
             messages = self.messages_for(user, history)

@@ -471,6 +471,8 @@ def copied_profile_text(name: str, source: str) -> str:
     beside the source made absolute (a copy elsewhere would otherwise read them as hub ids)."""
     check_name(name)
     original = load_profile(source)
+    if original.path is None:  # (a loaded profile has its file)
+        raise UserError(f"Profile {source!r} has no file to copy.")
     doc = tomlkit.parse(original.path.read_text(encoding="utf-8").removeprefix("\ufeff"))
     doc["name"] = name
     tables = [doc.get("model", {})] + [t for t in doc.get("engines", {}).values() if isinstance(t, dict)]

@@ -76,36 +76,50 @@ class BucketLayer(CacheLayerMixin):
     values = _live("v_buf")
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self._allocate(key_states, value_states)
+
+    def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """New zeroed buffers of `capacity` positions, in the states' device, dtype and head shape."""
         self.device = key_states.device
         shape = (*key_states.shape[:2], self.capacity)
-        self.k_buf = key_states.new_zeros(*shape, key_states.shape[3])
-        self.v_buf = value_states.new_zeros(*shape, value_states.shape[3])
+        self.k_buf = k_buf = key_states.new_zeros(*shape, key_states.shape[3])
+        self.v_buf = v_buf = value_states.new_zeros(*shape, value_states.shape[3])
         self.is_initialized = True
+        return k_buf, v_buf
+
+    def _grow(self, old_k: torch.Tensor, old_v: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Buffers of the bucket for `tokens` positions, holding the live ones of `old_k` / `old_v`."""
+        self.capacity = bucket(tokens)
+        k_buf, v_buf = self._allocate(old_k, old_v)
+        k_buf[:, :, : self.length] = old_k[:, :, : self.length]
+        v_buf[:, :, : self.length] = old_v[:, :, : self.length]
+        return k_buf, v_buf
 
     def reserve(self, tokens: int) -> None:
         """Make room for `tokens` positions (a new allocation only past the current bucket)."""
         if tokens <= self.capacity:
             return
-        self.capacity = bucket(tokens)
-        if self.k_buf is not None:
-            old_k, old_v = self.k_buf, self.v_buf
-            self.lazy_initialization(old_k, old_v)
-            self.k_buf[:, :, : self.length] = old_k[:, :, : self.length]
-            self.v_buf[:, :, : self.length] = old_v[:, :, : self.length]
+        old_k, old_v = self.k_buf, self.v_buf
+        if old_k is None or old_v is None:  # sized now, made on first use
+            self.capacity = bucket(tokens)
+        else:
+            self._grow(old_k, old_v, tokens)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+        k_buf, v_buf = self.k_buf, self.v_buf
+        if k_buf is None or v_buf is None:  # first use (lazy_initialization)
+            k_buf, v_buf = self._allocate(key_states, value_states)
         if self.write_at is not None:  # graph path: fixed shapes, positions on the device
-            self.k_buf.index_copy_(2, self.write_at, key_states)
-            self.v_buf.index_copy_(2, self.write_at, value_states)
-            return self.k_buf[:, :, : self.read_to], self.v_buf[:, :, : self.read_to]
+            k_buf.index_copy_(2, self.write_at, key_states)
+            v_buf.index_copy_(2, self.write_at, value_states)
+            return k_buf[:, :, : self.read_to], v_buf[:, :, : self.read_to]
         end = self.length + key_states.shape[2]
-        self.reserve(end)
-        self.k_buf[:, :, self.length: end] = key_states
-        self.v_buf[:, :, self.length: end] = value_states
+        if end > self.capacity:  # (reserve)
+            k_buf, v_buf = self._grow(k_buf, v_buf, end)
+        k_buf[:, :, self.length: end] = key_states
+        v_buf[:, :, self.length: end] = value_states
         self.length = end
-        return self.k_buf[:, :, :end], self.v_buf[:, :, :end]
+        return k_buf[:, :, :end], v_buf[:, :, :end]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0
@@ -227,8 +241,12 @@ def linear_layers(cache) -> dict[int, LinearAttentionCacheLayerMixin]:
 
 def linear_states(cache) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """A copy of every linear-attention layer's conv and recurrent state (after a commit trimmed them)."""
-    return {i: (layer.conv_states[0].clone(), layer.recurrent_states[0].clone())
-            for i, layer in linear_layers(cache).items()}
+    states = {}
+    for i, layer in linear_layers(cache).items():
+        conv, recurrent = layer.conv_states[0], layer.recurrent_states[0]
+        if conv is not None and recurrent is not None:  # (set by the first pass)
+            states[i] = (conv.clone(), recurrent.clone())
+    return states
 
 
 def restore_states(cache, states: dict) -> None:
@@ -280,15 +298,16 @@ class TurnCache:
         returns that length, 0 when nothing is reusable."""
         from dflash_tui.engines.engine import common_prefix
 
-        if not self.holds():
+        ids = self.ids
+        if ids is None or not self.holds():
             return 0
         linear = linear_layers(self.cache)
-        keep = min(common_prefix(self.ids, prompt_ids), len(prompt_ids) - 1)
+        keep = min(common_prefix(ids, prompt_ids), len(prompt_ids) - 1)
         if draft_length is not None:
             keep = min(keep, draft_length)
         if linear:
             points = [p for p in self.snapshots if p <= keep]
-            live = len(self.ids) if len(self.ids) <= keep else None
+            live = len(ids) if len(ids) <= keep else None
             best = max(points + ([live] if live is not None else []), default=0)
             if best and best != live:
                 restore_states(self.cache, self.snapshots[best])

@@ -44,7 +44,7 @@ def why_eager(target, device: torch.device) -> Optional[str]:
     if target.rollback:
         return "hybrid (gated-delta) target: conv states are reassigned and rollback re-runs the mixers"
     config = target.model.config.get_text_config(decoder=True)
-    if "moe" in config.model_type or getattr(config, "num_experts", 0):
+    if "moe" in config.model_type or getattr(config, "num_experts", None):
         return "MoE routing dispatches experts with host syncs"
     devices = set(getattr(target.model, "hf_device_map", {}).values())
     if len(devices) > 1:
@@ -72,8 +72,9 @@ class StepGraphs:
         self.compiles = 0  # mode "compile": graphs dynamo handed to the backend (one per step function)
         self.capture_s = 0.0
         self.failed: Optional[str] = None  # why a capture failed; the engine then stays eager
-        self._buffers = self._draft_buffers = None
-        self._pool = None
+        self._buffers: Optional[tuple[int, ...]] = None  # the data pointers the graphs were captured on
+        self._draft_buffers: Optional[tuple[int, ...]] = None
+        self._pool: Optional[torch.cuda._POOL_HANDLE] = None
         self._static: dict[int, dict[str, torch.Tensor]] = {}
         self._capacity = self._reach = 0
 
@@ -88,7 +89,7 @@ class StepGraphs:
         self._allocate(cache, draft_cache)
         self._capacity = bucket_layers(cache)[0].capacity
         # a new bucket means new buffers: graphs that point at the old ones are dropped
-        target_buffers = tuple(layer.k_buf.data_ptr() for layer in bucket_layers(cache))
+        target_buffers = tuple(layer.k_buf.data_ptr() if layer.k_buf is not None else 0 for layer in bucket_layers(cache))
         if target_buffers != self._buffers:
             self.graphs.clear()
             self._buffers, self._draft_buffers = target_buffers, None

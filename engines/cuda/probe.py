@@ -17,24 +17,25 @@ from dflash_tui.engines.probe import Block1Step
 
 def block1_step(target: Target, turn: TurnCache, graphs: Optional[StepGraphs]) -> Optional[Block1Step]:
     """The probe's step over `turn`'s caches; None when nothing is kept that could be brought back."""
-    if not turn.holds():
+    ids = turn.ids
+    if ids is None or not turn.holds():
         return None
-    cache, length = turn.cache, len(turn.ids)
+    cache, length = turn.cache, len(ids)
     layers = bucket_layers(cache)
     states = linear_states(cache)  # {} unless the target is hybrid
-    token = torch.tensor([[turn.ids[-1]]], device=target.device)  # any id: the cost does not depend on it
-    on_graphs = graphs is not None and graphs.replayable(cache, 1, length)
+    token = torch.tensor([[ids[-1]]], device=target.device)  # any id: the cost does not depend on it
+    replay = graphs if graphs is not None and graphs.replayable(cache, 1, length) else None
 
     @torch.inference_mode()
     def run() -> None:
-        if on_graphs:  # writes K/V at position `length` only; no length moves
-            graphs.draft_step(token[0], length, 1)
-            logits = graphs.verify_step(1)
+        if replay is not None:  # writes K/V at position `length` only; no length moves
+            replay.draft_step(token[0], length, 1)
+            logits = replay.verify_step(1)
         else:
             target.before_verify(cache)
             logits, _ = target.forward(token, length, cache, last_only=False, capture=False)
         logits[0].argmax(dim=-1).tolist()  # the step's one host sync
-        if not on_graphs:
+        if replay is None:
             target.commit(cache, 1, 1)
 
     def undo() -> None:

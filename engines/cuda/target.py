@@ -7,12 +7,13 @@ norm, because drafts are trained on transformers' `hidden_states`, whose last en
 from __future__ import annotations
 
 import inspect
+from typing import Union
 
 import torch
 
 from dflash_tui.engines.checkpoints import TargetInfo
 from dflash_tui.engines.cuda.attention import use_for
-from dflash_tui.engines.cuda.cache import BUCKET, bucket, bucket_cache, bucket_layers
+from dflash_tui.engines.cuda.cache import BUCKET, SlidingBucketLayer, bucket, bucket_cache, bucket_layers
 from dflash_tui.engines.cuda.hybrid import LinearStateRollback
 from dflash_tui.engines.errors import CheckpointError, UserError, describe
 
@@ -156,7 +157,7 @@ class Target:
         the concatenated context features [1, n, len(layer_ids) * hidden]."""
         positions = torch.arange(start, start + ids.shape[1], device=ids.device).unsqueeze(0)
         self.capture = capture
-        keep = 1 if last_only else 0
+        keep: Union[int, torch.Tensor] = 1 if last_only else 0
         if last_only and capture and self._slices_shared:
             keep = torch.tensor([ids.shape[1] - 1], device=ids.device)
         out = self.model(
@@ -175,11 +176,12 @@ class Target:
         last layer), no hooks involved."""
         layers = bucket_layers(cache)
         slots = torch.arange(reach, device=ids.device)
-        mask = (slots[None, :] <= positions[:, None])[None, None]
-        windows = {layer.sliding_window for layer in layers if layer.is_sliding}
+        causal = (slots[None, :] <= positions[:, None])[None, None]
+        mask: Union[torch.Tensor, dict[str, torch.Tensor]] = causal
+        windows = {layer.sliding_window for layer in layers if isinstance(layer, SlidingBucketLayer)}  # (is_sliding)
         if windows:  # sliding layers see (p - window, p]: the mask per layer type, as transformers builds it
             (window,) = windows
-            mask = {"full_attention": mask, "sliding_attention": mask & (slots[None, :] > positions[:, None] - window)}
+            mask = {"full_attention": causal, "sliding_attention": causal & (slots[None, :] > positions[:, None] - window)}
         for layer in layers:
             layer.write_at, layer.read_to = positions, reach
         try:

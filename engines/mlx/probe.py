@@ -16,14 +16,15 @@ from dflash_tui.engines.probe import Block1Step
 
 def block1_step(target: Target, turn: TurnCache) -> Optional[Block1Step]:
     """The probe's step over `turn`'s caches; None when nothing is kept that could be brought back."""
-    if turn.cache is None:
+    cache, ids = turn.cache, turn.ids
+    if cache is None or ids is None:
         return None
-    rollback = target.rollback_for(turn.cache)
+    rollback = target.rollback_for(cache)
     if not turn.holds(rollback):
         return None
-    cache, length = turn.cache, len(turn.ids)
+    length = len(ids)
     saved = {i: list(cache[i].cache) for i in rollback.mixers}
-    token = mx.array([[turn.ids[-1]]], dtype=mx.int32)  # any id: the cost does not depend on it
+    token = mx.array([[ids[-1]]], dtype=mx.int32)  # any id: the cost does not depend on it
 
     def run() -> None:
         logits, _ = target.forward(token, cache, capture=False)

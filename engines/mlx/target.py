@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -181,11 +181,11 @@ def _model_classes(config: dict):
     from mlx_lm.utils import load_model
 
     model_class, args_class = inspect.signature(load_model).parameters["get_model_classes"].default(config)
-    translate = SANITIZE_FIRST.get(config.get("model_type"))
+    translate = SANITIZE_FIRST.get(config.get("model_type") or "")
     if translate is None:
         return model_class, args_class
 
-    class Translated(model_class):
+    class Translated(model_class):  # type: ignore[misc, valid-type]  # (mlx-lm picks the class at run time)
         def sanitize(self, weights):
             return super().sanitize(translate(dict(weights)))
 
@@ -389,8 +389,9 @@ class CacheRollback:
         else:
             self.mode = "refeed"
         self.mixers = {i: mixers[i] for i, r in enumerate(recomputable) if r} if self.mode == "mixers" else {}
-        self._capture = capture
-        self._saved: list = []
+        self._capture = capture if capture is not None else MixerCapture()  # (one nothing writes: no mixers)
+        # "mixers": {layer: its ArraysCache entries}; "refeed": per layer None, the entries or a copy
+        self._saved: Union[list, dict[int, list]] = []
 
     def snapshot(self, fed: int = 2) -> None:
         """Before a verify pass of `fed` tokens (nothing is kept for a 1-token pass: it is never cut)."""
@@ -414,8 +415,7 @@ class CacheRollback:
     def rollback(self, fed: int, keep: int, refeed) -> None:
         """`fed` tokens went through the verify pass; keep the first `keep` of them in the cache.
         `refeed(keep)` feeds the kept tokens again (used only by the "refeed" fallback)."""
-        if self._capture is not None:
-            self._capture.active = False
+        self._capture.active = False
         drop = fed - keep
         if drop <= 0:
             self._release()
@@ -444,8 +444,7 @@ class CacheRollback:
 
     def _release(self) -> None:
         self._saved = []
-        if self._capture is not None:
-            self._capture.values.clear()
+        self._capture.values.clear()
 
 
 def dtype_name(dtype: mx.Dtype) -> str:
