@@ -424,7 +424,7 @@ def test_ownership_rule(tmp_path):
     check(empty, "--work-dir")
     published = tmp_path / "published"
     published.mkdir()
-    (published / "training.json").write_text("{}")
+    (published / "training.json").write_text('{"written_by": "dflash train-draft"}')
     (published / "model.safetensors").write_bytes(b"")
     check(published)
     model = tmp_path / "model"
