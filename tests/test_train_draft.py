@@ -367,7 +367,8 @@ def test_refuses_data_inside_the_folders_it_writes(counting, tmp_path, option, i
     (responses.jsonl there used to gain the generated responses cache)."""
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / "training.json").write_text("{}")  # a draft an earlier train-draft published there: the folder is ours
+    # a draft an earlier train-draft published there: the folder is ours
+    (folder / "training.json").write_text('{"written_by": "dflash train-draft"}')
     data = folder / inside
     data.parent.mkdir(exist_ok=True)
     data.write_bytes(counting[1].read_bytes())
