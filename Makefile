@@ -34,8 +34,10 @@ install: $(STAMP)
 chat: $(STAMP)
 	$(VENV)/bin/dflash chat
 
+# mypy: [tool.mypy] in pyproject.toml (dflash_tui.engines and dflash_tui.core); uncached about 45 s of one core.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # One test worker per core (pytest-xdist; tests/conftest.py gives each one torch thread); TEST_WORKERS=0
 # runs in this process.

@@ -17,7 +17,7 @@ import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional, overload
 
 from dflash_tui.engines import hub
 from dflash_tui.engines.config import check_block_size_value
@@ -262,6 +262,10 @@ def stored_bytes(directory: Path, role: str = "checkpoint") -> int:
     return total
 
 
+@overload
+def _int_field(config: dict, key: str, where: str, required: Literal[True] = True) -> int: ...
+@overload
+def _int_field(config: dict, key: str, where: str, required: bool) -> Optional[int]: ...
 def _int_field(config: dict, key: str, where: str, required: bool = True) -> Optional[int]:
     """A positive integer config value, or one sentence naming the key and the file."""
     value = config.get(key)
@@ -385,7 +389,7 @@ class DraftInfo:
     num_target_layers: Optional[int]
     target_layer_ids: list[int]
     mask_token_id: int
-    fc_in_features: Optional[int]
+    fc_in_features: int
     config: dict
     weight_shapes: dict[str, list[int]] = field(default_factory=dict)  # from the safetensors headers
     arch: str = "dflash"  # or "dflash2": a candidate selector and dynamic convolutions (docs/dflash2.md)
@@ -476,9 +480,10 @@ class DraftInfo:
     @property
     def dflash2(self) -> Optional["Dflash2Dims"]:
         """The selector and convolution sizes of a DFlash 2 draft (None for DFlash 1)."""
-        if self.arch != "dflash2":
-            return None
-        return Dflash2Dims(self.conv_taps, self.conv_groups, self.selector_dim, self.selector_top_k)
+        taps, groups, dim, top_k = self.conv_taps, self.conv_groups, self.selector_dim, self.selector_top_k
+        if self.arch != "dflash2" or taps is None or groups is None or dim is None or top_k is None:
+            return None  # (a DFlash 2 draft has all four: _read_dflash2)
+        return Dflash2Dims(taps, groups, dim, top_k)
 
 
 @dataclass(frozen=True)
@@ -639,7 +644,10 @@ def draft_weight_shapes(config: dict, fc_in: int) -> dict[str, list[int]]:
 def dflash2_weight_shapes(info: DraftInfo, vocab: int) -> dict[str, list[int]]:
     """The convolution and selector tensors of a DFlash 2 draft, with the shapes its first layer and the
     target's vocabulary (the codebooks have one row per token) imply."""
-    hidden, taps, groups, dim = info.hidden_size, info.conv_taps, info.conv_groups, info.selector_dim
+    dims = info.dflash2
+    if dims is None:  # DFlash 1: no such tensors
+        return {}
+    hidden, taps, groups, dim = info.hidden_size, dims.taps, dims.groups, dims.selector_dim
     shapes = {SELECTOR[0]: [dim, hidden], SELECTOR[1]: [vocab, dim], SELECTOR[2]: [vocab, dim]}
     for n in range(info.num_layers):
         for side in ("attention_conv", "mlp_conv"):

@@ -440,7 +440,7 @@ def _read_regular(path: Path) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             chunk = os.read(fd, 1 << 20)
             if not chunk:
@@ -666,7 +666,7 @@ def to_markdown(session: Session) -> str:
         lines.append("")
         lines.append(turn.get("user", ""))
         lines.append("")
-        mark = {"cancelled": " (cancelled)", "error": " (failed)"}.get(turn.get("status"), "")
+        mark = {"cancelled": " (cancelled)", "error": " (failed)"}.get(turn.get("status") or "", "")
         mark += f" (continues turn {turn['continues'] + 1})" if "continues" in turn else ""
         lines.append(f"**dflash**{mark}")
         lines.append("")
