@@ -632,3 +632,21 @@ def test_a_disk_that_fills_while_the_draft_is_published_is_one_sentence(tmp_path
     with pytest.raises(UserError, match="cannot be written into .*No space left on device"):
         publish(out, write)
     assert [p.name for p in out.iterdir()] == [CLAIM]
+
+
+def test_a_remote_session_resumes_on_its_server_and_never_on_the_demo_pair(data_dir):
+    """Issue 34, class 8: a session recorded with `--url` resumed on the local demo pair. It resumes on
+    the recorded server; with that server gone it says so (one sentence, exit 2), never another model."""
+    from tests.foreign import ForeignServer
+
+    with ForeignServer() as server:
+        first = invoke("chat", "--plain", "--url", server.base, input="hello\n")
+        assert first.exit_code == 0, first.output
+        (session,) = sessions.list_sessions()
+        again = invoke("chat", "--plain", "--resume", session.id, input="again\n")
+        assert again.exit_code == 0, again.output
+        assert f"connecting to {server.base}" in again.stderr and "loading" not in again.stderr
+    assert [t["user"] for t in sessions.load_session(session.id).turns] == ["hello", "again"]
+    gone = invoke("chat", "--plain", "--resume", session.id, input="once more\n")
+    assert_refused(gone, server.base)
+    assert "loading" not in gone.output

@@ -87,6 +87,10 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
         store.refuse_if_open(session, "resuming")  # before any weight loads; the chat takes the lock itself
         if profile is None:
             profile = profile_from_session(session)
+        recorded = session.header.get("profile") or {}
+        if session.header.get("engine") == "remote" and engine is None and url is None:
+            # its server, not the local pair the profile names (a remote chat loaded nothing here)
+            engine, url, model = "remote", recorded.get("url"), model or recorded.get("model")
     from dflash_tui.core.settings import profile_for, with_remote
 
     if target or draft:
