@@ -344,6 +344,10 @@ class TargetInfo:
         model_type = config.get("model_type", text.get("model_type", "?"))
         if not isinstance(model_type, str) or printable(model_type) != model_type or "\n" in model_type:
             raise CheckpointError(f"{where} has model_type {model_type!r}, not a name; re-download the checkpoint.")
+        if text.get("use_bidirectional_attention") in (True, "all"):  # an embedding model (EmbeddingGemma, Gemma 4's)
+            raise CheckpointError(f"{where} attends bidirectionally over every token (use_bidirectional_attention "
+                                  f"{json.dumps(text['use_bidirectional_attention'])}): it is an embedding model and "
+                                  "cannot generate text; name a causal language model.")
         info = cls(
             path=path, model_type=model_type,
             hidden_size=_int_field(text, "hidden_size", where),

@@ -96,10 +96,9 @@ def test_an_all_bidirectional_variant_is_refused_before_loading(pairs, tmp_path)
     config = json.loads((target / "config.json").read_text())
     edited = edited_copy(target, tmp_path / "bidirectional",
                          text_config={**config["text_config"], "use_bidirectional_attention": "all"})
-    info = TargetInfo.read(str(edited))
-    (edited / "model.safetensors").write_bytes(b"not weights")  # a load would fail on it: the refusal comes first
-    with pytest.raises(UserError, match="bidirectionally"):
-        Target(info, torch.device("cpu"), torch.float32, [0, 2])
+    (edited / "model.safetensors").write_bytes(b"not weights")  # a header read would fail on it: the refusal comes first
+    with pytest.raises(UserError, match="bidirectionally"):  # TargetInfo.read: before either engine's loader
+        TargetInfo.read(str(edited))
 
 
 # -- the engine's target passes against transformers' model ------------------------------------------------

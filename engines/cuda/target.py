@@ -38,11 +38,6 @@ def check_family(info: TargetInfo) -> None:
             f"The target {info.path} is a '{info.model_type}' model, which the CUDA engine does not run; "
             f"supported families: {names}."
         )
-    if info.model_type == "gemma4":
-        text = info.config.get("text_config") or {}
-        if text.get("use_bidirectional_attention") == "all":
-            raise UserError(f"The target {info.path} attends bidirectionally over every token "
-                            "(use_bidirectional_attention 'all', an embedding model), so it cannot generate text.")
 
 
 def check_loaded(info: TargetInfo, loading: dict) -> None:
