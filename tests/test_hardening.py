@@ -650,3 +650,18 @@ def test_a_remote_session_resumes_on_its_server_and_never_on_the_demo_pair(data_
     gone = invoke("chat", "--plain", "--resume", session.id, input="once more\n")
     assert_refused(gone, server.base)
     assert "loading" not in gone.output
+
+
+def test_library_log_lines_reach_the_terminal_escaped(pairs, tmp_path):
+    """Issue 34, class 10: transformers logs config values raw ("Missing validation function … 'rope_type'=
+    ESC]0;…"); every log record and warning dflash's process prints is escaped like its own text."""
+    import subprocess
+    import sys
+
+    _, draft = pairs("qwen3")
+    target = edited_target(pairs, tmp_path / "target", "config.json",
+                           rope_scaling={"rope_type": "\x1b]0;pwned\x07", "factor": 2})
+    proc = subprocess.run([sys.executable, "-m", "dflash_tui", "generate", "--target", str(target), "--draft",
+                           str(draft), "--raw", "-n", "2", "hi"], capture_output=True, timeout=300)
+    assert b"pwned" in proc.stdout + proc.stderr, proc.stderr  # the value is shown, escaped
+    assert b"\x1b" not in proc.stdout + proc.stderr and b"\x07" not in proc.stdout + proc.stderr, proc.stderr

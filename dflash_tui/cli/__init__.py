@@ -47,12 +47,42 @@ def _no_progress_bars_off_a_terminal() -> None:
         disable_progress_bars()
 
 
+def _escaped_library_output() -> None:
+    """Libraries print values from a checkpoint raw (transformers logs a config's rope_type as it reads
+    it): every log record's message and every warning is escaped like dflash's own text. Installed once
+    per process; a record whose message does not format is left as logging would show it."""
+    global _escaping
+    if _escaping:
+        return
+    _escaping = True
+    import logging
+    import warnings
+
+    make_record = logging.getLogRecordFactory()
+
+    def escaped_record(*args, **kwargs) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        try:
+            record.msg, record.args = printable(record.getMessage()), ()
+        except Exception:  # noqa: BLE001 - logging's own handler reports a message that does not format
+            pass
+        return record
+
+    logging.setLogRecordFactory(escaped_record)
+    format_warning = warnings.formatwarning
+    warnings.formatwarning = lambda *args, **kwargs: printable(format_warning(*args, **kwargs))
+
+
+_escaping = False
+
+
 class Group(click.Group):
     """Turns bad input into one sentence on stderr and exit code 2, never a traceback; click's own
     usage errors (a wrong type, a missing argument) read the same way."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         _no_progress_bars_off_a_terminal()
+        _escaped_library_output()
         # click.echo strips colour from whatever is no terminal unless its context says otherwise: it says
         # what NO_COLOR and FORCE_COLOR say (None: each stream's own terminal test, as color_enabled's)
         kwargs.setdefault("color", color_forced())
