@@ -665,3 +665,16 @@ def test_library_log_lines_reach_the_terminal_escaped(pairs, tmp_path):
                            str(draft), "--raw", "-n", "2", "hi"], capture_output=True, timeout=300)
     assert b"pwned" in proc.stdout + proc.stderr, proc.stderr  # the value is shown, escaped
     assert b"\x1b" not in proc.stdout + proc.stderr and b"\x07" not in proc.stdout + proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("url, phrase", [
+    ("http://[::1", "Invalid IPv6 URL"), ("http://h:x/v1", "Port"), ("http://h:99999/v1", "Port"),
+    ("http://h\x07/v1", "control character"), ("http://h ost/v1", "space"), ("http://:80/v1", "no host"),
+    ("http://h/v1?a=1", "query"), ("http://h/v1#top", "query"), ("ftp://h/v1", "not an http(s) URL"),
+])
+def test_a_malformed_server_url_is_one_sentence(url, phrase):
+    """Issue 34, class 17: `--url 'http://[::1'` and a port that is no number were an unexpected
+    ValueError/InvalidURL; a space or a query was sent to the network as is."""
+    result = invoke("generate", "--url", url, "hi")
+    assert_refused(result, phrase, "http://127.0.0.1:8000/v1")
+    assert "\x07" not in result.output

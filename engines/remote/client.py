@@ -26,11 +26,24 @@ class RemoteError(UserError):
 
 
 def split_url(url: str) -> tuple[str, str]:
-    """(base, root) for a URL given with or without `/v1` (and with or without a trailing slash)."""
+    """(base, root) for a URL given with or without `/v1` (and with or without a trailing slash). A URL
+    the network layer would refuse, or send somewhere else than it reads, is one sentence here."""
     url = url.strip().rstrip("/")
-    parts = urlsplit(url)
+    fix = "pass one like http://127.0.0.1:8000/v1"
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise UserError(f"The server URL {url!r} holds a space or a control character; {fix}.")
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # a port that is no number, or out of range, raises here
+    except ValueError as exc:
+        raise UserError(f"The server URL {url!r} is not a valid URL ({exc}); {fix}.") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise UserError(f"The server URL {url!r} is not an http(s) URL; pass one like http://127.0.0.1:8000/v1.")
+        raise UserError(f"The server URL {url!r} is not an http(s) URL; {fix}.")
+    if not parts.hostname:
+        raise UserError(f"The server URL {url!r} has no host; {fix}.")
+    if "?" in url or "#" in url:
+        raise UserError(f"The server URL {url!r} has a query or a fragment, which dflash cannot put its routes "
+                        f"after; {fix}.")
     if url.endswith("/v1"):
         return url, url[: -len("/v1")]
     return url + "/v1", url
