@@ -7,6 +7,7 @@ import io
 import json
 import os
 import queue
+import re
 import signal
 import stat
 import subprocess
@@ -577,3 +578,67 @@ def test_a_folder_that_cannot_be_changed_is_one_sentence_when_deleting_or_saving
         replay.save_comparison(replay.ReplayResult(session=writer.id, session_path=str(writer.path)), writer.path)
     assert writer.path.read_bytes() == before and companion.read_text() == "{}\n"
     assert sorted(p.name for p in folder.iterdir()) == sorted([writer.path.name, companion.name])
+
+
+# -- renaming (issue 32, build 6) ------------------------------------------------------------------
+
+
+def test_a_title_round_trips_shows_in_the_list_and_exports_and_an_empty_one_clears_it(data_dir):
+    """The last title line names the session; a line of a type this dflash does not know is skipped, as an
+    older dflash skips a title line."""
+    from dflash_tui.cli import main
+
+    writer = write(turns=1)
+    session = sessions.load_session(writer.id)
+    assert sessions.rename_session(session, "  Sums\tand\ncarries \x1b ") == "Sums and carries ␛"
+    with writer.path.open("a") as f:
+        f.write(json.dumps({"type": "from-a-newer-dflash"}) + "\n")
+    sessions.rename_session(session, "Sums and carries")
+    named = sessions.load_session(writer.id)
+    assert named.title == named.name == "Sums and carries" and named.warnings == [] and len(named.turns) == 1
+    assert json.loads(writer.path.read_text().splitlines()[-1]) == {"type": "title", "title": "Sums and carries"}
+    listed = CliRunner().invoke(main, ["sessions", "list"])
+    assert listed.exit_code == 0 and "Sums and carries" in listed.stdout
+    assert "- title: Sums and carries" in sessions.to_markdown(named)
+    assert sessions.to_json(named)["title"] == "Sums and carries"
+    sessions.rename_session(named, "")
+    cleared = sessions.load_session(writer.id)
+    assert cleared.name == "" and cleared.title == "q0" and "- title:" not in sessions.to_markdown(cleared)
+    with pytest.raises(UserError, match=f"at most {sessions.TITLE_MAX} characters; this one has 201"):
+        sessions.rename_session(cleared, "x" * 201)
+
+
+@pytest.mark.parametrize("value", [5, "x" * (sessions.TITLE_MAX + 1), "bell\x07", "two\nlines", None])
+def test_a_damaged_title_is_a_named_field(data_dir, value):
+    writer = write("20260101-120000-titl", turns=1)
+    record = {"type": "title"} if value is None else {"type": "title", "title": value}
+    with writer.path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+    with pytest.raises(UserError, match=re.escape(f"{writer.id}.jsonl, line 3: title is {json.dumps(value)[:40]}")):
+        sessions.load_session(writer.id)
+
+
+def test_renaming_a_session_open_elsewhere_or_here_is_refused_in_one_sentence(data_dir):
+    writer = write("20260101-120000-open", turns=1)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from dflash_tui.core import sessions as s; "
+         "w = s.SessionWriter.resume(s.load_session(sys.argv[1])); print('locked', flush=True); sys.stdin.read()",
+         writer.id], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, env={**os.environ, "DFLASH_DATA_DIR": str(data_dir)})
+    try:
+        assert holder.stdout.readline().strip() == b"locked"
+        with pytest.raises(UserError, match=rf"^Session {writer.id} is open in a dflash \(pid {holder.pid}\); "
+                                            r"close it there before renaming it\.$"):
+            sessions.rename_session(sessions.load_session(writer.id), "mine")
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=120)
+    here = sessions.SessionWriter.resume(sessions.load_session(writer.id))  # the chat open in this process
+    try:
+        with pytest.raises(UserError, match="is the chat open here"):
+            sessions.rename_session(sessions.load_session(writer.id), "mine")
+        assert sessions.rename_open(here, "through the chat") == "through the chat"
+    finally:
+        here.close()
+    assert sessions.load_session(writer.id).title == "through the chat"
+    with pytest.raises(UserError, match="no session to rename yet"):
+        sessions.rename_open(None, "x")

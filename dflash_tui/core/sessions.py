@@ -6,7 +6,9 @@ failed (its status): the messages sent, the settings, the prompt ids, the emitte
 drafted and accepted counts and the Summary; a turn that continues a stopped one names its index
 (`continues`) and holds the whole answer. A turn taken back (regenerated, or its prompt edited and resent)
 keeps its line; a later `{"type": "retract", "index": i}` line says the chat dropped it, so readers leave
-it out (a dflash that predates retractions skips a line of a type it does not know). Each line is written
+it out (a dflash that predates retractions skips a line of a type it does not know). A `{"type": "title",
+"title": t}` line names the session (the last one counts; "" clears it); older readers skip it the same way.
+Each line is written
 whole, flushed and fsynced; files are mode 0600. A torn last line (the process died while writing it) is
 skipped with a warning. Nothing is rewritten in place: resuming a session appends to the same file.
 
@@ -37,6 +39,7 @@ from dflash_tui.engines.text import finite_number as _number
 FORMAT_VERSION = 1
 SUFFIX = ".jsonl"
 LOCK_SUFFIX = ".lock"
+TITLE_MAX = 200  # characters of a session's name: a listing row, not a document
 
 
 def data_dir() -> Path:
@@ -258,6 +261,10 @@ class SessionWriter:
         """Record that the chat took back its turn `index` (its last); False if it could not be saved."""
         return self._write({"type": "retract", "index": index})
 
+    def append_title(self, title: str) -> bool:
+        """Name the session ("" clears the name); False if it could not be saved (retried with the next record)."""
+        return self._write({"type": "title", "title": title})
+
     def _write(self, record: dict) -> bool:
         self.pending.append(record)
         if self._exists and not self.path.exists():  # deleted while in use: start the file again, header first
@@ -284,6 +291,7 @@ class Session:
     header: dict
     turns: list[dict] = field(default_factory=list)  # the chat's turns: those retracted are left out
     warnings: list[str] = field(default_factory=list)
+    name: str = ""  # the title given by a rename, "" when none
 
     @property
     def created(self) -> str:
@@ -296,6 +304,9 @@ class Session:
 
     @property
     def title(self) -> str:
+        """The name the user gave it, else the first line of its first prompt."""
+        if self.name:
+            return self.name
         for turn in self.turns:
             text = (turn.get("user") or "").strip().splitlines()
             if text:
@@ -410,6 +421,7 @@ TURN_FIELDS = {
     "settings.": SETTINGS_FIELDS, "summary.": SUMMARY_FIELDS,
 }
 RETRACT_FIELDS = {"index": TURN_FIELDS["index"]}
+TITLE_FIELDS = {"title": lambda v: _name(v) and len(v) <= TITLE_MAX}
 
 
 def _checked(record: dict, fields: dict, path: Path, line: int, prefix: str = "") -> dict:
@@ -460,6 +472,7 @@ def read_session(path: Path) -> Session:
     torn_tail = not raw.endswith(b"\n")
     header: Optional[dict] = None
     turns: list[dict] = []
+    name = ""
     warnings: list[str] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -481,11 +494,14 @@ def read_session(path: Path) -> Session:
                 turns.pop()
             else:  # dflash only ever takes back the last turn
                 warnings.append(f"{path.name}: line {number} takes back a turn that is not the last one; ignored.")
+        elif record.get("type") == "title":  # a title line without its title is as damaged as a wrong one
+            name = _checked({"title": None, **record}, TITLE_FIELDS, path, number)["title"]
     if header is None:
         raise UserError(printable(f"Session file {path} has no header line; it is not a dflash session."))
     if header.get("format", 1) > FORMAT_VERSION:
         warnings.append(f"{path.name} was written by a newer dflash (format {header['format']}); some fields may be ignored.")
-    return Session(id=header.get("id") or path.stem, path=path, header=header, turns=turns, warnings=warnings)
+    return Session(id=header.get("id") or path.stem, path=path, header=header, turns=turns, warnings=warnings,
+                   name=name)
 
 
 def session_paths() -> list[Path]:
@@ -575,6 +591,40 @@ def refuse_if_open(session: Session, doing: str = "deleting") -> None:
         raise UserError(f"Session {session.id} is open in a dflash (pid {owner}); close it there before {doing} it.")
 
 
+def title_from(text: str) -> str:
+    """What the user typed as a session's name, made one printable line; one sentence when too long."""
+    title = " ".join(printable(text).split())
+    if len(title) > TITLE_MAX:
+        raise UserError(f"A session title holds at most {TITLE_MAX} characters; this one has {len(title)}.")
+    return title
+
+
+def rename_session(session: Session, text: str) -> str:
+    """Name a session that no dflash has open ("" clears the name); returns the title recorded. The title
+    line is appended under the session's lock, like a turn; a session open anywhere (here too: the chat
+    renames through `rename_open`) is refused in one sentence."""
+    title = title_from(text)
+    refuse_if_open(session, "renaming")
+    writer = SessionWriter.resume(session)
+    try:
+        if not writer.append_title(title):
+            raise UserError(printable(f"Session {session.id} cannot be renamed ({writer.error})."))
+    finally:
+        writer.close()
+    return title
+
+
+def rename_open(writer: Optional[SessionWriter], text: str) -> str:
+    """Name the chat open here through its own writer, so the title line stays in order with its turns;
+    returns the title. A chat with nothing saved yet has no session to name."""
+    title = title_from(text)
+    if writer is None:
+        raise UserError("There is no session to rename yet: it is saved with the first answer.")
+    if not writer.append_title(title):
+        raise UserError(f"The title is not saved yet ({writer.error}); it is retried with the next turn.")
+    return title
+
+
 def deletion_text(session: Session) -> str:
     """What deleting `session` removes, as a confirmation names it."""
     extra = len(companion_files(session.path))
@@ -644,13 +694,16 @@ def write_export(output: Path, text: str) -> None:
 
 
 def to_json(session: Session) -> dict:
-    return {"id": session.id, "header": session.header, "turns": session.turns, "warnings": session.warnings}
+    return {"id": session.id, "title": session.title, "header": session.header, "turns": session.turns,
+            "warnings": session.warnings}
 
 
 def to_markdown(session: Session) -> str:
     header = session.header
     profile = session.profile_name or "?"
     lines = [f"# dflash session {session.id}", ""]
+    if session.name:
+        lines.append(f"- title: {session.name}")
     lines.append(f"- created: {session.created}")
     lines.append(f"- profile: {profile}")
     lines.append(f"- engine: {header.get('engine', '?')} on {header.get('device', '?')} · {header.get('dtype', '?')}")
