@@ -37,6 +37,7 @@ HELP = """commands:
   /stats              the last turn's figures (speedup: measured against a timed block-1 step, – until then)
   /continue           go on with the last answer where it was stopped (a stopped answer is not sent as history)
   /system TEXT        set the system prompt (/system alone clears it)
+  /rename TEXT        give this session a title (/rename alone clears it: the first prompt shows)
   /new                start a new session
   /quit               leave (also ctrl+d)"""
 
@@ -112,6 +113,11 @@ class Repl:
                 self.info(str(exc))
                 return
             self.run_turn(active)
+        elif name == "rename":  # through the chat's own writer: the title line stays in order with the turns
+            try:
+                self.info(sessions.renamed(sessions.rename_open(self.conv.writer, arg)))
+            except UserError as exc:
+                self.info(str(exc))
         elif name == "new":
             self.conv.new_session()
             self.info("new session")

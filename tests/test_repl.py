@@ -310,3 +310,26 @@ def test_ctrl_c_stops_an_answer_without_a_caret_c_in_its_text_and_stats_show_the
         conv.close()
         terminal.close()
         os.close(master)
+
+
+def test_rename_titles_the_open_session_in_order_with_its_turns_and_alone_clears_it(engine, data_dir):
+    """Issue 32, build 6: /rename writes through the chat's own writer; before any answer there is none."""
+    from dflash_tui.core.conversation import ChatSettings, Conversation
+    from dflash_tui.repl import Repl
+
+    conv = Conversation(engine, ChatSettings(max_new_tokens=4, thinking=False))
+    err = io.StringIO()
+    Repl(conv, out=io.StringIO(), err=err, colour=False).run_piped(io.StringIO(
+        "/rename too early\nfirst\n/rename  Sums \x1b and carries\nsecond\n/help\n"))
+    conv.close()
+    assert "There is no session to rename yet" in err.getvalue() and "/rename TEXT" in err.getvalue()
+    assert "Session renamed 'Sums ␛ and carries'." in err.getvalue()
+    session = sessions.load_session(conv.session_id)
+    assert session.title == "Sums ␛ and carries" and [t["user"] for t in session.turns] == ["first", "second"]
+    types = [json.loads(line)["type"] for line in session.path.read_text().splitlines()]
+    assert types == ["header", "turn", "title", "turn"]
+    again = Conversation(engine, ChatSettings(max_new_tokens=4, thinking=False))
+    again.restore(session)
+    Repl(again, out=io.StringIO(), err=err, colour=False).run_piped(io.StringIO("/rename\n"))
+    again.close()
+    assert "Session title cleared" in err.getvalue() and sessions.load_session(session.id).title == "first"

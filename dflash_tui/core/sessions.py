@@ -614,15 +614,30 @@ def rename_session(session: Session, text: str) -> str:
     return title
 
 
-def rename_open(writer: Optional[SessionWriter], text: str) -> str:
-    """Name the chat open here through its own writer, so the title line stays in order with its turns;
-    returns the title. A chat with nothing saved yet has no session to name."""
-    title = title_from(text)
+def _open_session(writer: Optional[SessionWriter]) -> SessionWriter:
+    """The open chat's writer; a chat with nothing saved yet has no session to name."""
     if writer is None:
         raise UserError("There is no session to rename yet: it is saved with the first answer.")
-    if not writer.append_title(title):
-        raise UserError(f"The title is not saved yet ({writer.error}); it is retried with the next turn.")
+    return writer
+
+
+def open_title(writer: Optional[SessionWriter]) -> str:
+    """The title of the chat open here, to edit."""
+    return read_session(_open_session(writer).path).title
+
+
+def rename_open(writer: Optional[SessionWriter], text: str) -> str:
+    """Name the chat open here through its own writer, so the title line stays in order with its turns;
+    returns the title."""
+    title, chat = title_from(text), _open_session(writer)
+    if not chat.append_title(title):
+        raise UserError(f"The title is not saved yet ({chat.error}); it is retried with the next turn.")
     return title
+
+
+def renamed(title: str) -> str:
+    """What a rename says once done."""
+    return f"Session renamed {title!r}." if title else "Session title cleared: it shows its first prompt again."
 
 
 def deletion_text(session: Session) -> str:
