@@ -678,3 +678,24 @@ def test_a_malformed_server_url_is_one_sentence(url, phrase):
     result = invoke("generate", "--url", url, "hi")
     assert_refused(result, phrase, "http://127.0.0.1:8000/v1")
     assert "\x07" not in result.output
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_tools_file_that_is_a_pipe_or_a_device_is_refused_not_waited_on(pairs, tmp_path, kind):
+    """Issue 34, class 19: `generate --tools` on a FIFO or /dev/zero hung (the timeout guards the hang;
+    it measures nothing)."""
+    import os
+    import subprocess
+    import sys
+
+    target, _ = pairs("qwen3")
+    path = tmp_path / "tools.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    proc = subprocess.run([sys.executable, "-m", "dflash_tui", "generate", "--target", str(target), "--tools",
+                           str(path), "-n", "2", "hi"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"error: The tools file {path} cannot be read (not a regular file); point --tools " \
+                                  "at a JSON file."

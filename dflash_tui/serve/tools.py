@@ -27,8 +27,10 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
+from dflash_tui.core.sessions import _read_regular
 from dflash_tui.engines.errors import UserError, describe
 from dflash_tui.engines.reasoning import GEMMA4, GEMMA_CALL_CLOSE, GEMMA_CALL_OPEN, GEMMA_STRING, HARMONY, format_of
 from dflash_tui.engines.text import printable
@@ -400,9 +402,11 @@ def wire_call(call: dict, index: int) -> dict:
 def load_tools_file(path: str) -> list[dict]:
     """`dflash generate --tools FILE.json`: a list of OpenAI tools (or {"tools": [...]})."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
+        data = json.loads(_read_regular(Path(path)))  # a FIFO or a device (/dev/zero) is refused, not read
+    except OSError as exc:
+        raise UserError(printable(f"The tools file {path} cannot be read ({exc.strerror}); point --tools at a "
+                                  "JSON file.")) from None
+    except ValueError as exc:
         raise UserError(f"The tools file {printable(path)} cannot be read as JSON ({printable(describe(exc))}).") \
             from None
     if isinstance(data, dict) and "tools" in data:
