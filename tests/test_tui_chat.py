@@ -543,6 +543,69 @@ async def test_the_session_picker_follows_a_click_and_keys_after_it(profile, eng
 
 
 @pytest.mark.asyncio
+async def test_r_in_the_session_picker_renames_the_row_and_its_file(profile, engine, data_dir):
+    """Issue 32 (build 6): r opens the title filled in; enter saves it and redraws the row, escape keeps it."""
+    from dflash_tui.core import sessions
+    from dflash_tui.tui.screens import SessionsScreen
+    from dflash_tui.tui.screens.sessions import RenameScreen
+
+    ids = write_sessions(2)
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+o")
+        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen))
+        picker = app.screen
+        table = picker.query_one("DataTable")
+        await pilot.press("down", "r")
+        await waiting.until(pilot, lambda: isinstance(app.screen, RenameScreen))
+        assert app.screen.query_one("Input").value == "question 0"
+        await pilot.press("escape")
+        await waiting.until(pilot, lambda: app.screen is picker)
+        assert "Not renamed." in str(picker.query_one("#sessions-status").render())
+        await pilot.press("r")
+        await waiting.until(pilot, lambda: isinstance(app.screen, RenameScreen))
+        await pilot.press("ctrl+u", *"Fruit talk", "enter")
+        await waiting.until(pilot, lambda: app.screen is picker and str(table.get_row_at(0)[4]) == "Fruit talk")
+        assert picker._selected() == ids[1]  # the renamed row, now the last used, keeps the cursor
+        assert "Session renamed 'Fruit talk'." in str(picker.query_one("#sessions-status").render())
+    assert sessions.load_session(ids[1]).title == "Fruit talk" and sessions.load_session(ids[0]).title == "question 1"
+
+
+@pytest.mark.asyncio
+async def test_the_palette_and_the_picker_rename_the_open_session_through_its_writer(profile, engine, data_dir):
+    from dflash_tui.core import sessions
+    from dflash_tui.tui.screens import SessionsScreen
+    from dflash_tui.tui.screens.chat import ChatScreen
+    from dflash_tui.tui.screens.sessions import RenameScreen
+
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        (rename,) = [c for c in app.get_system_commands(app.screen) if c.title == "Rename session"]
+        rename.callback()  # nothing saved yet: said, no modal
+        assert not isinstance(app.screen, RenameScreen)
+        await send(pilot, "apples and pears")
+        rename.callback()
+        await waiting.until(pilot, lambda: isinstance(app.screen, RenameScreen))
+        await pilot.press("ctrl+u", *"Fruit", "enter")
+        await waiting.until(pilot, lambda: isinstance(app.screen, ChatScreen))
+        await send(pilot, "and plums")
+        await pilot.press("ctrl+o")
+        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen))
+        table = app.screen.query_one("DataTable")
+        assert str(table.get_row_at(0)[4]) == "Fruit"
+        await pilot.press("r")  # the row of the chat open here: renamed through its writer, not refused
+        await waiting.until(pilot, lambda: isinstance(app.screen, RenameScreen))
+        await pilot.press("ctrl+u", *"Orchard", "enter")
+        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen)
+                            and str(table.get_row_at(0)[4]) == "Orchard")
+    types = [(r["type"], r.get("title")) for r in session_lines(app)]
+    assert types == [("header", None), ("turn", None), ("title", "Fruit"), ("turn", None), ("title", "Orchard")]
+    assert sessions.load_session(app.conversation.session_id).title == "Orchard"
+
+
+@pytest.mark.asyncio
 async def test_readline_keys_act_on_the_logical_line_of_the_message_box(profile, engine, data_dir):
     """Defect 7: ctrl+a then ctrl+k changed the block size; ctrl+e and ctrl+u acted on the wrapped row."""
     app = make_app(profile, engine)

@@ -323,7 +323,9 @@ class DflashApp(App):
         yield SystemCommand("New session", "ctrl+n: start a fresh conversation", chat.action_new_session)
         yield SystemCommand("New context", "ctrl+l: clear the kept caches; the next turn prefills the whole history",
                             chat.action_new_context)
-        yield SystemCommand("Sessions", "ctrl+o: resume, delete or export a session", chat.action_sessions)
+        yield SystemCommand("Sessions", "ctrl+o: resume, rename, delete or export a session", chat.action_sessions)
+        yield SystemCommand("Rename session", "give the open session a title (empty: its first prompt)",
+                            chat.action_rename_session)
         yield SystemCommand("Replay", "ctrl+r: re-run this session across block sizes", chat.action_replay)
         yield SystemCommand("Help", "f1: keys and colours", self.action_help)
         yield SystemCommand("Answer as Markdown", "f2: show the selected or last answer rendered, or coloured again", chat.action_markdown)

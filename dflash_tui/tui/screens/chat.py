@@ -41,7 +41,7 @@ from dflash_tui.core.terminal import counted
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.events import Summary
 from dflash_tui.tui.screens.replay import ReplayScreen
-from dflash_tui.tui.screens.sessions import SessionsScreen
+from dflash_tui.tui.screens.sessions import RenameScreen, SessionsScreen
 from dflash_tui.tui.widgets import AnswerView, ChatHeader, NoticeLine, PromptInput, StatsLine, StatsPanel, UserMessage
 from dflash_tui.tui.widgets.answer import Welcome, recorded_segments, recorded_think_tokens
 from dflash_tui.tui.widgets.header import temperature_text
@@ -643,6 +643,25 @@ class ChatScreen(Screen):
 
         conv = self.conversation
         self.app.push_screen(SessionsScreen(conv.session_id if conv is not None else None), chosen)
+
+    def action_rename_session(self) -> None:
+        """Name the open chat's session (the palette's "Rename session"), through the chat's own writer."""
+        writer = self.conversation.writer if self.conversation is not None else None
+        try:
+            title = sessions.open_title(writer)
+        except UserError as exc:
+            self.notify(str(exc), severity="warning", timeout=4)
+            return
+
+        def answered(text: Optional[str]) -> None:
+            if text is None:
+                return
+            try:
+                self.toast("rename", sessions.renamed(sessions.rename_open(writer, text)), timeout=3)
+            except UserError as exc:
+                self.notify(str(exc), severity="error", timeout=8)
+
+        self.app.push_screen(RenameScreen(title), answered)
 
     def resume_session(self, session) -> None:
         if self.conversation is None:

@@ -31,7 +31,7 @@ KEY_HELP = [
     ("tab", "message box ⇄ conversation; typing in the conversation goes to the message box"),
     ("ctrl+n", "new session"),
     ("ctrl+l", "new context: clear the kept caches (the history stays)"),
-    ("ctrl+o", "sessions, last used first: resume, search (/), delete, export"),
+    ("ctrl+o", "sessions, last used first: resume, search (/), rename (r), delete, export"),
     ("ctrl+r", "replay the session across block sizes"),
     ("f2 / click", "the marked, clicked or last answer as Markdown / coloured again"),
     ("f3", "copy the marked message, else the last answer"),

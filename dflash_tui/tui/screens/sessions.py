@@ -1,4 +1,4 @@
-"""The sessions browser: resume, delete (after a confirmation; never the chat open here), export. Sessions
+"""The sessions browser: resume, rename, delete (after a confirmation; never the chat open here), export. Sessions
 are listed by last use (the last turn written), the one open here marked ●; `/` searches every session's
 prompts and answers."""
 
@@ -40,6 +40,36 @@ class ConfirmDeleteScreen(ModalScreen[bool]):
         self.dismiss(delete)
 
 
+class RenameScreen(ModalScreen[str | None]):
+    """A session's title, filled in to edit: enter saves it (empty: back to the first prompt), escape keeps it."""
+
+    DEFAULT_CSS = """
+    RenameScreen { align: center middle; }
+    #rename-box { width: 70%; max-width: 90; height: auto; border: round $accent; background: $surface; padding: 1 2; }
+    """
+    BINDINGS = [Binding("escape", "cancel", "cancel")]
+
+    def __init__(self, title: str) -> None:
+        super().__init__()
+        self.title_text = title
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="rename-box"):
+            yield Static("rename session", classes="modal-title")
+            yield Input(self.title_text, max_length=sessions.TITLE_MAX, id="rename-title", compact=True)
+            yield Static("enter saves (empty: the first prompt) · escape cancels", classes="modal-hint")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
 class SessionsScreen(ModalScreen[str | None]):
     """The picker's row is its own (`row`), moved by priority keys from the moment the screen is pushed:
     keys of a fast burst (ctrl+o, down, down, enter) can arrive before the table is mounted, focused and
@@ -53,6 +83,7 @@ class SessionsScreen(ModalScreen[str | None]):
         Binding("pageup", "move(-10)", show=False, priority=True),
         Binding("home", "move(-1000000)", show=False, priority=True),
         Binding("end", "move(1000000)", show=False, priority=True),
+        Binding("r", "rename", "rename"),
         Binding("d,delete", "delete", "delete"),
         Binding("e", "export", "export md"),
         Binding("j", "export_json", "export json"),
@@ -67,7 +98,7 @@ class SessionsScreen(ModalScreen[str | None]):
                         compact=True)
             yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="sessions-status", markup=False)  # titles and errors are text, not markup
-            yield Static("enter resume · / search · d delete · e export md · j export json · escape close",
+            yield Static("enter resume · / search · r rename · d delete · e export md · j export json · escape close",
                          classes="modal-hint")
 
     def __init__(self, open_id: str | None = None) -> None:
@@ -80,7 +111,7 @@ class SessionsScreen(ModalScreen[str | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("id", "created", "profile", "turns", "first prompt")
+        table.add_columns("id", "created", "profile", "turns", "title")
         self.reload(self.found)
         table.focus()
 
@@ -122,7 +153,7 @@ class SessionsScreen(ModalScreen[str | None]):
             found = [s for s in self.every if matches(s, self.query_text)]
         self.found = found
         self.row = max(0, min(self.row, len(found) - 1))
-        # the first prompt gets the width the other columns leave in the box (90% of the screen, up to 150)
+        # the title gets the width the other columns leave in the box (90% of the screen, up to 150)
         width = max(40, min(int(self.app.size.width * 0.9), 150) - 6 - 58)
         for s in found:
             title = s.title if len(s.title) <= width else s.title[:width - 1] + "…"
@@ -145,6 +176,30 @@ class SessionsScreen(ModalScreen[str | None]):
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+    def action_rename(self) -> None:
+        """Ask for the highlighted session's title; the chat open here is renamed through its own writer."""
+        if not self.found:
+            return
+        session = self.found[self.row]
+        status = self.query_one("#sessions-status", Static)
+
+        def answered(text: str | None) -> None:
+            if text is None:
+                status.update("Not renamed.")
+                return
+            try:
+                title = (sessions.rename_open(self.app.conversation.writer, text) if session.id == self.open_id
+                         else sessions.rename_session(session, text))
+            except UserError as exc:
+                status.update(str(exc))
+                return
+            self.reload()  # the file was written to: the row moves to where its last use puts it
+            self.row = next((n for n, s in enumerate(self.found) if s.id == session.id), self.row)
+            self._show_row()
+            status.update(sessions.renamed(title))
+
+        self.app.push_screen(RenameScreen(session.title), answered)
 
     def action_delete(self) -> None:
         """Refuse the chat open here (and one another dflash writes) before asking, then ask."""
@@ -205,9 +260,9 @@ def by_last_use(found: list) -> list:
 
 
 def matches(session, text: str) -> bool:
-    """Whether every word of `text` is in the session's prompts or answers (any case); no words: all do."""
+    """Whether every word of `text` is in the session's title, prompts or answers (any case); no words: all do."""
     words = text.lower().split()
     if not words:
         return True
-    body = "\n".join(f"{t.get('user') or ''}\n{t.get('answer') or ''}" for t in session.turns).lower()
+    body = "\n".join([session.name, *(f"{t.get('user') or ''}\n{t.get('answer') or ''}" for t in session.turns)]).lower()
     return all(word in body for word in words)
