@@ -7,8 +7,9 @@ stops attribute escapes but not work: a nested loop, `range(10**9)` or `'x' * 10
 exhaust memory. `bound_templates()` has transformers compile every chat template in this process with
 `BoundedEnvironment` instead: the same sandbox, plus a budget per render (steps, seconds, characters of
 output and of any one value), no include/import/extends, and sizes checked before a string is
-multiplied or formatted. No thread is involved: the budget is counted in the render's own calls, loop
-iterations and output chunks. Any failure of a template is one UserError naming its file.
+multiplied, formatted, indented, tab-expanded or given a replacement. No thread is involved: the budget
+is counted in the render's own calls, loop iterations and output chunks. Any failure of a template is
+one UserError naming its file.
 """
 
 from __future__ import annotations
@@ -104,6 +105,34 @@ def _check_numbers(values) -> None:
             raise TemplateLimitError(f"it passes the number {value:.3g}, past its limit of {limit:,}")
 
 
+def _whole(value, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _check_growth(name: str, text, args: tuple, kwargs: dict) -> None:
+    """A call on `text` whose result grows with the product of its arguments is charged that size before it
+    runs: indent (the width on every line), expandtabs (the tab size for every tab), replace (the new text
+    for every match). Each argument alone is within the budget; one such call made 10**10 characters."""
+    if not isinstance(text, str):
+        return
+
+    def arg(i: int, key: str, default=None):
+        return args[i] if len(args) > i else kwargs.get(key, default)
+
+    if name == "indent":
+        width = arg(0, "width", 4)
+        added = (len(width) if isinstance(width, str) else _whole(width)) * (text.count("\n") + 1)
+    elif name == "expandtabs":
+        added = _whole(arg(0, "tabsize", 8)) * text.count("\t")
+    elif name == "replace" and isinstance(arg(0, "old"), str) and isinstance(arg(1, "new"), str):
+        matches = text.count(arg(0, "old"))
+        count = _whole(arg(2, "count"), -1)
+        added = len(arg(1, "new")) * (matches if count < 0 else min(count, matches))
+    else:
+        return
+    _budget().size(len(text) + added, f"a value ({name})")
+
+
 def _sized(value) -> int:
     return len(value) if isinstance(value, (str, bytes, list, tuple, dict, set)) else 0
 
@@ -114,6 +143,9 @@ def _budgeted_filter(name: str, fn):
         budget = _budget()
         budget.tick()
         _check_numbers([*args, *kwargs.values()])
+        values = args[1:] if getattr(fn, "jinja_pass_arg", None) else args  # past jinja's context argument
+        if values:
+            _check_growth(name, values[0], values[1:], kwargs)
         if name == "format":
             _check_format(next((a for a in args if isinstance(a, str)), ""))
         result = fn(*args, **kwargs)
@@ -205,9 +237,10 @@ def _environment_class():
             budget.tick()
             _check_numbers([*args, *kwargs.values()])
             method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format where it is read
-            if getattr(method, "__name__", None) in ("format", "format_map") and isinstance(
-                    getattr(method, "__self__", None), str):
-                _check_format(method.__self__)
+            name, owner = getattr(method, "__name__", None), getattr(method, "__self__", None)
+            if name in ("format", "format_map") and isinstance(owner, str):
+                _check_format(owner)
+            _check_growth(str(name), owner, args, kwargs)
             result = super().call(__context, __obj, *args, **kwargs)
             budget.size(_sized(result))
             return result

@@ -375,6 +375,10 @@ _LEAVES = st.one_of(
     _NUMBERS.map(lambda n: "{{ '%" + n.replace("**", "") + "d' % 1 }}"),
     _NUMBERS.map(lambda n: "{{ '{:>" + n.replace("**", "") + "}'.format(1) }}"),
     _NUMBERS.map(lambda n: "{{ 'x'|indent(" + n + ") }}"),
+    _NUMBERS.map(lambda n: "{{ ('x\\n' * 1000)|indent(" + n + ") }}"),  # the width on every line
+    _NUMBERS.map(lambda n: "{{ ('\\t' * 1000).expandtabs(" + n + ") }}"),
+    _NUMBERS.map(lambda n: "{{ ('x' * 1000).replace('x', 'y' * " + n + ") }}"),
+    _NUMBERS.map(lambda n: "{{ ('x' * 1000)|replace('x', 'y' * " + n + ") }}"),
     st.sampled_from([
         "{% include 'x.j2' %}", "{% import 'x.j2' as x %}", "{% extends 'base.j2' %}", "{% from 'x' import y %}",
         "{{ ''.__class__.__mro__[1].__subclasses__() }}", "{{ cycler.__init__.__globals__ }}",
@@ -419,6 +423,32 @@ def test_hostile_chat_templates_render_or_are_one_sentence(tiny_tokenizer, monke
     except UserError as exc:
         assert "chat_template.jinja" in str(exc) and "\x1b" not in str(exc) and "\x07" not in str(exc), str(exc)
     assert time.monotonic() - started < 10
+
+
+GROWING = ["{{ ('x\\n' * 1000)|indent(10**7) }}", "{{ ('\\t' * 1000).expandtabs(10**7) }}",
+           "{{ ('x' * 1000).replace('x', 'y' * 10**7) }}", "{{ ('x' * 1000)|replace('x', 'y' * 10**7) }}"]
+
+
+@pytest.mark.parametrize("template", GROWING)
+def test_a_template_call_that_would_grow_past_the_budget_is_refused_before_it_runs(tiny, tmp_path, template):
+    """Issue 34, class 12: each argument is within the budget, their product (10**10 characters) is not;
+    the size was checked after the call, which ran for minutes. In a process held to 6 GB of address
+    space (the call as it was dies of MemoryError there, not of the machine's memory), with a timeout
+    that only guards against a hang."""
+    import resource
+    import subprocess
+    import sys
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny[0], target)
+    (target / "chat_template.jinja").write_text(template)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dflash_tui", "generate", "--target", str(target), "-n", "2", "hi"],
+        capture_output=True, text=True, timeout=300,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30)))
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "chat_template.jinja" in line and "past its limit" in line, line
 
 
 # corrupt draft weights and configs, and a target's generation_config
