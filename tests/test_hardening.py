@@ -556,6 +556,17 @@ def test_train_draft_refuses_values_that_would_train_nothing(pairs, tmp_path, tr
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("flags, phrase", [
+    (["--seed", "99999999999999999999999"], "--seed 99999999999999999999999"), (["--seed", "-1"], "--seed -1"),
+    (["--gamma", "inf"], "--gamma inf"), (["--gamma", "nan"], "--gamma nan"),
+])
+def test_train_draft_refuses_a_seed_or_gamma_torch_cannot_use(pairs, tmp_path, train_data, no_weights, flags, phrase):
+    """Issue 34, class 17: a seed past 2**32 was an unexpected ValueError (Overflow); --gamma inf trained."""
+    target, _ = pairs("qwen3")
+    assert_refused(_train(target, train_data, tmp_path / "out", *flags), phrase)
+    assert not (tmp_path / "out").exists()
+
+
 def test_train_draft_refuses_an_unsupported_model_type_before_its_tokenizer(custom_type_target, tmp_path, train_data,
                                                                           no_weights):
     assert_refused(_train(custom_type_target, train_data, tmp_path / "out"), "evilnet")
