@@ -509,3 +509,27 @@ def test_given_responses_keep_the_thinking_a_template_drops_from_history():
     assert ids[-1] == eos[0] and tok.decode(ids[:-1]).strip() == content
     plain = given_response_ids(tok, [{"role": "user", "content": "Hi"}], "Hello.", False, eos)
     assert tok.decode(plain[:-1]).strip() == "Hello."
+
+
+@pytest.mark.parametrize("failure", [
+    RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0"),  # torch's, on ENOSPC
+    OSError(28, "No space left on device"),
+])
+def test_a_full_disk_while_saving_the_state_is_one_sentence_and_leaves_no_tmp(counting, tmp_path, monkeypatch,
+                                                                           failure):
+    """Issue 34, class 15: a disk that fills while train_state.pt is saved was an unexpected RuntimeError
+    ([enforce fail …]) with train_state.tmp left behind. The fake writes part of the file, then fails."""
+    from dflash_tui.engines.errors import UserError
+
+    def full_disk(obj, path, *args, **kwargs):
+        Path(path).write_bytes(b"PK\x03\x04 part of a zip")
+        raise failure
+
+    work = tmp_path / "work"
+    trainer = Trainer(config(counting, tmp_path / "draft", work_dir=str(work)))
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(UserError) as info:
+        trainer.save_state(1, torch.optim.AdamW(trainer.draft.parameters()), [])
+    message = str(info.value)
+    assert f"--work-dir {work}" in message and "train_state.pt" in message and "\n" not in message, message
+    assert not list(work.glob("*.tmp")) and not (work / "train_state.pt").exists()

@@ -31,10 +31,11 @@ from dflash_tui.engines.cuda.target import Target
 from dflash_tui.engines.cuda.training import data
 from dflash_tui.engines.cuda.training.objective import BlockObjective, bf16_autocast_pays, default_gamma
 from dflash_tui.engines.cuda.training.responses import Responses
-from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.errors import UserError, describe
 from dflash_tui.engines.outputs import CARD, MARKER, check_output_dir, claim_output_dir, draft_card, mask_spelling, publish
 from dflash_tui.engines.prompting import load_tokenizer
 from dflash_tui.engines.sampling import SamplingParams
+from dflash_tui.engines.text import printable
 
 STATE_FILE = "train_state.pt"
 SAVE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -354,9 +355,16 @@ class Trainer:
         self.work.mkdir(parents=True, exist_ok=True)
         path = self.work / STATE_FILE
         tmp = path.with_suffix(".tmp")
-        torch.save({"version": 1, "key": self.key(), "step": step, "taus": taus,
-                    "model": self.draft.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
-        tmp.replace(path)
+        try:
+            torch.save({"version": 1, "key": self.key(), "step": step, "taus": taus,
+                        "model": self.draft.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
+            tmp.replace(path)
+        except (OSError, RuntimeError) as exc:  # a full disk is torch's RuntimeError "[enforce fail …]"
+            tmp.unlink(missing_ok=True)
+            option = "--work-dir" if self.cfg.work_dir else "--out"
+            raise UserError(printable(f"{path} cannot be written ({describe(exc)}); free space in {option} "
+                                      f"{self.work} or pass another --work-dir, and rerun to resume from the last "
+                                      "saved state.")) from None
         return path
 
     def load_state(self, optimizer) -> tuple[int, list[float]]:
