@@ -710,3 +710,26 @@ def test_a_tools_file_that_is_a_pipe_or_a_device_is_refused_not_waited_on(pairs,
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == f"error: The tools file {path} cannot be read (not a regular file); point --tools " \
                                   "at a JSON file."
+
+
+def test_a_replay_whose_comparison_cannot_be_saved_still_prints_its_table(pairs, tmp_path, data_dir, monkeypatch):
+    """Issue 34: the comparison was saved before the report was printed, so a full sessions folder
+    (faked: ENOSPC creating the comparison file) hid the table the replay had measured."""
+    import errno
+    import os
+
+    target, draft = pairs("qwen3")
+    profile = write_profile(tmp_path / "tiny.toml", target, draft, max_new_tokens=4)
+    assert invoke("chat", "--plain", "--profile", profile, input="hi\n").exit_code == 0
+    (session,) = sessions.list_sessions()
+    real_open = os.open
+
+    def full(path, flags, *args, **kwargs):
+        if flags & os.O_CREAT and ".replay-" in str(path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", full)
+    result = invoke("replay", session.id, "-B", "1", "--repeats", "1")
+    assert_refused(result, "The comparison cannot be saved", "No space left on device")
+    assert "block 1" in result.stdout, result.output

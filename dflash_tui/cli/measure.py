@@ -104,15 +104,15 @@ def replay(session_id, block_sizes, engine, device, dtype, temperature, repeats,
                          f"loading {config.target} on the {config.engine} engine ..."), err=True)
     comparison = _with_progress(replay_mod.run_replay, _load(config), session, sizes, temperature=temperature,
                                 repeats=repeats)
-    if not no_save:
-        path = replay_mod.save_comparison(comparison, session.path)
-        click.echo(printable(f"saved {path}"), err=True)
     for warning in comparison["warnings"]:
         click.echo(printable(f"note: {warning}"), err=True)
     if as_json:
         click.echo(json_text(comparison.to_dict()))
     else:
         click.echo(replay_mod.report(comparison, color_enabled(), _width()))
+    if not no_save:  # after the report: a folder that cannot take the file does not lose what was measured
+        path = replay_mod.save_comparison(comparison, session.path)
+        click.echo(printable(f"saved {path}"), err=True)
     _exit_on_differences(comparison)
 
 
