@@ -733,3 +733,16 @@ def test_a_replay_whose_comparison_cannot_be_saved_still_prints_its_table(pairs,
     result = invoke("replay", session.id, "-B", "1", "--repeats", "1")
     assert_refused(result, "The comparison cannot be saved", "No space left on device")
     assert "block 1" in result.stdout, result.output
+
+
+def test_a_profile_or_data_file_that_is_a_pipe_or_a_device_is_named_so(pairs, tmp_path, no_weights):
+    """Issue 34: a FIFO or /dev/zero given as a profile or as train-draft's data was refused as a file that
+    "does not exist"; it exists, and is refused for what it is (without being opened)."""
+    import os
+
+    target, _ = pairs("qwen3")
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        assert_refused(invoke("generate", "--profile", path, "hi"), f"{path}: the profile is not a regular file")
+        assert_refused(_train(target, path, tmp_path / "out"), f"The data file {path} is not a regular file")

@@ -422,10 +422,10 @@ def load_profile(name_or_path: str) -> Profile:
         raise UserError(f"Profile {name_or_path[:40]!r} is not a name or a path; run `dflash profile list` for the names.")
     as_path = Path(name_or_path).expanduser()
     try:
-        is_file = as_path.is_file()
+        a_file = as_path.exists() and not as_path.is_dir()  # a FIFO or a device too: _read refuses it as such
     except OSError as e:  # a name too long for the file system
         raise UserError(f"Profile {name_or_path[:40]!r}… cannot be a file here ({e.strerror}); use a shorter name.") from None
-    if is_file:
+    if a_file:
         return _read(as_path)
     for directory in (user_profile_dir(), builtin_profile_dir()):
         found = _named(directory).get(name_or_path)

@@ -38,8 +38,11 @@ def _bad(path: Path, line: int, what: str) -> UserError:
 def load_conversations(path: str) -> list[Conversation]:
     """Every conversation of a JSONL file; a malformed line is a UserError naming file:line."""
     file = Path(path).expanduser()
-    if not file.is_file():
+    if not file.exists():
         raise UserError(f"The data file {path} does not exist; pass a JSONL file of conversations with --data.")
+    if not file.is_file():  # a FIFO would block the read, a device never end it
+        raise UserError(f"The data file {path} is not a regular file (a folder, a pipe or a device); pass a JSONL "
+                        "file of conversations with --data.")
     out: list[Conversation] = []
     try:
         lines = file.read_text(encoding="utf-8").splitlines()
