@@ -642,3 +642,21 @@ def test_renaming_a_session_open_elsewhere_or_here_is_refused_in_one_sentence(da
     assert sessions.load_session(writer.id).title == "through the chat"
     with pytest.raises(UserError, match="no session to rename yet"):
         sessions.rename_open(None, "x")
+
+
+def test_sessions_rename_cli_titles_clears_and_refuses_the_chat_open_here(data_dir):
+    from dflash_tui.cli import main
+
+    writer = write(turns=1)
+    renamed = CliRunner().invoke(main, ["sessions", "rename", writer.id[:13], "Sums", "and", "carries"])
+    assert renamed.exit_code == 0 and f"{writer.id}: Session renamed 'Sums and carries'." in renamed.stdout, renamed.output
+    listed = CliRunner().invoke(main, ["sessions", "list"])
+    assert "title" in listed.stdout.splitlines()[0] and "Sums and carries" in listed.stdout
+    cleared = CliRunner().invoke(main, ["sessions", "rename", writer.id])
+    assert cleared.exit_code == 0 and sessions.load_session(writer.id).title == "q0", cleared.output
+    here = sessions.SessionWriter.resume(sessions.load_session(writer.id))
+    try:
+        refused = CliRunner().invoke(main, ["sessions", "rename", writer.id, "x"])
+    finally:
+        here.close()
+    assert refused.exit_code == 2 and "is the chat open here" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1

@@ -127,7 +127,7 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
 
 @click.group("sessions")
 def sessions_group() -> None:
-    """Recorded chat sessions: list, show, export, delete."""
+    """Recorded chat sessions: list, show, rename, export, delete."""
 
 
 @sessions_group.command("list")
@@ -148,7 +148,7 @@ def sessions_list(as_json: bool) -> None:
     if not found:
         click.echo(printable(f"No sessions yet in {store.sessions_dir()}."))
         return
-    click.echo(f"{'id':<22} {'created':<17} {'profile':<14} {'turns':>5}  first prompt")
+    click.echo(f"{'id':<22} {'created':<17} {'profile':<14} {'turns':>5}  title")
     for s in found:
         click.echo(printable(f"{s.id:<22} {s.created[:16].replace('T', ' '):<17} {(s.profile_name or '?')[:14]:<14} "
                              f"{len(s.turns):>5}  {s.title[:50]}"))
@@ -162,6 +162,15 @@ def sessions_show(session_id: str) -> None:
     for warning in session.warnings:
         click.echo(printable(f"warning: {warning}"), err=True)
     click.echo(printable(store.to_markdown(session)))
+
+
+@sessions_group.command("rename")
+@click.argument("session_id", metavar="ID", shell_complete=complete.session_ids)
+@click.argument("title", nargs=-1)
+def sessions_rename(session_id: str, title: tuple[str, ...]) -> None:
+    """Give a session a TITLE (none: clear it, and its first prompt shows again); not while a dflash has it open."""
+    session = store.load_session(session_id)
+    click.echo(printable(f"{session.id}: {store.renamed(store.rename_session(session, ' '.join(title)))}"))
 
 
 @sessions_group.command("export")
