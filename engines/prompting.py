@@ -112,13 +112,19 @@ def _whole(value, default: int = 0) -> int:
 def _check_growth(name: str, text, args: tuple, kwargs: dict) -> None:
     """A call on `text` whose result grows with the product of its arguments is charged that size before it
     runs: indent (the width on every line), expandtabs (the tab size for every tab), replace (the new text
-    for every match). Each argument alone is within the budget; one such call made 10**10 characters."""
-    if not isinstance(text, str):
-        return
-
+    for every match), join (the separator between every two items: the filter's `d`, or the string whose
+    method it is). Each argument alone is within the budget; one such call made 10**10 characters."""
     def arg(i: int, key: str, default=None):
         return args[i] if len(args) > i else kwargs.get(key, default)
 
+    if name == "join":  # the filter: join(items, d); the method: sep.join(items)
+        items, sep = (arg(0, "iterable"), text) if isinstance(text, str) else (text, arg(0, "d", ""))
+        if not isinstance(sep, str) or not isinstance(items, (list, tuple, str)):
+            return
+        _budget().size(len(sep) * max(len(items) - 1, 0), "a value (join)")
+        return
+    if not isinstance(text, str):
+        return
     if name == "indent":
         width = arg(0, "width", 4)
         added = (len(width) if isinstance(width, str) else _whole(width)) * (text.count("\n") + 1)

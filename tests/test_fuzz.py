@@ -426,7 +426,8 @@ def test_hostile_chat_templates_render_or_are_one_sentence(tiny_tokenizer, monke
 
 
 GROWING = ["{{ ('x\\n' * 1000)|indent(10**7) }}", "{{ ('\\t' * 1000).expandtabs(10**7) }}",
-           "{{ ('x' * 1000).replace('x', 'y' * 10**7) }}", "{{ ('x' * 1000)|replace('x', 'y' * 10**7) }}"]
+           "{{ ('x' * 1000).replace('x', 'y' * 10**7) }}", "{{ ('x' * 1000)|replace('x', 'y' * 10**7) }}",
+           "{{ (range(10**5)|list)|join('x' * 10**6) }}", "{{ ('x' * 10**6).join(range(10**5)|map('string')|list) }}"]
 
 
 @pytest.mark.parametrize("template", GROWING)
