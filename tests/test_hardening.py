@@ -746,3 +746,12 @@ def test_a_profile_or_data_file_that_is_a_pipe_or_a_device_is_named_so(pairs, tm
     for path in (fifo, Path("/dev/zero")):
         assert_refused(invoke("generate", "--profile", path, "hi"), f"{path}: the profile is not a regular file")
         assert_refused(_train(target, path, tmp_path / "out"), f"The data file {path} is not a regular file")
+
+
+def test_profile_new_where_the_config_folder_cannot_be_made_is_one_sentence(tmp_path, monkeypatch):
+    """A config folder that cannot be created or written (here: its parent is a file, a fault root's
+    permissions cannot fake) was an unexpected OSError, exit 1."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("DFLASH_CONFIG_DIR", str(blocker / "config"))
+    assert_refused(invoke("profile", "new", "mine"), "cannot be written", "DFLASH_CONFIG_DIR")

@@ -81,6 +81,10 @@ def new(name: str, source: Optional[str], force: bool) -> None:
     target = profiles.user_profile_dir() / f"{name}.toml"
     if target.exists() and not force:
         raise UserError(printable(f"Profile {target} already exists; edit it, or pass --force to overwrite it."))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text, encoding="utf-8")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:  # a read-only or full config folder
+        raise UserError(printable(f"Profile {target} cannot be written ({exc.strerror or type(exc).__name__}); make "
+                                  f"{target.parent} writable or free some space, or set DFLASH_CONFIG_DIR.")) from None
     click.echo(printable(target))
