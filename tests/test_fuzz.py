@@ -430,26 +430,41 @@ GROWING = ["{{ ('x\\n' * 1000)|indent(10**7) }}", "{{ ('\\t' * 1000).expandtabs(
            "{{ (range(10**5)|list)|join('x' * 10**6) }}", "{{ ('x' * 10**6).join(range(10**5)|map('string')|list) }}"]
 
 
-@pytest.mark.parametrize("template", GROWING)
-def test_a_template_call_that_would_grow_past_the_budget_is_refused_before_it_runs(tiny, tmp_path, template):
-    """Issue 34, class 12: each argument is within the budget, their product (10**10 characters) is not;
-    the size was checked after the call, which ran for minutes. In a process held to 6 GB of address
-    space (the call as it was dies of MemoryError there, not of the machine's memory), with a timeout
-    that only guards against a hang."""
+# Runs the CLI in-process on each target folder named on the command line and prints, per folder, its exit
+# code and stderr as one JSON line: one interpreter (and one torch import) for every template below.
+_RUN_EACH = """
+import json, sys
+from click.testing import CliRunner
+from dflash_tui.cli import main
+for target in sys.argv[1:]:
+    result = CliRunner().invoke(main, ["generate", "--target", target, "-n", "2", "hi"])
+    print(json.dumps([result.exit_code, result.stderr]), flush=True)
+"""
+
+
+def test_a_template_call_that_would_grow_past_the_budget_is_refused_before_it_runs(tiny, tmp_path):
+    """Issue 34, class 12: each argument is within the budget, their product (10**10 characters and more) is
+    not; the size was checked after the call, which ran for minutes. In one process held to 6 GB of address
+    space (a call as it was dies of MemoryError there, not of the machine's memory), with a timeout that
+    only guards against a hang."""
     import resource
     import subprocess
     import sys
 
-    target = tmp_path / "target"
-    shutil.copytree(tiny[0], target)
-    (target / "chat_template.jinja").write_text(template)
-    proc = subprocess.run(
-        [sys.executable, "-m", "dflash_tui", "generate", "--target", str(target), "-n", "2", "hi"],
-        capture_output=True, text=True, timeout=300,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30)))
-    assert proc.returncode == 2, proc.stderr
-    (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith("error: ") and "chat_template.jinja" in line and "past its limit" in line, line
+    targets = []
+    for i, template in enumerate(GROWING):
+        target = tmp_path / f"target-{i}"
+        shutil.copytree(tiny[0], target)
+        (target / "chat_template.jinja").write_text(template)
+        targets.append(str(target))
+    proc = subprocess.run([sys.executable, "-c", _RUN_EACH, *targets], capture_output=True, text=True, timeout=600,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30)))
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert len(results) == len(GROWING), proc.stderr
+    for template, (code, stderr) in zip(GROWING, results):
+        (line,) = stderr.strip().splitlines()
+        assert code == 2 and line.startswith("error: ") and "chat_template.jinja" in line, (template, stderr)
+        assert "past its limit" in line, (template, line)
 
 
 # corrupt draft weights and configs, and a target's generation_config
