@@ -26,16 +26,25 @@ CORPUS = [
 VOCAB = 320  # model vocab rows; the tokenizer has fewer entries, as in the public Qwen3 checkpoints
 
 
-def make_tokenizer(out: Path):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+def byte_level_bpe(specials: list[str], corpus: list[str]):
+    """A small byte-level BPE (300 entries) trained on `corpus` with `specials` first: every tiny tokenizer's
+    backend (Qwen3-style here, harmony and Gemma 4 in their own fixture modules)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CORPUS * 20, trainer)
+    tok.train_from_iterator(corpus * 20, trainer)
+    return tok
+
+
+def make_tokenizer(out: Path):
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    tok = byte_level_bpe(SPECIALS, CORPUS)
     for token in ("<think>", "</think>"):  # added tokens that stay visible, as in Qwen3
         tok.add_tokens([AddedToken(token, special=False, normalized=False)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",

@@ -32,15 +32,9 @@ CORPUS = [
 
 def make_tokenizer(out: Path):
     """Gemma 4's special tokens, all flagged special as published; eos `<eos>`, and `<turn|>` ending a turn."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CORPUS * 20, trainer)
+    tok = tiny.byte_level_bpe(SPECIALS, CORPUS)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
                                    unk_token="<unk>", mask_token="<mask>", extra_special_tokens=NAMED)
     fast.chat_template = TEMPLATE.read_text()

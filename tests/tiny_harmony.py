@@ -29,15 +29,9 @@ CORPUS = [
 
 def make_tokenizer(out: Path):
     """The harmony tokenizer: gpt-oss's special tokens (all flagged special, as published), eos `<|return|>`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CORPUS * 20, trainer)
+    tok = tiny.byte_level_bpe(SPECIALS, CORPUS)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|return|>",
                                    pad_token="<|endoftext|>")
     fast.chat_template = TEMPLATE.read_text()
