@@ -31,9 +31,10 @@ from dflash_tui.engines.checkpoints import TargetInfo, safetensors_shapes
 from dflash_tui.engines.cuda import cache as cache_module
 from dflash_tui.engines.cuda.graphs import StepGraphs, why_eager
 from dflash_tui.engines.cuda.loop import Sampler, speculative_decode
-from dflash_tui.engines.cuda.memory import TOWER_PREFIXES, cache_bytes, weight_bytes
+from dflash_tui.engines.cuda.memory import weight_bytes
 from dflash_tui.engines.cuda.target import Target
 from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.memory import TOWER_PREFIXES, cache_bytes
 from dflash_tui.engines.sampling import SamplingParams
 from tests.oracles import edited_copy, engine_for, transformers_greedy
 from tests.test_cuda_engine import OracleDraftCache
@@ -88,7 +89,7 @@ def test_the_language_model_loads_alone_and_the_estimate_counts_it(pairs, cuda_e
     layers = cache_module.bucket_layers(cache)
     assert len(layers) == 2 and {layer.k_buf.shape[-1] for layer in layers} == {16, 32}
     allocated = sum(layer.k_buf.numel() * 4 * 2 for layer in layers)
-    assert cache_bytes(target, torch.float32, positions=layers[0].capacity) == allocated
+    assert cache_bytes(target, 4, positions=layers[0].capacity) == allocated
 
 
 def test_an_all_bidirectional_variant_is_refused_before_loading(pairs, tmp_path):
@@ -127,7 +128,7 @@ def test_the_published_config_form_reads_as_transformers_5s(pairs, tmp_path):
     ids = torch.tensor([IDS[:40]])
     expected = transformers_model(target)(ids).logits[0]
     torch.testing.assert_close(transformers_model(published)(ids).logits[0], expected, rtol=0, atol=0)
-    assert cache_bytes(published, torch.float32) == cache_bytes(target, torch.float32)
+    assert cache_bytes(published, 4) == cache_bytes(target, 4)
     pytest.importorskip("mlx_lm")
     import mlx.core as mx
     import numpy as np
@@ -257,13 +258,17 @@ def test_mlx_lm_runs_the_translated_config_as_transformers_does(pairs, family):
     pytest.importorskip("mlx_lm")
     import mlx.core as mx
     import numpy as np
+    from mlx.utils import tree_flatten
 
+    from dflash_tui.engines.mlx.memory import weight_bytes as mlx_weight_bytes
     from dflash_tui.engines.mlx.target import load_mlx_model
 
     target = pairs(family)[0]
     config = json.loads((target / "config.json").read_text())
     assert "global_head_dim" not in config["text_config"]  # the transformers-5 form is the one translated
     model = load_mlx_model(target, "gemma4", config)
+    held = sum(a.nbytes for _, a in tree_flatten(model.parameters()))
+    assert mlx_weight_bytes(target, None) == held  # the fit check leaves the towers out, as mlx-lm does
     mlx_logits = np.array(model(mx.array([IDS[:40]])))[0]
     with torch.inference_mode():
         expected = transformers_model(target)(torch.tensor([IDS[:40]])).logits[0]

@@ -244,8 +244,10 @@ def test_mlx_lm_runs_the_translated_weights_as_transformers_does(pair, tmp_path,
 
     import mlx.core as mx
     import numpy as np
+    from mlx.utils import tree_flatten
     from transformers import AutoModelForCausalLM
 
+    from dflash_tui.engines.mlx.memory import weight_bytes as mlx_weight_bytes
     from dflash_tui.engines.mlx.target import load_mlx_model
     from tests.oracles import mlx_lm_greedy
     from tests.tiny import make_gpt_oss_mxfp4
@@ -261,6 +263,8 @@ def test_mlx_lm_runs_the_translated_weights_as_transformers_does(pair, tmp_path,
     ids = [(7 * i + 3) % 300 for i in range(40)]
     model = load_mlx_model(target, "gpt_oss", config)
     assert (type(model.layers[0].mlp.experts.gate_proj).__name__ == "QuantizedSwitchLinear") == mxfp4
+    held = sum(a.nbytes for _, a in tree_flatten(model.parameters()))
+    assert mlx_weight_bytes(target, None) == held  # the fit check counts MXFP4 packed, as mlx-lm holds it
     mlx_logits = np.array(model(mx.array([ids])))[0]
     with torch.inference_mode():
         expected = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)(torch.tensor([ids])).logits[0]

@@ -108,6 +108,41 @@ def test_quantized_and_tied_targets_match_mlx_lm(variant, kind):
     assert summary.dtype == "float32"  # the activations' dtype: the quantization scales' here
 
 
+def loaded_bytes(target, draft):
+    """Bytes the MLX allocator holds for an engine on (target, draft), measured around its load."""
+    import gc
+
+    gc.collect()
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    engine = engine_for("mlx", target, draft)
+    model = engine.target.model  # its tapped layers are wrapped, out of model.parameters()'s reach
+    layers = [getattr(layer, "_module", layer).parameters() for layer in model.layers]
+    mx.eval(model.parameters(), layers, engine.draft.parameters())  # a lazy upcast takes its memory now
+    gc.collect()
+    return engine, mx.get_active_memory() - before
+
+
+@pytest.mark.parametrize("kind", ["plain", "q4", "f16"])
+def test_the_memory_estimate_counts_weights_as_the_engine_holds_them(pairs, variant, kind):
+    """The fit check's weight count equals the bytes the loaded engine holds: float32 on the CPU (an f16
+    checkpoint upcast), mlx_lm.convert's 4-bit packs kept packed (their scales upcast), the draft in the
+    target's dtype; a pair that cannot fit is one sentence."""
+    from dflash_tui.engines.mlx.memory import check_fits, weight_bytes
+
+    target, draft = pairs("qwen3") if kind == "plain" else variant(kind)
+    engine, held = loaded_bytes(target, draft)
+    assert engine.dtype == "float32" and held == weight_bytes(target, "float32") + weight_bytes(draft, "float32")
+    if kind == "q4":
+        assert weight_bytes(target, "float32") < weight_bytes(pairs("qwen3")[0], "float32") / 3
+    if kind == "f16":
+        assert weight_bytes(target, None) * 2 == weight_bytes(target, "float32")
+    need = weight_bytes(target, "float32")
+    with pytest.raises(UserError, match=r"needs about .* GB in float32 but this machine's available RAM has 0.0 GB "
+                                        r"free; run a smaller quantized build"):
+        check_fits(target, draft, "float32", "cpu", available=need // 2)
+
+
 def test_half_precision_checkpoint_computes_in_float32_on_the_cpu(variant):
     """dtype auto on the CPU is float32, as on the CUDA engine: the ids are mlx-lm's on the upcast weights."""
     target, draft = variant("f16")

@@ -29,6 +29,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DummyLayer, DynamicLayer, DynamicSlidingWindowLayer, LinearAttentionCacheLayerMixin
 
+from dflash_tui.engines.memory import SNAPSHOTS
+
 BUCKET = 1024
 TIER = 256  # the graph path's attention reads the caches in steps of this many positions
 
@@ -231,7 +233,7 @@ class CachePool:
             self._draft_cache.length = min(self._draft_cache.length, keep)
 
 
-MAX_SNAPSHOTS = 3  # hybrid targets: linear-attention states kept per conversation (the latest positions)
+MAX_SNAPSHOTS = SNAPSHOTS  # hybrid targets: linear-attention states kept per conversation (the latest positions)
 
 
 def linear_layers(cache) -> dict[int, LinearAttentionCacheLayerMixin]:

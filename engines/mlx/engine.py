@@ -17,6 +17,7 @@ from dflash_tui.engines.engine import Engine, RawStep
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.mlx.draft import DFlashDraft
 from dflash_tui.engines.mlx.loop import Sampler, TurnCache, speculative_decode
+from dflash_tui.engines.mlx.memory import check_fits
 from dflash_tui.engines.mlx.probe import block1_step
 from dflash_tui.engines.mlx.target import DTYPES, Target, check_target, dtype_name
 from dflash_tui.engines.sampling import SamplingParams
@@ -51,6 +52,8 @@ class MlxEngine(Engine):
         # auto: the checkpoint's own dtype on the GPU; float32 on the CPU, as the CUDA engine does there
         # (half-precision arithmetic on the CPU is slow and rounds differently from the CUDA engine's).
         dtype = config.dtype if config.dtype != "auto" or self.device == "gpu" else "float32"
+        check_fits(self.target_info.path, self.draft_info.path if self.draft_info else None,
+                   None if dtype == "auto" else dtype, self.device)
         self.target = Target(self.target_info, dtype, layer_ids)
         self.dtype = dtype_name(self.target.dtype)
         self.draft = DFlashDraft.load(self.draft_info, self.target.dtype) if self.draft_info else None

@@ -25,6 +25,7 @@ import mlx.core as mx
 
 from dflash_tui.engines.engine import RawStep
 from dflash_tui.engines.events import TopLogprob
+from dflash_tui.engines.memory import SNAPSHOTS
 from dflash_tui.engines.mlx.draft import DFlashDraft, DraftCache
 from dflash_tui.engines.mlx.target import Target
 from dflash_tui.engines.sampling import SamplingParams
@@ -206,7 +207,7 @@ class TurnCache:
     {position: entries of each linear-attention ArraysCache} (MLX arrays are immutable: references are
     the copy) taken right after the assistant header; the live state at len(ids) is the other point."""
 
-    MAX_SNAPSHOTS = 3
+    MAX_SNAPSHOTS = SNAPSHOTS
 
     def __init__(self) -> None:
         self.cache: Optional[list] = None
