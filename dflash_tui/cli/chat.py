@@ -39,12 +39,10 @@ LAST = ""  # `--resume` without an id
 
 def last_session() -> store.Session:
     """The session used last (the picker's first row): `--continue`, and `--resume` without an id."""
-    from dflash_tui.tui.screens.sessions import by_last_use
-
     found = store.list_sessions()
     if not found:
         raise UserError(printable(f"No session to continue in {store.sessions_dir()} yet; `dflash chat` starts one."))
-    return by_last_use(found)[0]
+    return store.by_last_use(found)[0]
 
 
 @click.command()

@@ -446,7 +446,7 @@ def _record(line: bytes) -> Optional[dict]:
     return record if isinstance(record, dict) else None
 
 
-def _read_regular(path: Path) -> bytes:
+def read_regular(path: Path) -> bytes:
     """A regular file's bytes; a FIFO or a device in its place is refused, never waited on."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
@@ -465,7 +465,7 @@ def _read_regular(path: Path) -> bytes:
 def read_session(path: Path) -> Session:
     path = Path(path)
     try:
-        raw = _read_regular(path)
+        raw = read_regular(path)
     except OSError as exc:
         raise UserError(printable(f"Session file {path} cannot be read ({exc.strerror}).")) from None
     lines = raw.split(b"\n")
@@ -523,6 +523,17 @@ def list_sessions(skipped: Optional[list[UserError]] = None) -> list[Session]:
                 skipped.append(exc)
     out.sort(key=lambda s: (s.created, s.id), reverse=True)
     return out
+
+
+def by_last_use(found: list[Session]) -> list[Session]:
+    """Sessions by their last turn written (the file's modification time), the last used first."""
+    def used(session: Session) -> float:
+        try:
+            return session.path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    return sorted(found, key=lambda s: (used(s), s.created), reverse=True)
 
 
 def resolve(session_id: str) -> Path:

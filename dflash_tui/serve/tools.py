@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from dflash_tui.core.sessions import _read_regular
+from dflash_tui.core.sessions import read_regular
 from dflash_tui.engines.errors import UserError, describe
 from dflash_tui.engines.reasoning import GEMMA4, GEMMA_CALL_CLOSE, GEMMA_CALL_OPEN, GEMMA_STRING, HARMONY, format_of
 from dflash_tui.engines.text import printable
@@ -402,7 +402,7 @@ def wire_call(call: dict, index: int) -> dict:
 def load_tools_file(path: str) -> list[dict]:
     """`dflash generate --tools FILE.json`: a list of OpenAI tools (or {"tools": [...]})."""
     try:
-        data = json.loads(_read_regular(Path(path)))  # a FIFO or a device (/dev/zero) is refused, not read
+        data = json.loads(read_regular(Path(path)))  # a FIFO or a device (/dev/zero) is refused, not read
     except OSError as exc:
         raise UserError(printable(f"The tools file {path} cannot be read ({exc.strerror}); point --tools at a "
                                   "JSON file.")) from None

@@ -104,7 +104,7 @@ class SessionsScreen(ModalScreen[str | None]):
     def __init__(self, open_id: str | None = None) -> None:
         super().__init__()
         self.open_id = open_id  # the chat's own session: marked, and never deleted from here
-        self.every = by_last_use(sessions.list_sessions())  # read before any key can reach the screen
+        self.every = sessions.by_last_use(sessions.list_sessions())  # read before any key can reach the screen
         self.found = self.every
         self.query_text = ""
         self.row = 0
@@ -149,7 +149,7 @@ class SessionsScreen(ModalScreen[str | None]):
         table = self.query_one(DataTable)
         table.clear()
         if found is None:  # read again (after a deletion), the search kept
-            self.every = by_last_use(sessions.list_sessions())
+            self.every = sessions.by_last_use(sessions.list_sessions())
             found = [s for s in self.every if matches(s, self.query_text)]
         self.found = found
         self.row = max(0, min(self.row, len(found) - 1))
@@ -246,17 +246,6 @@ class SessionsScreen(ModalScreen[str | None]):
 
     def action_export_json(self) -> None:
         self._export("json")
-
-
-def by_last_use(found: list) -> list:
-    """Sessions by their last turn written (the file's modification time), the last used first."""
-    def used(session) -> float:
-        try:
-            return session.path.stat().st_mtime
-        except OSError:
-            return 0.0
-
-    return sorted(found, key=lambda s: (used(s), s.created), reverse=True)
 
 
 def matches(session, text: str) -> bool:
