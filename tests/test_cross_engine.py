@@ -1,6 +1,9 @@
 """The CUDA (PyTorch) and MLX engines on the same float32 checkpoints: identical ids, identical draft
 proposals step by step (a wrong port of the draft shows here even when both outputs stay lossless),
-identical context features, and the draft module itself within 1e-4 given identical inputs."""
+identical context features, and the draft module itself within 1e-4 given identical inputs; the newer
+families (gpt-oss, Gemma 4, Qwen3.5) step by step at two block sizes."""
+
+import json
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ from dflash_tui.engines import EngineConfig, GenerationRequest, load_engine  # n
 from dflash_tui.engines.cuda.draft import DraftCache as TorchDraftCache  # noqa: E402 - after the importorskip above
 from dflash_tui.engines.mlx.draft import DraftCache as MlxDraftCache  # noqa: E402 - after the importorskip above
 from tests import tiny  # noqa: E402 - after the importorskip above
+from tests.oracles import edited_copy, engine_for  # noqa: E402 - after the importorskip above
 
 PROMPTS = ["What is 48 + 75?", "Hello world, speculative decoding"]
 FAMILIES = [("qwen3", False), ("qwen3_moe", False), ("llama", False), ("qwen3", True)]
@@ -58,6 +62,27 @@ def test_same_ids_and_same_proposals_step_by_step(engines_for, family, last_laye
             for i, (a, b) in enumerate(zip(cuda_steps, mlx_steps)):
                 assert a == b, f"step {i}, block {block}, prompt {prompt!r}: cuda {a} vs mlx {b}"
             assert len(cuda_steps) == len(mlx_steps)
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "gemma4", "qwen3_5"])
+def test_the_newer_families_give_the_same_proposals_on_both_engines(engines_for, pairs, tmp_path, family):
+    """gpt-oss (sinks, YaRN, experts, window), Gemma 4 (scaled embeddings the draft shares, global layers'
+    own sizes, window) and Qwen3.5 (linear attention): one prompt, blocks 1 and 16, step by step. gpt-oss with
+    YaRN's `truncate` on: mlx-lm 0.32 always rounds YaRN's correction range, where the published config turns
+    that off for transformers, so each engine equals its own framework there but not the other (docs/families.md)."""
+    if family == "gpt_oss":
+        target, draft = pairs("gpt_oss")
+        config = json.loads((target / "config.json").read_text())
+        rounded = edited_copy(target, tmp_path / "target", rope_parameters={**config["rope_parameters"], "truncate": True})
+        cuda, mlx = (engine_for(name, rounded, draft) for name in ("cuda", "mlx"))
+    else:
+        cuda, mlx = engines_for(family, False, None)
+    ids = cuda.prepare(GenerationRequest(prompt=PROMPTS[0]))
+    assert ids == mlx.prepare(GenerationRequest(prompt=PROMPTS[0]))
+    for block in (1, 16):
+        cuda_steps, cuda_ids = steps(cuda, ids, block)
+        mlx_steps, mlx_ids = steps(mlx, ids, block)
+        assert mlx_ids == cuda_ids and mlx_steps == cuda_steps, f"block {block}"
 
 
 @pytest.mark.parametrize("family,last_layer", FAMILIES)
