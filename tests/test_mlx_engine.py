@@ -307,3 +307,25 @@ def test_missing_mlx_is_one_sentence(monkeypatch, pairs):
     with pytest.raises(EngineUnavailable, match=r"pip install 'dflash-tui\[mlx\]'"):
         load_engine(EngineConfig(target=str(target), engine="mlx"))
 
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "gemma4", "qwen3"])
+def test_the_draft_embeds_as_transformers_embedding_module_does(pairs, tmp_path, family):
+    """The draft reads the target's token embeddings as transformers' get_input_embeddings() returns them
+    (what it was trained on): scaled by sqrt(hidden) for every Gemma family, whose mlx-lm models scale
+    inside their forward instead; as they are elsewhere."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dflash_tui.engines.checkpoints import TargetInfo
+    from dflash_tui.engines.mlx.target import Target
+    from tests.tiny import make_target
+
+    path = pairs(family)[0] if family in ("gemma4", "qwen3") else make_target(tmp_path / family, family)
+    target = Target(TargetInfo.read(str(path)), "float32", [0, 2])
+    ids = [5, 17, 33, 200, 7]
+    with torch.inference_mode():
+        expected = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).get_input_embeddings()(
+            torch.tensor([ids])).numpy()
+    np.testing.assert_allclose(np.array(target.embed(mx.array([ids]))), expected, rtol=1e-6, atol=1e-6)

@@ -78,6 +78,10 @@ def make_target(out: Path, family: str = "qwen3", layers: int = 4, hidden: int =
         return make_gpt_oss(out, tok, common, seed)
     elif family in GEMMA4:
         return make_gemma4(out, tok, common, seed, GEMMA4[family])
+    elif family == "gemma2":  # embeddings scaled inside the model, not by transformers' embedding module
+        config = transformers.Gemma2Config(**{**common, "tie_word_embeddings": True}, sliding_window=GEMMA4_WINDOW)
+    elif family == "gemma3_text":  # embeddings scaled by transformers' embedding module, not by mlx-lm's
+        config = transformers.Gemma3TextConfig(**{**common, "tie_word_embeddings": True}, sliding_window=GEMMA4_WINDOW)
     else:
         raise ValueError(family)
     torch.manual_seed(seed)

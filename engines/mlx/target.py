@@ -17,7 +17,7 @@ from typing import Optional, Union
 import mlx.core as mx
 import mlx.nn as nn
 
-from dflash_tui.engines.checkpoints import TargetInfo
+from dflash_tui.engines.checkpoints import TargetInfo, text_config
 from dflash_tui.engines.errors import CheckpointError, UserError, describe
 
 NORM_NAMES = ("norm", "final_layernorm", "ln_f", "norm_f", "final_norm")
@@ -238,19 +238,26 @@ def _first(module, names):
 WHOLE_SLIDING = {"gpt_oss", "gemma4"}
 
 
-# Families whose mlx-lm model scales the token embeddings inside its forward (by this attribute of the decoder)
-# where transformers' embed_tokens returns them scaled: the draft, trained on transformers', gets them scaled too.
-SCALED_EMBEDDINGS = {"gemma4": "embed_scale"}
+def embedding_scale(model_type: str, config: dict) -> Optional[float]:
+    """What the draft's input embeddings are scaled by. transformers' Gemma models (gemma, gemma2, gemma3,
+    gemma3n, gemma4) return the token embeddings times sqrt(hidden) from their embedding module, which is what
+    a draft trained on transformers reads; mlx-lm's scale inside the model's forward instead, so the engine
+    scales what it hands the draft. None: the embeddings as they are."""
+    if not model_type.startswith("gemma"):
+        return None
+    return float(text_config(config)["hidden_size"]) ** 0.5
 
 
 class ScaledEmbedding:
-    """The target's token embedding times `scale` (the framework's own factor, applied as its model applies it)."""
+    """The target's token embedding times `scale`, the scale rounded to the embeddings' dtype first, as
+    transformers' scaled embedding modules do."""
 
     def __init__(self, embedding, scale: float):
         self.embedding, self.scale = embedding, scale
 
     def __call__(self, ids: mx.array) -> mx.array:
-        return self.embedding(ids) * self.scale
+        h = self.embedding(ids)
+        return h * mx.array(self.scale, h.dtype)
 
 
 class Target:
@@ -266,8 +273,9 @@ class Target:
         self.embed = decoder[embed_name]
         lm_head = next((m for name, m in self.model.named_modules() if name.split(".")[-1] == "lm_head"), None)
         self.lm_head = lm_head if lm_head is not None else self.embed.as_linear
-        if info.model_type in SCALED_EMBEDDINGS:
-            self.embed = ScaledEmbedding(self.embed, getattr(decoder, SCALED_EMBEDDINGS[info.model_type]))
+        scale = embedding_scale(info.model_type, info.config)
+        if scale is not None:
+            self.embed = ScaledEmbedding(self.embed, scale)
         self.dtype = self.embed(mx.array([[0]])).dtype  # the activations' dtype (a quantized model's scales)
         self.layer_ids = list(layer_ids)
         self.capture = Capture()
