@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generator, Iterator, Optional, Protocol, Union, runtime_checkable
 
-from dflash_tui.engines import hub
+from dflash_tui.engines import hub, reasoning
 from dflash_tui.engines.baseline import BaselineRun, Margin
 from dflash_tui.engines.checkpoints import DraftInfo, TargetInfo, check_block_size, validate_pair
 from dflash_tui.engines.config import EngineConfig, GenerationRequest
@@ -194,7 +194,7 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def stop_ids(self) -> list[int]:
-        return self.target_info.stop_ids()
+        return reasoning.stop_ids(self.tokenizer, self.target_info.stop_ids())
 
     def close(self) -> None:
         """Nothing to stop in this process; the weights go with the last reference."""

@@ -20,6 +20,7 @@ import time
 from dataclasses import fields
 from typing import Generator, Iterator, Optional
 
+from dflash_tui.engines import reasoning
 from dflash_tui.engines.baseline import BaselineRun, Margin
 from dflash_tui.engines.config import EngineConfig, GenerationRequest
 from dflash_tui.engines.errors import CheckpointError, EngineUnavailable, UserError
@@ -174,7 +175,7 @@ class ProcessEngine:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def stop_ids(self) -> list[int]:
-        return self.target_info.stop_ids()
+        return reasoning.stop_ids(self.tokenizer, self.target_info.stop_ids())
 
     def prepare(self, request: GenerationRequest) -> list[int]:
         return prompt_ids(self.tokenizer, request)

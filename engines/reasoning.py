@@ -43,6 +43,7 @@ class ChatFormat:
 
     markers: tuple = ()
     shown: tuple = ()
+    ends: tuple = ()  # the special tokens that hand the turn over (to the user or a tool): see stop_ids
 
     def template_messages(self, messages: list[dict]) -> list[dict]:
         """The messages as the chat template takes them (an OpenAI request's, or the chat's history)."""
@@ -103,6 +104,7 @@ class HarmonyFormat(ChatFormat):
 
     name = "harmony"
     markers = shown = SHOWN_MARKERS
+    ends = ("<|return|>", "<|call|>")
 
     @staticmethod
     def messages(raw: str) -> list[dict]:
@@ -163,6 +165,7 @@ class GemmaFormat(ChatFormat):
 
     name = "gemma4"
     markers = (GEMMA_OPEN, GEMMA_CLOSE)
+    ends = ("<turn|>", "<|tool_response>")
     shown = (GEMMA_OPEN, GEMMA_CLOSE, GEMMA_CALL_OPEN, GEMMA_CALL_CLOSE, GEMMA_STRING)
 
     def layout(self, raw: str, thinking: bool = True) -> tuple[int, int, int]:
@@ -292,6 +295,18 @@ def format_for(engine):
     if getattr(engine, "name", None) == "remote":
         return THINK
     return format_of(getattr(engine, "tokenizer", None))
+
+
+def stop_ids(tokenizer, eos_ids: list[int]) -> list[int]:
+    """The ids a reply stops at: the checkpoint's eos ids, and the format's hand-over tokens that are in the
+    vocabulary (harmony's `<|return|>` and `<|call|>`, Gemma 4's `<turn|>` and `<|tool_response>`), so that a
+    tool call ends the reply even where a generation_config leaves such a token out of its eos list."""
+    ids = list(eos_ids)
+    for token in format_of(tokenizer).ends:
+        found = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(found, int) and found != tokenizer.unk_token_id and found not in ids:
+            ids.append(found)
+    return ids
 
 
 def takes_effort(tokenizer) -> bool:

@@ -87,6 +87,32 @@ def test_the_markers_read_as_text_and_the_turn_ends_do_not(gemma, gemma_pair):
     assert gemma.stop_ids() == tok.convert_tokens_to_ids(["<eos>", "<turn|>", "<|tool_response>"])
 
 
+@pytest.mark.parametrize("family", ["gemma4", "harmony"])
+def test_a_reply_stops_at_its_hand_over_tokens_whatever_generation_config_lists(gemma_pair, pairs, tmp_path, family):
+    """A tool call hands the turn to the tool: Gemma 4's `<|tool_response>` and `<turn|>`, harmony's `<|call|>`
+    and `<|return|>` stop the reply even where generation_config.json names only an eos (engines/reasoning.py,
+    stop_ids); a Qwen-style template adds nothing."""
+    import json
+    import shutil
+
+    from dflash_tui.engines import EngineConfig, load_engine
+    from tests import tiny_harmony
+
+    target, draft = gemma_pair if family == "gemma4" else tiny_harmony.make_pair(tmp_path / "harmony")
+    edited = tmp_path / "target"
+    shutil.copytree(target, edited)
+    config = json.loads((edited / "generation_config.json").read_text())
+    only_eos = config["eos_token_id"][1:2] if family == "harmony" else config["eos_token_id"][:1]  # endoftext; eos
+    (edited / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": only_eos}))
+    engine = load_engine(EngineConfig(target=str(edited), draft=str(draft), engine="cuda", dtype="float32"))
+    ends = ["<turn|>", "<|tool_response>"] if family == "gemma4" else ["<|return|>", "<|call|>"]
+    wanted = list(dict.fromkeys(only_eos + engine.tokenizer.convert_tokens_to_ids(ends)))
+    assert engine.stop_ids() == wanted
+    qwen = load_engine(EngineConfig(target=str(pairs("qwen3")[0]), draft=str(pairs("qwen3")[1]), engine="cuda",
+                                    dtype="float32"))
+    assert qwen.stop_ids() == qwen.target_info.stop_ids()
+
+
 # -- the split -----------------------------------------------------------------------------------------------
 
 CASES = [  # (reply as shown, thinking on, thinking, answer)
