@@ -39,6 +39,33 @@ def test_doctor_checks_a_profiles_pair(tmp_path, pairs):
     missing = CliRunner().invoke(main, ["doctor", "--profile", "qwen3-8b"], env={"HF_HUB_OFFLINE": "1"})
     assert missing.exit_code == 0 and "Qwen/Qwen3-8B (not downloaded)" in missing.output
     assert "cannot tell" in missing.output
+    assert "  needs          unknown until it is downloaded" in missing.output
+
+
+def needs_of(profile) -> list[str]:
+    result = CliRunner().invoke(main, ["doctor", "--profile", str(profile)])
+    assert result.exit_code == 0, result.output
+    return [line[16:].strip() for line in result.output.splitlines() if line.startswith("  needs")]
+
+
+def test_doctor_names_what_each_family_needs(tmp_path, pairs):
+    """Read from the target's config.json and headers: the framework that runs its model type, and the parts
+    that change loading and decoding (a window, sinks, MXFP4 experts, linear attention, experts, towers)."""
+    from tests.tiny import make_gpt_oss_mxfp4, write_profile
+
+    def needs(family, target=None):
+        target = target or pairs(family)[0]
+        return needs_of(write_profile(tmp_path / f"{family}.toml", target, pairs(family)[1]))
+
+    assert needs("qwen3") == ["model type qwen3: transformers runs it, mlx-lm runs it"]
+    mxfp4 = make_gpt_oss_mxfp4(tmp_path / "mxfp4", pairs("gpt_oss")[0])
+    oss = needs("gpt_oss", mxfp4)
+    assert oss[0] == "model type gpt_oss: transformers runs it, mlx-lm runs it"
+    assert any(line.startswith("sliding window ") for line in oss) and "attention sinks (one learned logit per head)" in oss
+    assert any(line.startswith("MXFP4 experts: no CUDA device here, so they load dequantized") for line in oss)
+    assert any("mixture of experts" in line for line in oss)
+    assert any(line.startswith("3 linear-attention layers") for line in needs("qwen3_5"))
+    assert any(line.endswith("vision/audio tower tensors: left out (neither built nor read)") for line in needs("gemma4"))
 
 
 def test_shell_completion_offers_profile_names_and_session_ids(data_dir):

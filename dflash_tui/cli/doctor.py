@@ -15,6 +15,7 @@ from typing import Optional
 import click
 
 from dflash_tui.cli import complete
+from dflash_tui.cli.needs import target_needs
 from dflash_tui.engines import available_memory, describe_auto, hub
 from dflash_tui.engines.checkpoints import stored_bytes
 from dflash_tui.engines.errors import UserError
@@ -110,10 +111,11 @@ def where(name: Optional[str]) -> tuple[str, Optional[Path]]:
 
 @click.command()
 @click.option("--profile", "-p", metavar="NAME|PATH", shell_complete=complete.profile_names,
-              help="Also check this profile's pair: is it here, does it fit.")
+              help="Also check this profile's pair: is it here, what its target needs, does it fit.")
 def doctor(profile: Optional[str]) -> None:
     """What is installed, what `auto` picks and whether the `dflash` on PATH is this package's; with
-    --profile, whether that pair is here and fits."""
+    --profile, whether that pair is here, what its target needs (framework, windows, sinks, MXFP4, rollback)
+    and whether it fits."""
     for name, value in environment():
         click.echo(f"{name:<16} {value}")
     click.echo(f"{'dflash command':<16} {command_check()}")
@@ -131,6 +133,10 @@ def doctor(profile: Optional[str]) -> None:
         need += size or 0
         shown = f" · {_size(size)}" if size is not None else ""
         click.echo(f"{role:<16} {name or '-'} ({state}{shown})")
+        if role == "target":
+            needs = target_needs(folder) if folder else ["unknown until it is downloaded (read from its config.json)"]
+            for line in needs:
+                click.echo(f"{'  needs':<16} {line}")
     have, place = available_memory()
     verdict = ("cannot tell: the size of the " + " and ".join(unknown) + " is unknown offline" if unknown
                else "fits" if need <= have else "does NOT fit")

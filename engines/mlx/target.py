@@ -50,7 +50,7 @@ class Capture:
 COMMON_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_next", "gemma3_text", "gemma4", "gpt_oss")
 
 
-def _mlx_model_types() -> set[str]:
+def mlx_model_types() -> set[str]:
     """The model types the installed mlx-lm has a module for (its remapped aliases included)."""
     import pkgutil
 
@@ -66,14 +66,14 @@ def _mlx_model_types() -> set[str]:
 
 def _supported_types() -> str:
     """'N model types, among them ...' for the mlx-lm installed here."""
-    names = _mlx_model_types()
+    names = mlx_model_types()
     known = [t for t in COMMON_TYPES if t in names]
     return f"about {len(names)} model types, among them {', '.join(known)}"
 
 
 def check_target(info: TargetInfo) -> None:
     """Refuse a model type mlx-lm has no module for, before any loader (or tokenizer) sees the folder."""
-    if info.model_type not in _mlx_model_types():
+    if info.model_type not in mlx_model_types():
         raise UserError(
             f"The target {info.path} is a '{info.model_type}' model, which mlx-lm {_mlx_lm_version()} does not run; "
             f"it has {_supported_types()} (upgrade mlx-lm, or use --engine cuda)."
