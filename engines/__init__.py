@@ -10,6 +10,7 @@ import importlib.util
 import platform
 import sys
 from pathlib import Path
+from typing import Callable, Optional
 
 from dflash_tui.engines.config import EngineConfig, GenerationRequest
 from dflash_tui.engines.engine import EngineLike
@@ -62,8 +63,9 @@ def choose_engine(name: str = "auto") -> str:
     raise EngineUnavailable(f"Neither engine is installed; {INSTALL_HINT['cuda']}, or {INSTALL_HINT['mlx']}.")
 
 
-def load_engine(config: EngineConfig) -> EngineLike:
-    """Load target, draft and tokenizer on the chosen engine (checks run before any weight loads)."""
+def load_engine(config: EngineConfig, progress: Optional[Callable[[str], None]] = None) -> EngineLike:
+    """Load target, draft and tokenizer on the chosen engine (checks run before any weight loads).
+    `progress` hears each stage as it starts (loading the target, the draft, capturing CUDA graphs)."""
     name = choose_engine(config.engine)
     if name == "remote":
         from dflash_tui.engines.remote import RemoteEngine
@@ -72,12 +74,12 @@ def load_engine(config: EngineConfig) -> EngineLike:
     if name == "cuda":
         from dflash_tui.engines.cuda.engine import CudaEngine
 
-        return CudaEngine(config)
+        return CudaEngine(config, progress)
     try:
         from dflash_tui.engines.mlx.engine import MlxEngine
     except ImportError:
         raise EngineUnavailable(f"The MLX engine is not available in this build; {INSTALL_HINT['mlx']}.") from None
-    return MlxEngine(config)
+    return MlxEngine(config, progress)
 
 
 def describe_auto() -> str:

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generator, Iterator, Optional, Protocol, Union, runtime_checkable
+from typing import Any, Callable, Generator, Iterator, Optional, Protocol, Union, runtime_checkable
 
 from dflash_tui.engines import hub, reasoning
 from dflash_tui.engines.baseline import BaselineRun, Margin
@@ -159,13 +159,21 @@ class EngineLike(Protocol):
     def close(self) -> None: ...
 
 
+Progress = Callable[[str], None]  # a stage of loading or capturing, said as it starts ("loading the target")
+
+
+def _quiet(_stage: str) -> None:
+    """No front end is listening."""
+
+
 class Engine:
     """Base of the CUDA and MLX engines. Subclasses set name/device/dtype and implement `_decode`."""
 
     name = "?"
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, progress: Optional[Progress] = None):
         self.config = config
+        self.progress: Progress = progress or _quiet  # what loading is doing, for a front end to show
         self.warnings: list[str] = []
         hub.require_cached({"target": config.target, "draft": config.draft})  # offline: one sentence for both
         self.target_info = TargetInfo.read(config.target)

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from dataclasses import fields
-from typing import Generator, Iterator, Optional
+from typing import Callable, Generator, Iterator, Optional
 
 from dflash_tui.engines import reasoning
 from dflash_tui.engines.baseline import BaselineRun, Margin
@@ -77,7 +77,7 @@ def _serve(config: EngineConfig, conn, cancel) -> None:
 
     _leave_a_core_for_the_ui()
     try:
-        engine = load_engine(config)
+        engine = load_engine(config, progress=lambda stage: conn.send(("progress", stage)))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         conn.send(_error(exc))
         return
@@ -132,10 +132,12 @@ def _real_stdio():
 
 class ProcessEngine:
     """An `EngineLike` served by a child process. Construction blocks until the child has loaded (or
-    failed)."""
+    failed). `progress` hears the child's stages (loading, capturing CUDA graphs) whenever they run: during
+    the load, and later in prepare_steps or a request that needs a capture."""
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, progress: Optional[Callable[[str], None]] = None):
         self.config = config
+        self.progress = progress
         ctx = mp.get_context("spawn")
         with _real_stdio():
             self._cancel = ctx.Event()
@@ -145,7 +147,7 @@ class ProcessEngine:
             self._proc.start()
         child.close()
         try:
-            message = self._conn.recv()
+            message = self._next()
         except EOFError:
             self._proc.join(5)
             raise UserError(f"The engine process exited while loading (exit code {self._proc.exitcode}); "
@@ -246,9 +248,18 @@ class ProcessEngine:
                     if message[0] == "error":
                         break
 
+    def _next(self):
+        """The child's next message other than a progress stage (those go to `progress` as they come)."""
+        while True:
+            message = self._conn.recv()
+            if message[0] != "progress":
+                return message
+            if self.progress is not None:
+                self.progress(message[1])
+
     def _recv(self):
         try:
-            return self._conn.recv()
+            return self._next()
         except (EOFError, OSError):
             self._proc.join(1)
             raise UserError(f"The engine process stopped (exit code {self._proc.exitcode}); reload it from the "

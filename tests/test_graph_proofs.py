@@ -187,7 +187,10 @@ def short_requests(monkeypatch):
 
 def test_load_time_captures_cover_the_profiles_request(engine, short_requests):
     graphs = StepGraphs(engine.target, engine.draft, mode="trace")
-    assert capture_for_request(graphs, engine.pool, 16, NEW)
+    said: list[str] = []
+    assert capture_for_request(graphs, engine.pool, 16, NEW, progress=said.append)
+    assert said == ["capturing CUDA graphs for block 1 (1 of 2)", "capturing CUDA graphs for block 16 (2 of 2)"]
+    assert capture_for_request(graphs, engine.pool, 16, NEW, progress=said.append) and len(said) == 2  # nothing new
     built = graphs.captures
     tiers = len(range(TIER, tier(short_requests + NEW + 16, bucket_layers(engine.pool.target_cache(0))[0].capacity) + 1, TIER))
     assert built == 3 * tiers  # per tier: block 1's verify, block 16's draft and verify

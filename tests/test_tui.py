@@ -536,6 +536,22 @@ def test_engine_process_cancels_within_a_step_and_reports_user_errors(process_en
     assert sum(len(e.emitted) for e in events) == 5
 
 
+def test_engine_process_says_each_loading_stage_as_it_starts(pair):
+    """The child's stages reach the parent while it loads (the TUI's loading line shows them; a capture
+    between requests, on a GPU, comes the same way)."""
+    from dflash_tui.engines import EngineConfig
+    from dflash_tui.engines.process import ProcessEngine
+
+    stages: list[str] = []
+    engine = ProcessEngine(EngineConfig(target=str(pair[0]), draft=str(pair[1]), engine="cuda", device="cpu",
+                                        dtype="float32"), progress=stages.append)
+    try:
+        assert stages == ["loading the target (float32 on cpu)", "loading the draft"]
+        assert not engine.prepare_steps(8) and len(stages) == 2  # no graphs on the CPU: nothing captured, nothing said
+    finally:
+        engine.close()
+
+
 def test_engine_process_load_error_is_the_same_user_error(tmp_path, pair):
     from dflash_tui.engines import CheckpointError, EngineConfig
     from dflash_tui.engines.process import ProcessEngine

@@ -375,5 +375,15 @@ async def test_a_remote_chat_says_it_connects_to_the_server_not_that_it_loads_a_
             await ready(pilot)
             assert app.load_error is None and app.engine.name == "remote"
             what = app.loading_what
+            # an engine's stages: on the loading line while loading, a toast after
+            app.loading = True
+            app.show_stage("capturing CUDA graphs for block 16 (2 of 2)")
+            line = str(app.chat.query_one("#loading-text").render())
+            app.loading = False
+            app.show_stage("capturing CUDA graphs for block 8 (2 of 2)")
+            await pilot.pause()
+            toasts = [n.message for n in app._notifications]
             app.engine.close()
     assert what == f"Connecting to {server.base} (model the first it lists)", what
+    assert line == f"{what}: capturing CUDA graphs for block 16 (2 of 2)…", line
+    assert "Capturing CUDA graphs for block 8 (2 of 2)…" in toasts, toasts

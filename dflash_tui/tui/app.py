@@ -93,6 +93,7 @@ class DflashApp(App):
         self.load_seconds = 0.0
         self.load_started = 0.0
         self.loading_what = ""
+        self.loading_stage = ""  # what the engine says it is doing now (loading the draft, capturing graphs)
         self.animate = animate
         self.loaded_engine = loaded_engine  # an engine already loaded (tests, benchmarks): no load worker
         self.engine_process = engine_process  # decode in a child process (engines/process.py) or a thread
@@ -148,6 +149,7 @@ class DflashApp(App):
         self.loading_what = (f"Connecting to {server}" if server else
                              f"Loading target {config.target}{draft} ({config.engine} engine)")
         self.load_started = time.perf_counter()
+        self.loading_stage = ""
         self.chat.tick_loading()
         self.chat.refresh_chrome()
         self._load_worker(config)
@@ -161,7 +163,8 @@ class DflashApp(App):
         started = time.perf_counter()
         try:
             # a remote engine only waits on the network: it needs no process of its own
-            engine = ProcessEngine(config) if self.engine_process and config.engine != "remote" else load_engine(config)
+            engine = (ProcessEngine(config, self._stage) if self.engine_process and config.engine != "remote"
+                      else load_engine(config, self._stage))
         except UserError as exc:
             self.post_message(LoadFailed(str(exc)))
             return
@@ -171,6 +174,21 @@ class DflashApp(App):
         self.load_seconds = time.perf_counter() - started
         self._owns_engine = True
         self.post_message(EngineLoaded(engine))
+
+    def _stage(self, stage: str) -> None:
+        """A stage of the engine's work, said from whichever worker thread runs it: on the loading line
+        while loading, as a toast later (a capture between requests, or one a longer request needs)."""
+        try:
+            self.call_from_thread(self.show_stage, stage)
+        except RuntimeError:  # said from the app's own thread
+            self.show_stage(stage)
+
+    def show_stage(self, stage: str) -> None:
+        if self.loading:
+            self.loading_stage = stage
+            self.chat.tick_loading()
+        else:
+            self.chat.toast("engine", f"{stage[:1].upper()}{stage[1:]}…", timeout=4)
 
     def on_engine_loaded(self, message: EngineLoaded) -> None:
         self._loaded(message.engine)

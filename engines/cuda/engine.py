@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Generator
+from typing import Generator, Optional
 
 import torch
 
@@ -15,7 +15,7 @@ from dflash_tui.engines.cuda.loop import Sampler, speculative_decode
 from dflash_tui.engines.cuda.memory import check_fits
 from dflash_tui.engines.cuda.probe import block1_step
 from dflash_tui.engines.cuda.target import Target, check_family
-from dflash_tui.engines.engine import Engine, RawStep
+from dflash_tui.engines.engine import Engine, Progress, RawStep
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.events import StepEvent
 from dflash_tui.engines.sampling import SamplingParams
@@ -43,8 +43,8 @@ class CudaEngine(Engine):
 
     check_target = staticmethod(check_family)
 
-    def __init__(self, config: EngineConfig):
-        super().__init__(config)
+    def __init__(self, config: EngineConfig, progress: Optional[Progress] = None):
+        super().__init__(config, progress)
         device = pick_device(config.device)
         if config.dtype not in ("auto", *DTYPES):
             raise UserError(f"dtype '{config.dtype}' in {config.source} is unknown; use auto, float32, float16 or bfloat16.")
@@ -56,8 +56,11 @@ class CudaEngine(Engine):
         layer_ids = self.draft_info.target_layer_ids if self.draft_info else []
         # --device auto with several GPUs spreads the target over all of them (accelerate's device map)
         spread = config.device in ("auto", "", None) and device.type == "cuda" and torch.cuda.device_count() > 1
+        self.progress(f"loading the target ({self.dtype} on {self.device})")
         self.target = Target(self.target_info, device, dtype, layer_ids, device_map="auto" if spread else None)
         device = self.target.device  # where the embeddings live; the draft sits beside them
+        if self.draft_info:
+            self.progress("loading the draft")
         self.draft = DFlashDraft.load(self.draft_info, device, dtype) if self.draft_info else None
         self._torch_device = device
         # every GPU holding part of the pair (one, or all of them when the target is spread)
@@ -96,7 +99,8 @@ class CudaEngine(Engine):
     def _capture(self, graphs: StepGraphs, block_size: int) -> bool:
         """What the profile's request needs at `block_size` (block 1 without a draft), on the pooled caches."""
         return capture_for_request(graphs, self.pool, block_size if self.draft else 1,
-                                   self.config.max_new_tokens or GenerationRequest.max_new_tokens, self.config.draft_window)
+                                   self.config.max_new_tokens or GenerationRequest.max_new_tokens, self.config.draft_window,
+                                   self.progress)
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
                 max_new_tokens: int, reuse: bool = False, split=None) -> Generator[RawStep, None, None]:

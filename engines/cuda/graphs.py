@@ -79,10 +79,12 @@ class StepGraphs:
         self._capacity = self._reach = 0
 
     # -- set-up, between requests --------------------------------------------------------------
-    def ready(self, cache, draft_cache, block_size: int, first: int = 0, room: int = 0) -> Optional["StepGraphs"]:
+    def ready(self, cache, draft_cache, block_size: int, first: int = 0, room: int = 0,
+              announce: Optional[Callable[[], None]] = None) -> Optional["StepGraphs"]:
         """Capture what `block_size` needs on these caches (before any prefill) for steps starting at
         `first` or later in a request of `room` positions: one graph set per tier of the attention reads
-        those steps reach. None if a capture failed."""
+        those steps reach. None if a capture failed. `announce` is called once, before the first capture
+        (not at all when everything is captured already)."""
         if self.failed:
             return None
         self.cache, self.draft_cache = cache, draft_cache
@@ -102,10 +104,14 @@ class StepGraphs:
         try:
             with torch.inference_mode():
                 for reach in self._reaches(first + block_size, max(room, first + block_size)):
-                    if block_size > 1 and ("draft", block_size, reach) not in self.graphs:
-                        self._build(("draft", block_size, reach), self._draft_fn(block_size, reach))
-                    if ("verify", block_size, reach) not in self.graphs:
-                        self._build(("verify", block_size, reach), self._verify_fn(block_size, reach))
+                    missing = [kind for kind in ("draft", "verify") if (kind, block_size, reach) not in self.graphs
+                               and (kind == "verify" or block_size > 1)]
+                    if missing and announce is not None:
+                        announce()
+                        announce = None
+                    for kind in missing:
+                        fn = self._draft_fn if kind == "draft" else self._verify_fn
+                        self._build((kind, block_size, reach), fn(block_size, reach))
         except Exception as exc:  # capture impossible here: eager from now on, and said so
             self.failed = f"capture failed ({type(exc).__name__}: {exc})"
             self.graphs.clear()
@@ -267,14 +273,18 @@ class StepGraphs:
 
 
 def capture_for_request(graphs: StepGraphs, pool, block_size: int, max_new_tokens: int,
-                        window: Optional[int] = None) -> bool:
+                        window: Optional[int] = None, progress: Optional[Callable[[str], None]] = None) -> bool:
     """Capture, on `pool`'s caches, what a request of up to PROMPT_ROOM prompt tokens and `max_new_tokens`
     new ones needs at `block_size` and at block 1 (the probe's step): the bucket the loop will ask for,
-    so such a request captures nothing. False (with `graphs.failed` saying why) if a capture failed."""
-    for block in sorted({1, block_size}):
-        room = PROMPT_ROOM + max_new_tokens + block_size  # the loop's room at the profile's block size
+    so such a request captures nothing. False (with `graphs.failed` saying why) if a capture failed.
+    `progress` hears each block size as its capture starts (none when all are captured already)."""
+    blocks = sorted({1, block_size})
+    room = PROMPT_ROOM + max_new_tokens + block_size  # the loop's room at the profile's block size
+    for i, block in enumerate(blocks, 1):
+        said = f"capturing CUDA graphs for block {block} ({i} of {len(blocks)})"
+        announce = None if progress is None else (lambda said=said: progress(said))
         cache = pool.target_cache(room)
         draft_cache = pool.draft_cache(window, room) if block > 1 else None
-        if graphs.ready(cache, draft_cache, block, 0, room) is None:
+        if graphs.ready(cache, draft_cache, block, 0, room, announce) is None:
             return False
     return True

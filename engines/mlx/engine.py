@@ -7,13 +7,13 @@ one sentence on how to install them.
 
 from __future__ import annotations
 
-from typing import Generator
+from typing import Generator, Optional
 
 import mlx.core as mx
 import mlx_lm  # noqa: F401  (an ImportError here, not later, when mlx-lm is missing)
 
 from dflash_tui.engines.config import EngineConfig
-from dflash_tui.engines.engine import Engine, RawStep
+from dflash_tui.engines.engine import Engine, Progress, RawStep
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.mlx.draft import DFlashDraft
 from dflash_tui.engines.mlx.loop import Sampler, TurnCache, speculative_decode
@@ -39,8 +39,8 @@ class MlxEngine(Engine):
     name = "mlx"
     check_target = staticmethod(check_target)
 
-    def __init__(self, config: EngineConfig):
-        super().__init__(config)
+    def __init__(self, config: EngineConfig, progress: Optional[Progress] = None):
+        super().__init__(config, progress)
         if config.dtype not in ("auto", *DTYPES):
             raise UserError(f"dtype '{config.dtype}' in {config.source} is unknown; use auto, float32, float16 or bfloat16.")
         device = pick_device(config.device)
@@ -54,8 +54,11 @@ class MlxEngine(Engine):
         dtype = config.dtype if config.dtype != "auto" or self.device == "gpu" else "float32"
         check_fits(self.target_info.path, self.draft_info.path if self.draft_info else None,
                    None if dtype == "auto" else dtype, self.device)
+        self.progress(f"loading the target ({dtype} on {self.device})")
         self.target = Target(self.target_info, dtype, layer_ids)
         self.dtype = dtype_name(self.target.dtype)
+        if self.draft_info:
+            self.progress("loading the draft")
         self.draft = DFlashDraft.load(self.draft_info, self.target.dtype) if self.draft_info else None
         self.turn = TurnCache()  # the caches the last request left, for the next turn of a chat
 

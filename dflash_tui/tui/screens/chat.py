@@ -233,8 +233,8 @@ class ChatScreen(Screen):
         if not app.loading or app.load_error or not self.is_mounted:
             return
         elapsed = time.perf_counter() - app.load_started if app.animate else 0
-        self.query_one("#loading-text", Static).update(f"{app.loading_what}… {elapsed:.0f} s" if app.animate
-                                                       else f"{app.loading_what}…")
+        what = f"{app.loading_what}: {app.loading_stage}" if app.loading_stage else app.loading_what
+        self.query_one("#loading-text", Static).update(f"{what}… {elapsed:.0f} s" if app.animate else f"{what}…")
 
     def show_loading(self, on: bool) -> None:
         if not self.is_mounted:
