@@ -7,7 +7,6 @@ tokenizer, detokenizer, splitters and serve shaping; the rendering by the real t
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -23,6 +22,7 @@ from dflash_tui.serve.tools import (  # noqa: E402 - after the importorskip abov
     tool_format,
 )
 from tests import tiny_gemma4_chat  # noqa: E402 - after the importorskip above
+from tests.serve_shaping import accumulated_calls, serve_run  # noqa: E402 - after the importorskip above
 
 THOUGHT = "ones: 8 + 5 = 13, write 3, carry 1."
 ANSWER = "So 48 + 75 = 123."
@@ -217,31 +217,6 @@ def test_history_sends_the_answer_and_a_resumed_session_renders_the_same(gemma, 
 # -- dflash serve --------------------------------------------------------------------------------------------
 
 
-def serve_run(engine, texts: list[str], stream: bool, split, parser=None):
-    """The serve shaping (stop strings, the split, the call parser, the chunks) over the steps `texts` stream:
-    the response object, or the streamed chunks."""
-    from dflash_tui.engines.events import StepEvent
-    from dflash_tui.serve.api import Params
-    from dflash_tui.serve.app import ChatShaper, ServeState, pieces
-    from dflash_tui.serve.worker import Job
-
-    async def run():
-        job = Job(request=None, loop=asyncio.get_running_loop())
-        for n, text in enumerate(texts):
-            job.results.put_nowait(("event", StepEvent(drafted=[], accepted=0, emitted=[n], pieces=[(text, "target")],
-                                                       finish_reason="stop" if n == len(texts) - 1 else None)))
-        job.results.put_nowait(("summary", None))
-        state = ServeState(engine=engine, worker=None, metrics=None, names=["tiny"])
-        params = Params(model="tiny", stream=stream)
-        shaper = ChatShaper(params, [1], chat=True)
-        source = pieces(state, job, params, split, parser)
-        if not stream:
-            return await shaper.whole(source)
-        return [json.loads(raw.decode()[6:]) for raw in [b async for b in shaper.stream(source)][:-1]]
-
-    return asyncio.run(run())
-
-
 @pytest.mark.parametrize("shown", [SHOWN, f"<|channel>thought\n{THOUGHT}<channel|>\n{ANSWER}"])
 def test_serve_splits_the_thought_channel_into_reasoning_content_streamed_and_whole(gemma, shown):
     texts = streamed_text(gemma, shown)
@@ -293,19 +268,10 @@ def test_a_forced_gemma_call_opens_the_call_and_the_model_continues_it():
 
 
 def test_serve_streams_a_gemma_call_as_its_id_and_name_then_its_arguments(gemma):
-    openai_types = pytest.importorskip("openai.types.chat")
     shown = f"<|channel>thought\nNeed the weather.<channel|>{CALL}"
     texts = streamed_text(gemma, shown)
     chunks = serve_run(gemma, texts, True, GEMMA4.splitter(), parser_for("gemma4"))
-    calls: dict[int, dict] = {}
-    for chunk in chunks:
-        openai_types.ChatCompletionChunk.model_validate(chunk)
-        for choice in chunk["choices"]:
-            for delta in choice["delta"].get("tool_calls") or []:
-                slot = calls.setdefault(delta["index"], {"name": "", "arguments": "", "ids": []})
-                slot["name"] += (delta.get("function") or {}).get("name") or ""
-                slot["arguments"] += (delta.get("function") or {}).get("arguments") or ""
-                slot["ids"].append(delta.get("id"))
+    calls = accumulated_calls(chunks)
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", WEATHER)]
     assert calls[0]["ids"][0].startswith("call_") and calls[0]["ids"][1:] == [None]  # id and name, then arguments
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from dflash_tui.serve.tools import ToolCallParser, forced_opening, parse_hermes_block, parse_llama_json, parse_text
+from tests.serve_shaping import accumulated_calls, serve_run
 
 WEATHER = {"city": "Paris", "days": 3, "units": {"temp": "C"}}
 HERMES = ('Let me look that up.\n<tool_call>\n{"name": "get_weather", "arguments": ' + json.dumps(WEATHER)
@@ -119,15 +120,7 @@ def test_streamed_tool_calls_are_chunks_the_openai_client_accumulates():
         return [json.loads(raw.decode()[6:]) for raw in [b async for b in shaper.stream(source())][:-1]]
 
     chunks = asyncio.run(stream())
-    for chunk in chunks:
-        openai_types.ChatCompletionChunk.model_validate(chunk)
-    calls: dict[int, dict] = {}
-    for chunk in chunks:
-        for choice in chunk["choices"]:
-            for delta in choice["delta"].get("tool_calls") or []:
-                slot = calls.setdefault(delta["index"], {"name": "", "arguments": ""})
-                slot["name"] += (delta.get("function") or {}).get("name") or ""
-                slot["arguments"] += (delta.get("function") or {}).get("arguments") or ""
+    calls = accumulated_calls(chunks)
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", WEATHER),
                                                                                     ("get_time", {})]
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
@@ -246,46 +239,23 @@ def test_streamed_harmony_calls_are_chunks_the_openai_client_accumulates():
     content, the call parser reads the raw reply; the call streams as its id and name, then its arguments."""
     openai_types = pytest.importorskip("openai.types.chat")
     pytest.importorskip("starlette")
-    from dflash_tui.engines.events import StepEvent
     from dflash_tui.engines.reasoning import HARMONY
-    from dflash_tui.serve.api import Params
-    from dflash_tui.serve.app import ChatShaper, ServeState, pieces
     from dflash_tui.serve.tools import parser_for
-    from dflash_tui.serve.worker import Job
 
     texts = [HARMONY_CALLS[0][i:i + 6] for i in range(0, len(HARMONY_CALLS[0]), 6)]
 
-    async def run(stream: bool):
-        job = Job(request=None, loop=asyncio.get_running_loop())
-        for n, text in enumerate(texts):
-            job.results.put_nowait(("event", StepEvent(drafted=[], accepted=0, emitted=[n], pieces=[(text, "target")],
-                                                       finish_reason="stop" if n == len(texts) - 1 else None)))
-        job.results.put_nowait(("summary", None))
-        params = Params(model="tiny", stream=stream)
-        source = pieces(ServeState(engine=None, worker=None, metrics=None, names=["tiny"]), job, params,
-                        HARMONY.splitter(), parser_for("harmony"))
-        shaper = ChatShaper(params, [1], chat=True)
-        if not stream:
-            return await shaper.whole(source)
-        return [json.loads(raw.decode()[6:]) for raw in [b async for b in shaper.stream(source)][:-1]]
+    def run(stream: bool):
+        return serve_run(None, texts, stream, HARMONY.splitter(), parser_for("harmony"))
 
-    chunks = asyncio.run(run(True))
-    calls: dict[int, dict] = {}
-    for chunk in chunks:
-        openai_types.ChatCompletionChunk.model_validate(chunk)
-        for choice in chunk["choices"]:
-            for delta in choice["delta"].get("tool_calls") or []:
-                slot = calls.setdefault(delta["index"], {"name": "", "arguments": "", "ids": []})
-                slot["name"] += (delta.get("function") or {}).get("name") or ""
-                slot["arguments"] += (delta.get("function") or {}).get("arguments") or ""
-                slot["ids"].append(delta.get("id"))
+    chunks = run(True)
+    calls = accumulated_calls(chunks)
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", WEATHER)]
     assert calls[0]["ids"][0].startswith("call_") and calls[0]["ids"][1:] == [None]  # id and name, then arguments
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "Need the weather."
     assert "".join(d.get("content", "") for d in deltas) == ""
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
-    message = openai_types.ChatCompletion.model_validate(asyncio.run(run(False))).choices[0].message
+    message = openai_types.ChatCompletion.model_validate(run(False)).choices[0].message
     assert message.content is None and message.reasoning_content == "Need the weather."
     assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
         ("get_weather", WEATHER)]
