@@ -39,8 +39,7 @@ from dflash_tui.engines.sampling import SamplingParams
 from tests.oracles import edited_copy, engine_for, transformers_greedy
 from tests.test_cuda_engine import OracleDraftCache
 from tests.test_gpt_oss import engine_logits, graph_chat
-from tests.test_turn_cache import assert_same_chat
-from tests.test_turn_cache import chat as turn_chat
+from tests.test_turn_cache import kept_chat_equals_fresh
 from tests.tiny import GEMMA4_WINDOW
 
 NEW = 40
@@ -200,11 +199,9 @@ def test_a_mostly_right_draft_rolls_sliding_layers_back_exactly(cuda_engines, pa
 @pytest.mark.parametrize("family,blocks", [("gemma4", [1, 16, 2, 8, 4]), ("gemma4_shared", [16, 1, 8])])
 def test_a_chat_on_kept_caches_equals_fresh_prefills(cuda_engines, family, blocks):
     """A block-1 turn leaves the draft cache behind; sizes switched between turns. The shared-KV layers keep
-    no K/V of their own, and the kept caches still resume (assert_same_chat checks that turns reused some)."""
+    no K/V of their own, and the kept caches still resume (kept_chat_equals_fresh checks that turns reused some)."""
     engine = cuda_engines(family)
-    reused = turn_chat(engine, blocks, reuse=True)
-    fresh = turn_chat(engine, blocks, reuse=False)
-    assert_same_chat(engine, reused, fresh)
+    reused = kept_chat_equals_fresh(engine, blocks)
     assert reused[-1].prompt_tokens > 4 * GEMMA4_WINDOW  # the kept turns are far past the window
 
 
@@ -294,10 +291,7 @@ def test_mlx_engine_gives_mlx_lm_greedy_ids_on_the_variants(pairs, family):
 def test_mlx_chat_on_kept_caches_equals_fresh_prefills(pairs):
     engine = engine_for("mlx", *pairs("gemma4"))
     assert all(type(c).__name__ == "KVCache" for c in engine.target.make_cache())  # sliding layers kept whole
-    blocks = [1, 16, 8]
-    reused = turn_chat(engine, blocks, reuse=True)
-    fresh = turn_chat(engine, blocks, reuse=False)
-    assert_same_chat(engine, reused, fresh)
+    kept_chat_equals_fresh(engine, [1, 16, 8])
 
 
 def test_mlx_draft_inputs_are_transformers(pairs):

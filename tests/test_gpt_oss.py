@@ -29,8 +29,7 @@ from dflash_tui.engines.cuda.target import Target
 from dflash_tui.engines.sampling import SamplingParams
 from tests.oracles import engine_for, transformers_greedy
 from tests.test_cuda_engine import OracleDraftCache
-from tests.test_turn_cache import assert_same_chat
-from tests.test_turn_cache import chat as turn_chat
+from tests.test_turn_cache import kept_chat_equals_fresh
 from tests.tiny import GPT_OSS_WINDOW
 
 NEW = 48
@@ -162,9 +161,7 @@ def test_a_mostly_right_draft_rolls_sliding_layers_back_exactly(engine, pair, bl
 
 def test_a_chat_on_kept_caches_equals_fresh_prefills(engine):
     blocks = [1, 16, 2, 8]  # a block-1 turn leaves the draft cache behind; sizes switched between turns
-    reused = turn_chat(engine, blocks, reuse=True)
-    fresh = turn_chat(engine, blocks, reuse=False)
-    assert_same_chat(engine, reused, fresh)
+    reused = kept_chat_equals_fresh(engine, blocks)
     assert reused[-1].prompt_tokens > 4 * GPT_OSS_WINDOW  # the kept turns are far past the window
 
 
@@ -283,7 +280,4 @@ def test_mlx_chat_on_kept_caches_equals_fresh_prefills(pair):
     pytest.importorskip("mlx_lm")
     engine = engine_for("mlx", *pair)
     assert all(type(c).__name__ == "KVCache" for c in engine.target.make_cache())  # sliding layers kept whole
-    blocks = [1, 16, 2, 8]
-    reused = turn_chat(engine, blocks, reuse=True)
-    fresh = turn_chat(engine, blocks, reuse=False)
-    assert_same_chat(engine, reused, fresh)
+    kept_chat_equals_fresh(engine, [1, 16, 2, 8])

@@ -27,7 +27,7 @@ from dflash_tui.engines.sampling import SamplingParams  # noqa: E402 - after the
 from tests import tiny_dflash2  # noqa: E402 - after the importorskip above
 from tests.oracles import engine_for, mlx_lm_greedy, oracle_proposals, run  # noqa: E402 - after the importorskip above
 from tests.reference_dflash2 import ReferenceDraft, target_context_features  # noqa: E402 - after the importorskip above
-from tests.test_turn_cache import assert_same_chat, chat  # noqa: E402 - after the importorskip above
+from tests.test_turn_cache import kept_chat_equals_fresh  # noqa: E402 - after the importorskip above
 from tests.tiny_dflash2 import DRAFTS  # noqa: E402 - after the importorskip above
 
 PROMPT = "What is 48 + 75?"
@@ -97,9 +97,7 @@ def test_greedy_ids_match_mlx_lm(built, name):
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_kept_caches_between_turns_give_the_fresh_chat(built, temperature):
     _, _, engine = built("qwen3_5-last")
-    reused = chat(engine, [16, 4], reuse=True, temperature=temperature, seed=7)
-    fresh = chat(engine, [16, 4], reuse=False, temperature=temperature, seed=7)
-    assert_same_chat(engine, reused, fresh)
+    kept_chat_equals_fresh(engine, [16, 4], temperature=temperature, seed=7)
 
 
 class ProbeSampler(Sampler):

@@ -60,7 +60,15 @@ def first_difference(engine, prompt_ids, a, b) -> str:
     return f"ids differ at {i}: {a[i]} vs {b[i]} (target top-2 margin there: {margin})"
 
 
-def assert_same_chat(engine, reused, fresh, thinking=True):
+def kept_chat_equals_fresh(engine, blocks, **options) -> list:
+    """The chat of `blocks` on the caches kept between turns, and the same chat prefilled fresh each turn:
+    the same ids turn by turn, the kept one reusing part of its prompts. Returns the kept chat's Summaries."""
+    reused = chat(engine, blocks, reuse=True, **options)
+    assert_same_chat(engine, reused, chat(engine, blocks, reuse=False, **options))
+    return reused
+
+
+def assert_same_chat(engine, reused, fresh):
     for turn, (a, b) in enumerate(zip(reused, fresh)):
         assert a.prompt_tokens == b.prompt_tokens
         if a.token_ids != b.token_ids:
@@ -81,9 +89,7 @@ CASES = [(f, s) for f in FAMILIES for s in SCHEDULES if f == "qwen3" or s in ("b
 def test_reused_chat_equals_fresh_chat(engines_for, engine_name, family, schedule, thinking):
     engine = engines_for(engine_name, family)
     blocks = SCHEDULES[schedule]
-    reused = chat(engine, blocks, reuse=True, thinking=thinking)
-    fresh = chat(engine, blocks, reuse=False, thinking=thinking)
-    assert_same_chat(engine, reused, fresh)
+    reused = kept_chat_equals_fresh(engine, blocks, thinking=thinking)
     if schedule != "switched":
         # the re-rendered answer diverges inside the last answer (its text is re-tokenized), so at least
         # everything up to the previous assistant header is reused: with thinking on, the whole previous
