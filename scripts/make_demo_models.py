@@ -27,7 +27,11 @@ retrain that added the tool task and the DFlash 2 draft can start from the commi
 (adopting copies it into .demo-work/ before the chat phase overwrites profiles/demo/target, and later runs
 keep that copy). The committed target has had a chat phase already, so this chat phase starts from a
 chat-trained target, not from a base-phase one as a run from scratch does: say so wherever its figures
-are quoted.
+are quoted. `--draft-init DIR` likewise starts the DFlash 1 draft from an earlier draft of this recipe (at
+the DFlash 2 stage's learning rate) instead of random weights, for a target that changed by a chat round:
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/make_demo_models.py --base-from profiles/demo/target \
+        --draft-init profiles/demo/draft --draft-steps 2000 --draft2-steps 1500 --out /tmp/demo-retrain
+(then copy target/, draft/ and draft2/ from /tmp/demo-retrain into profiles/demo/).
 
 Runs from scratch on this project's 2-core machines, each alone on it unless said (minutes):
   A  base 3,000 steps at 2e-3 (24), one chat round 5500:6e-4 (43), target evaluation (3): 70 up to the
@@ -45,10 +49,14 @@ Runs from scratch on this project's 2-core machines, each alone on it unless sai
      evaluation (2.7), draft (32.5, its responses included): 70.6 in all. 99.2% single-turn, 95.8% in
      conversation; tau 7.03 at block 8 and 11.72 at block 16 (11.36 in conversation), outputs identical to
      block 1. This is the committed pair.
-  E  the tool task (chat corpus) and the DFlash 2 stage (7): not yet timed. The tool task adds about 8% to
-     the chat corpus's tokens (194 against 180 per conversation on average: the tool's schema is about 100
-     tokens of this vocabulary), so expect the chat phase to take about that much longer; the DFlash 2
-     stage's time is unknown until it has run once.
+  E  the retrain that added the tool task and the DFlash 2 draft, on an AVX2-only EPYC (float32 training,
+     no native bf16), from the committed pair: `--base-from profiles/demo/target --draft-init profiles/demo/draft
+     --draft-steps 2000 --draft2-steps 1200`: chat round 2000:3e-4 (36.0: 400 steps on one thread, 1,600 on
+     two), evaluation (4.9), DFlash 1 draft fine-tuned from the committed one (33.5, the target's 3,997
+     responses on one thread included: two threads wrote them 5x slower here), DFlash 2 draft (see the
+     README). 99.2% single-turn, 97.5% in conversation, tool task 47/48. The tool task adds about 8% to the
+     chat corpus's tokens (194 against 180 per conversation on average). A run from scratch was not timed
+     on this CPU: its base phase alone takes over 90 minutes in float32 (see below).
 At 2e-3 the base phase alone left sorting at 0% after 3,000 steps and 3% after 5,500; at 6e-4 it reached
 77% (and 92.9% over all tasks) in 2,500.
 All of these ran on a CPU with native bf16 matmuls (AMX for A-C), which the target and the draft train with.
@@ -215,6 +223,9 @@ def main(argv=None) -> int:
     p.add_argument("--draft-prompts", type=int, default=DRAFT_PROMPTS)
     p.add_argument("--draft-epochs", type=int, default=DRAFT_EPOCHS)
     p.add_argument("--draft-steps", type=int, default=DRAFT_STEPS)
+    p.add_argument("--draft-init", type=Path, default=None,
+                   help="start the DFlash 1 draft from this draft's weights at the DFlash 2 stage's learning rate "
+                        "(a draft of an earlier target of this recipe; with --base-from, see above)")
     p.add_argument("--draft2-steps", type=int, default=DRAFT2_STEPS, help="DFlash 2 draft steps")
     p.add_argument("--draft-args", nargs=argparse.REMAINDER, default=[],
                    help="passed on to dflash train-draft (both draft stages; put it last)")
@@ -283,7 +294,10 @@ def main(argv=None) -> int:
     clock["evaluate"] = time.time() - t
     if not args.skip_draft:
         t = time.time()
-        train_draft(args, work, target_dir, draft_dir, chat_path)
+        init = () if args.draft_init is None else ("--init-draft", str(args.draft_init), "--lr", DRAFT2_LR)
+        init_key = {} if args.draft_init is None else {
+            "init": train_target.file_digest(args.draft_init / "model.safetensors"), "lr": DRAFT2_LR}
+        train_draft(args, work, target_dir, draft_dir, chat_path, extra=init, key_extra=init_key)
         clock["draft"] = time.time() - t
         drafts = {"draft": draft_dir}
         if not args.skip_draft2:
