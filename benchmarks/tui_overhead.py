@@ -130,8 +130,8 @@ async def interleaved(profile_ref, engine, settings, prompts, repeats: int):
     its own engine in its engine process); best of `repeats` for each, so a busy machine hurts both alike."""
     from dflash_tui.tui.app import DflashApp
 
-    app = DflashApp(profile=profile_ref, animate=False, max_new_tokens=settings.max_new_tokens,
-                    thinking=settings.thinking, block_size=settings.block_size)
+    app = DflashApp(profile=profile_ref, engine=engine.name, animate=False, max_new_tokens=settings.max_new_tokens,
+                    thinking=settings.thinking, block_size=settings.block_size)  # the direct side's engine
     base: dict[str, tuple[int, float]] = {}
     block1: dict[str, tuple[int, float]] = {}  # the same prompt directly at block 1: the replay's other side
     tui: dict[str, tuple] = {}  # (tokens, decode seconds, the live speedup shown)
