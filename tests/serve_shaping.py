@@ -1,6 +1,7 @@
-"""`dflash serve`'s shaping run over text the test chooses, without a model or a socket: the steps `texts`
-stream go through `pieces` (stop strings, the reasoning split, the call parser) and `ChatShaper` (the chunks,
-or the response object); and what the openai client accumulates from streamed tool-call deltas."""
+"""`dflash serve`'s shaping run over text the test chooses, without a model or a socket: the pieces an engine's
+detokenizer would release for it (`streamed_text`), those steps through `pieces` (stop strings, the reasoning
+split, the call parser) and `ChatShaper` (the chunks, or the response object); and what the openai client
+accumulates from streamed tool-call deltas."""
 
 from __future__ import annotations
 
@@ -8,6 +9,15 @@ import asyncio
 import json
 
 import pytest
+
+
+def streamed_text(engine, text: str, prompt_ids=()) -> list[str]:
+    """`text` as the engine's detokenizer releases it, one token at a time (the pieces a turn streams)."""
+    from dflash_tui.engines.detokenize import StreamingDetokenizer
+
+    detok = StreamingDetokenizer(engine.decode, list(prompt_ids))
+    pieces = [detok.add(i) for i in engine.tokenizer.encode(text, add_special_tokens=False)]
+    return [p for p in pieces + [detok.flush()] if p]
 
 
 def serve_run(engine, texts: list[str], stream: bool, split, parser=None):

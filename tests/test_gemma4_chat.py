@@ -22,7 +22,7 @@ from dflash_tui.serve.tools import (  # noqa: E402 - after the importorskip abov
     tool_format,
 )
 from tests import tiny_gemma4_chat  # noqa: E402 - after the importorskip above
-from tests.serve_shaping import accumulated_calls, serve_run  # noqa: E402 - after the importorskip above
+from tests.serve_shaping import accumulated_calls, serve_run, streamed_text  # noqa: E402 - after the importorskip above
 
 THOUGHT = "ones: 8 + 5 = 13, write 3, carry 1."
 ANSWER = "So 48 + 75 = 123."
@@ -46,15 +46,6 @@ def gemma(gemma_pair):
 
     target, draft = gemma_pair
     return load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", dtype="float32"))
-
-
-def streamed_text(engine, text: str) -> list[str]:
-    """`text` as the engine's detokenizer releases it, one token at a time (the pieces a turn streams)."""
-    from dflash_tui.engines.detokenize import StreamingDetokenizer
-
-    detok = StreamingDetokenizer(engine.decode)
-    pieces = [detok.add(i) for i in engine.tokenizer.encode(text, add_special_tokens=False)]
-    return [p for p in pieces + [detok.flush()] if p]
 
 
 # -- the template and the markers -------------------------------------------------------------------------

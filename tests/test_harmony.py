@@ -6,7 +6,6 @@ sequences through the real tokenizer, detokenizer and splitters; the rendering b
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -16,6 +15,7 @@ pytest.importorskip("torch")
 from dflash_tui.engines.config import EFFORTS  # noqa: E402 - after the importorskip above
 from dflash_tui.engines.reasoning import HARMONY, THINK, format_of  # noqa: E402 - after the importorskip above
 from tests import tiny_harmony  # noqa: E402 - after the importorskip above
+from tests.serve_shaping import serve_run, streamed_text  # noqa: E402 - after the importorskip above
 
 ANALYSIS = "ones: 8 + 5 = 13, write 3, carry 1."
 FINAL = "So 48 + 75 = 123."
@@ -36,15 +36,6 @@ def harmony(harmony_pair):
 
     target, draft = harmony_pair
     return load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", dtype="float32"))
-
-
-def streamed_text(engine, text: str, prompt_ids=()) -> list[str]:
-    """`text` as the engine's detokenizer releases it, one token at a time (the pieces a turn streams)."""
-    from dflash_tui.engines.detokenize import StreamingDetokenizer
-
-    detok = StreamingDetokenizer(engine.decode, list(prompt_ids))
-    pieces = [detok.add(i) for i in engine.tokenizer.encode(text, add_special_tokens=False)]
-    return [p for p in pieces + [detok.flush()] if p]
 
 
 # -- the template ---------------------------------------------------------------------------------------
@@ -256,30 +247,11 @@ async def test_the_tui_shows_the_effort_cycles_it_and_splits_a_resumed_reply(har
 
 def test_serve_splits_analysis_into_reasoning_content_streamed_and_whole(harmony):
     """The serve shaping (stop strings, the harmony split, the chunks) over the steps a known reply streams."""
-    from dflash_tui.engines.events import StepEvent
-    from dflash_tui.serve.api import Params
-    from dflash_tui.serve.app import ChatShaper, ServeState, pieces
-    from dflash_tui.serve.worker import Job
-
-    async def run(stream: bool):
-        job = Job(request=None, loop=asyncio.get_running_loop())
-        texts = streamed_text(harmony, SHOWN)
-        for n, text in enumerate(texts):
-            job.results.put_nowait(("event", StepEvent(drafted=[], accepted=0, emitted=[n], pieces=[(text, "target")],
-                                                       finish_reason="stop" if n == len(texts) - 1 else None)))
-        job.results.put_nowait(("summary", None))
-        state = ServeState(engine=harmony, worker=None, metrics=None, names=["tiny"])
-        params = Params(model="tiny", stream=stream)
-        shaper = ChatShaper(params, [1], chat=True)
-        source = pieces(state, job, params, HARMONY.splitter())
-        if not stream:
-            return await shaper.whole(source)
-        return [json.loads(raw.decode()[6:]) for raw in [b async for b in shaper.stream(source)][:-1]]
-
-    whole = asyncio.run(run(False))["choices"][0]
+    texts = streamed_text(harmony, SHOWN)
+    whole = serve_run(harmony, texts, False, HARMONY.splitter())["choices"][0]
     assert whole["message"]["reasoning_content"] == ANALYSIS and whole["message"]["content"] == FINAL
     assert whole["finish_reason"] == "stop"
-    chunks = asyncio.run(run(True))
+    chunks = serve_run(harmony, texts, True, HARMONY.splitter())
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == ANALYSIS
     assert "".join(d.get("content", "") for d in deltas) == FINAL
