@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 from dflash_tui.engines.errors import UserError
 
@@ -73,6 +74,14 @@ def linear_state_bytes(directory: Path, itemsize: int) -> int:
     conv = (2 * k_heads * k_dim + v_heads * v_dim) * config.get("linear_conv_kernel_dim", 4)
     recurrent = v_heads * k_dim * v_dim
     return layers * (conv + recurrent) * max(4, itemsize) * (2 + SNAPSHOTS)
+
+
+def pair_bytes(target: Path, draft: Optional[Path], weights: int, itemsize: int) -> int:
+    """What a pair needs in all: `weights` (the engine's count of both checkpoints as loaded) with headroom,
+    the K/V of `CACHE_POSITIONS` positions in the target and the draft, and the target's linear states, all
+    at `itemsize` bytes a value."""
+    need = int(weights * HEADROOM) + cache_bytes(target, itemsize) + linear_state_bytes(target, itemsize)
+    return need + (cache_bytes(draft, itemsize) if draft else 0)
 
 
 def available_ram() -> int:

@@ -73,10 +73,8 @@ def free_bytes(device: torch.device) -> tuple[int, str]:
 
 def check_fits(target: Path, draft: Optional[Path], dtype: torch.dtype, device: torch.device,
                available: Optional[int] = None) -> None:
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    need = weight_bytes(target, dtype, mxfp4_stays_packed(device)) + (weight_bytes(draft, dtype) if draft else 0)
-    need = int(need * memory.HEADROOM) + memory.cache_bytes(target, itemsize)
-    need += (memory.cache_bytes(draft, itemsize) if draft else 0) + memory.linear_state_bytes(target, itemsize)
+    weights = weight_bytes(target, dtype, mxfp4_stays_packed(device)) + (weight_bytes(draft, dtype) if draft else 0)
+    need = memory.pair_bytes(target, draft, weights, torch.empty((), dtype=dtype).element_size())
     have, where = free_bytes(device)
     memory.require(target, need, have if available is None else available, where,
                    str(dtype).removeprefix("torch."),

@@ -6,6 +6,7 @@ before any weight is read; the K/V, the linear states and the sentence are engin
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -22,9 +23,7 @@ def weight_bytes(directory: Path, dtype: Optional[str]) -> int:
     for name, entry in safetensors_headers(Path(directory)).items():
         if name.startswith(memory.TOWER_PREFIXES):
             continue
-        count = 1
-        for n in entry["shape"]:
-            count *= n
+        count = math.prod(entry["shape"])
         stored = str(entry.get("dtype"))
         if dtype is not None and stored in FLOAT_DTYPES:
             total += count * ITEMSIZE[dtype]
@@ -56,9 +55,8 @@ def check_fits(target: Path, draft: Optional[Path], dtype: Optional[str], device
     """`dtype` None: the checkpoint's own (the GPU's auto); the draft runs in the target's dtype."""
     itemsize = ITEMSIZE[dtype] if dtype else float_itemsize(target)
     draft_dtype = dtype or {4: "float32", 2: "float16"}[itemsize]
-    need = weight_bytes(target, dtype) + (weight_bytes(draft, draft_dtype) if draft else 0)
-    need = int(need * memory.HEADROOM) + memory.cache_bytes(target, itemsize)
-    need += (memory.cache_bytes(draft, itemsize) if draft else 0) + memory.linear_state_bytes(target, itemsize)
+    weights = weight_bytes(target, dtype) + (weight_bytes(draft, draft_dtype) if draft else 0)
+    need = memory.pair_bytes(target, draft, weights, itemsize)
     have, where = free_bytes(device)
     memory.require(target, need, have if available is None else available, where, dtype or "its own dtype",
                    "run a smaller quantized build (mlx_lm.convert -q, or the profile's [engines.mlx] target), "
