@@ -10,10 +10,10 @@ import importlib.util
 import platform
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from dflash_tui.engines.config import EngineConfig, GenerationRequest
-from dflash_tui.engines.engine import EngineLike
+from dflash_tui.engines.engine import EngineLike, Progress
 from dflash_tui.engines.errors import CheckpointError, EngineUnavailable, UserError
 from dflash_tui.engines.events import CONTRACT_VERSION, StepEvent, Summary
 from dflash_tui.engines.probe import Block1Probe
@@ -63,7 +63,7 @@ def choose_engine(name: str = "auto") -> str:
     raise EngineUnavailable(f"Neither engine is installed; {INSTALL_HINT['cuda']}, or {INSTALL_HINT['mlx']}.")
 
 
-def load_engine(config: EngineConfig, progress: Optional[Callable[[str], None]] = None) -> EngineLike:
+def load_engine(config: EngineConfig, progress: Optional[Progress] = None) -> EngineLike:
     """Load target, draft and tokenizer on the chosen engine (checks run before any weight loads).
     `progress` hears each stage as it starts (loading the target, the draft, capturing CUDA graphs)."""
     name = choose_engine(config.engine)

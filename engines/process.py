@@ -18,11 +18,12 @@ import os
 import sys
 import time
 from dataclasses import fields
-from typing import Callable, Generator, Iterator, Optional
+from typing import Generator, Iterator, Optional
 
 from dflash_tui.engines import reasoning
 from dflash_tui.engines.baseline import BaselineRun, Margin
 from dflash_tui.engines.config import EngineConfig, GenerationRequest
+from dflash_tui.engines.engine import Progress
 from dflash_tui.engines.errors import CheckpointError, EngineUnavailable, UserError
 from dflash_tui.engines.events import StepEvent
 from dflash_tui.engines.probe import Block1Probe
@@ -135,7 +136,7 @@ class ProcessEngine:
     failed). `progress` hears the child's stages (loading, capturing CUDA graphs) whenever they run: during
     the load, and later in prepare_steps or a request that needs a capture."""
 
-    def __init__(self, config: EngineConfig, progress: Optional[Callable[[str], None]] = None):
+    def __init__(self, config: EngineConfig, progress: Optional[Progress] = None):
         self.config = config
         self.progress = progress
         ctx = mp.get_context("spawn")
