@@ -8,6 +8,7 @@ letter, so its greedy responses are predictable and a draft can learn them (self
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,10 @@ def test_cli_resumes_where_it_stopped(counting, tmp_path):
     first = run_cli(cli_args(counting, out, "--max-steps", "6", "--dtype", "float16"))
     assert first.exit_code == 0, first.output
     assert first.output.strip().splitlines()[-1].startswith("tau ")
+    lines = first.output.splitlines()  # not a terminal here: plain lines say where training is, to the end
+    assert any(re.fullmatch(r"responses (\d+)/\1", line) for line in lines), first.output
+    steps = [line for line in lines if line.startswith("training ")]
+    assert steps[-1].startswith("training 6/6 loss ") and len(steps) <= 21, steps
     assert torch.load(out / "train_state.pt", weights_only=True)["step"] == 6
     responses = (out / "responses.jsonl").read_text()
     second = run_cli(cli_args(counting, out, "--max-steps", "12", "--dtype", "float16"))

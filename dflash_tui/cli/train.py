@@ -108,6 +108,7 @@ def train_draft(**options) -> None:
     check_family(TargetInfo.read(cfg.target))  # an unsupported model type: refused before the tokenizer loads
     bar = _progress_bar()
     tasks: dict[str, int] = {}
+    logged: dict[str, int] = {}  # off a terminal: the last twentieth of each task a line was printed for
 
     def progress(p) -> None:
         if p.kind == "info":
@@ -117,12 +118,19 @@ def train_draft(**options) -> None:
             bar.console.print(f"step {p.done}: tau {p.tau:.2f} at block {cfg.block_size} (epoch {p.epoch})")
             return
         name = "responses" if p.kind == "generate" else "training "
+        stats = "" if p.kind == "generate" else (
+            f"loss {p.loss:.3f} {p.steps_per_s:.1f} it/s {_count(p.tokens_per_s)} tok/s")
+        if not bar.console.is_terminal:  # a log or a pipe: a plain line every 5%, which a redrawn bar never writes
+            twentieth = 20 * p.done // max(p.total, 1)
+            if logged.get(name, -1) < twentieth:
+                logged[name] = twentieth
+                bar.console.print(f"{name.strip()} {p.done}/{p.total} {stats}".rstrip(), markup=False,
+                                  highlight=False)
+            return
         if name not in tasks:
             if not bar.live.is_started:
                 bar.start()
             tasks[name] = bar.add_task(name, total=p.total, completed=p.done, stats="")
-        stats = "" if p.kind == "generate" else (
-            f"loss {p.loss:.3f} {p.steps_per_s:.1f} it/s {_count(p.tokens_per_s)} tok/s")
         bar.update(tasks[name], total=p.total, completed=p.done, stats=stats)
 
     try:
