@@ -6,7 +6,10 @@
 
 --drafts adds a table of drafts side by side on the same target (DFlash 1 against DFlash 2): tau and tok/s at
 blocks 8 and 16, at temperature 0 and at temperature 1 (each draft with its acceptance rule: exact match
-for DFlash 1, rejection sampling for DFlash 2), every pass with the same seeds for every draft.
+for DFlash 1, rejection sampling for DFlash 2), every pass with the same seeds for every draft. Under it, how
+sure the target is at T = 1: the mean probability it gives its own greedy token along its greedy outputs of the
+prompts. Where that is near 1, sampling at T = 1 equals greedy decoding, DFlash 1's exact match loses nothing to
+T = 0, and rejection sampling has nothing to gain over it; --temperatures adds rows where the target is less sure.
 
 Every row decodes the same prompts at temperature 0 up to the target's eos (so the same ids); ratios are to the
 framework's own generate ("vs generate") and to our block 1 ("vs block 1") on the same engine.
@@ -15,6 +18,7 @@ framework's own generate ("vs generate") and to our block 1 ("vs block 1") on th
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -164,13 +168,27 @@ class DraftRow:
         return sum(lengths) / len(lengths) if lengths else 0.0
 
 
+def target_certainty(engine, prompts_ids: list[list[int]], max_new: int) -> float:
+    """The mean probability the target gives its own greedy token at temperature 1 (its raw log-probability),
+    along its greedy outputs of the prompts."""
+    probs: list[float] = []
+    for ids in prompts_ids:
+        for event in engine.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=max_new, temperature=0,
+                                                       block_size=1, logprobs=True)):
+            probs += [math.exp(lp) for lp in event.logprobs or []]
+    return sum(probs) / len(probs) if probs else float("nan")
+
+
 def compare_drafts(name: str, args, drafts: list[str], prompts_for, blocks=(8, 16), temperatures=(0.0, 1.0)):
-    """Each draft on the same target, prompts, block sizes, temperatures and seeds: {(t, b): [DraftRow]}."""
+    """Each draft on the same target, prompts, block sizes, temperatures and seeds: ({(t, b): [DraftRow]}, the
+    target's certainty at T = 1)."""
     rows: dict = {}
-    for draft in drafts:
+    for i, draft in enumerate(drafts):
         _, config = load_settings(args.profile, name, args.target, draft)
         engine = load_engine(config)
         prompts_ids = prompts_for(engine)
+        if i == 0:
+            certainty = target_certainty(engine, prompts_ids, args.max_new_tokens)
         kind = engine.draft_info.arch if engine.draft_info else "-"
         for t in temperatures:
             for b in blocks:
@@ -190,10 +208,10 @@ def compare_drafts(name: str, args, drafts: list[str], prompts_for, blocks=(8, 1
                     if rep:
                         row.passes.append((tokens, seconds, lengths))
                 print(f"  {name}: {row.draft} T={t} block {b} done", file=sys.stderr, flush=True)
-    return rows
+    return rows, certainty
 
 
-def drafts_table(name: str, rows: dict) -> str:
+def drafts_table(name: str, rows: dict, certainty: float) -> str:
     lines = [f"drafts side by side, engine {name} (tau over every step of every pass; tok/s: the best pass; "
              "spread: (fastest - slowest) / fastest; pass r samples with seed r for every draft)",
              "| T | block | draft | acceptance rule | tau | vs first draft | rejected share (B - tau) | tok/s | spread |",
@@ -205,6 +223,7 @@ def drafts_table(name: str, rows: dict) -> str:
             spread = (max(rates) - min(rates)) / max(rates) if rates else 0.0
             lines.append(f"| {t:g} | {b} | {r.draft} | {r.rule} | {r.tau:.2f} | {r.tau / first:.2f}x | "
                          f"{b - r.tau:.2f} | {max(rates, default=0):.1f} | {100 * spread:.0f}% |")
+    lines.append(f"\nthe target at T = 1: mean probability of its own greedy token {certainty:.4f} along its greedy outputs")
     return "\n".join(lines)
 
 
@@ -218,6 +237,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over the prompts after one warm-up")
     parser.add_argument("--thinking", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--temperatures", default="0,1", help="comma list, for --drafts")
     parser.add_argument("--drafts", default=None,
                         help="comma list of drafts for the same target: only the drafts-side-by-side table")
     args = parser.parse_args()
@@ -237,8 +257,9 @@ def main() -> None:
             continue
         if args.drafts:
             del engine
-            rows = compare_drafts(name, args, args.drafts.split(","), prompts_for)
-            print(drafts_table(name, rows) + "\n", flush=True)
+            temperatures = tuple(float(t) for t in args.temperatures.split(","))
+            rows, certainty = compare_drafts(name, args, args.drafts.split(","), prompts_for, temperatures=temperatures)
+            print(drafts_table(name, rows, certainty) + "\n", flush=True)
             continue
         rows = measure(engine, name, prompts_for(engine), args.max_new_tokens, block_sizes, args.repeats)
         print(table(name, engine.device, rows, block_sizes) + "\n", flush=True)
