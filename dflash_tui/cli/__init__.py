@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any, Optional, Sequence
 
 import click
 
@@ -80,14 +81,15 @@ class Group(click.Group):
     """Turns bad input into one sentence on stderr and exit code 2, never a traceback; click's own
     usage errors (a wrong type, a missing argument) read the same way."""
 
-    def main(self, *args, standalone_mode: bool = True, **kwargs):
+    def main(self, args: Optional[Sequence[str]] = None, prog_name: Optional[str] = None,
+             complete_var: Optional[str] = None, standalone_mode: bool = True, **kwargs: Any) -> Any:
         _no_progress_bars_off_a_terminal()
         _escaped_library_output()
         # click.echo strips colour from whatever is no terminal unless its context says otherwise: it says
         # what NO_COLOR and FORCE_COLOR say (None: each stream's own terminal test, as color_enabled's)
         kwargs.setdefault("color", color_forced())
         try:
-            code = super().main(*args, standalone_mode=False, **kwargs)
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **kwargs)
         except click.UsageError as exc:
             where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx else ""
             click.echo(printable(f"error: {exc.format_message()}{where}"), err=True)

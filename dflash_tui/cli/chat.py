@@ -77,6 +77,7 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
         raise UserError(f"--max-new-tokens {max_new_tokens} must be a positive number of tokens.")
     if continue_last and resume_id:
         raise UserError("--continue resumes the last session; --resume ID names one: give one of them.")
+    session: Optional[store.Session]
     if continue_last or resume_id == LAST:
         session = last_session()
     else:
@@ -113,8 +114,9 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
     app = DflashApp(profile=profile, engine=engine, block_size=block_size, thinking=thinking, resume=session,
                     max_new_tokens=max_new_tokens, reasoning_effort=reasoning_effort)
     app.run()
-    if app.conversation is not None and app.conversation.session_id:
-        click.echo(printable(f"session {app.conversation.session_id} · {app.conversation.writer.path}"))
+    writer = app.conversation.writer if app.conversation is not None else None
+    if writer is not None:
+        click.echo(printable(f"session {writer.id} · {writer.path}"))
     if app.loading:
         # A load still running in its thread would hold the exit until it finishes; nothing is unsaved.
         sys.stdout.flush()

@@ -116,8 +116,8 @@ def doctor(profile: Optional[str]) -> None:
     """What is installed, what `auto` picks and whether the `dflash` on PATH is this package's; with
     --profile, whether that pair is here, what its target needs (framework, windows, sinks, MXFP4, rollback)
     and whether it fits."""
-    for name, value in environment():
-        click.echo(f"{name:<16} {value}")
+    for label, value in environment():
+        click.echo(f"{label:<16} {value}")
     click.echo(f"{'dflash command':<16} {command_check()}")
     if not profile:
         return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Optional, cast
 
 import click
 
@@ -43,6 +43,7 @@ def list_cmd(as_json: bool) -> None:
 def show(name: str) -> None:
     """The TOML text of profile NAME (a name or a file), after a comment saying where it is."""
     p = profiles.load_profile(name)
+    assert p.path is not None
     click.echo(styled(printable(f"# {p.origin} profile {p.name}: {p.path}"), dim=True))
     click.echo(printable(p.path.read_bytes().decode("utf-8", errors="replace")), nl=False)  # comments too
 
@@ -57,18 +58,18 @@ def path() -> None:
 @click.argument("file")
 def validate(file: str) -> None:
     """Check FILE: exit 0 when it loads, else print what is wrong and where, and exit 2."""
-    file = Path(file)  # (not click.Path: a name the file system cannot hold is one sentence here, not a ValueError)
-    if not file.is_file():
-        raise UserError(printable(f"Profile file {file} does not exist; check the path."))
-    p = profiles.load_profile(str(file))
+    file_path = Path(file)  # (not click.Path: a name the file system cannot hold is one sentence here, not a ValueError)
+    if not file_path.is_file():
+        raise UserError(printable(f"Profile file {file_path} does not exist; check the path."))
+    p = profiles.load_profile(str(file_path))
     for role, value in (("target", p.target), ("draft", p.draft)):
-        if value and not Path(p.local_path(value)).expanduser().is_dir() and not (
+        if value and not Path(cast(str, p.local_path(value))).expanduser().is_dir() and not (
                 hub.looks_like_hub_id(value) and hub.cached(value)):
             beside = p.path.resolve().parent / value if p.path else value
-            raise UserError(printable(f"{file}: {role} = {value!r} is neither a folder (none at {beside}) nor a "
+            raise UserError(printable(f"{file_path}: {role} = {value!r} is neither a folder (none at {beside}) nor a "
                                       f"downloaded hub repo; fix the path, or run `hf download {value}` if it is a hub id."))
     draft = f" + {p.draft}" if p.draft else " (no draft)"
-    click.echo(f"{styled('ok', fg='green')}: {printable(f'{file} is profile {p.name}: {p.target}{draft}')}")
+    click.echo(f"{styled('ok', fg='green')}: {printable(f'{file_path} is profile {p.name}: {p.target}{draft}')}")
 
 
 @profile.command()

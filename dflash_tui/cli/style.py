@@ -4,6 +4,7 @@ colour policy (core/terminal.py) as click."""
 from __future__ import annotations
 
 import sys
+from typing import Literal, Optional
 
 from dflash_tui.core.terminal import color_enabled, is_terminal
 
@@ -26,5 +27,5 @@ def console(err: bool = False):
 
     stream = sys.stderr if err else sys.stdout
     tty = is_terminal(stream)
-    colours = ("auto" if tty else "standard") if color_enabled(stream) else None
+    colours: Optional[Literal["auto", "standard"]] = ("auto" if tty else "standard") if color_enabled(stream) else None
     return Console(stderr=err, force_terminal=tty, color_system=colours)
