@@ -6,6 +6,7 @@ no timing is compared with a number (which size wins on a random pair is not the
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,15 @@ def test_malformed_jsonl_names_file_and_line(tmp_path, line, words):
     with pytest.raises(UserError) as err:
         bench.load_dataset(str(path))
     assert f"{path}{words}" in str(err.value)
+
+
+@pytest.mark.skipif(not hasattr(sys, "get_int_max_str_digits"), reason="no limit on integer digits before 3.10.7")
+def test_jsonl_line_past_the_integer_digit_limit_is_one_sentence(tmp_path):
+    """json.loads raises a plain ValueError (no JSONDecodeError `msg`) for an integer past Python's digit limit."""
+    path = tmp_path / "set.jsonl"
+    path.write_text('{"turns": ["ok"], "n": ' + "1" * 5000 + "}\n")
+    with pytest.raises(UserError, match=r":1: the line is not valid JSON \(Exceeds the limit"):
+        bench.load_dataset(str(path))
 
 
 def test_unknown_and_public_datasets_are_one_clear_error(tmp_path):

@@ -106,8 +106,9 @@ def parse_jsonl(text: str, where: str) -> list[dict]:
             continue
         try:
             record = json.loads(line)
-        except ValueError as exc:
-            raise UserError(printable(f"{where}:{number}: the line is not valid JSON ({exc.msg}); write one object per "
+        except ValueError as exc:  # JSONDecodeError, or a plain ValueError: an integer past Python's digit limit
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise UserError(printable(f"{where}:{number}: the line is not valid JSON ({reason}); write one object per "
                                       'line such as {"turns": ["What is 48 + 75?"]}.')) from None
         turns = record.get("turns") if isinstance(record, dict) else None
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
