@@ -277,7 +277,7 @@ def run_block(engine, samples: list[dict], block_size: int, max_new_tokens: int,
     return out
 
 
-def _labelled(tick: Callable[[str], None], n: int, repeats: int) -> Callable[[str], None]:
+def labelled(tick: Callable[[str], None], n: int, repeats: int) -> Callable[[str], None]:
     """`tick` with 'run n/N' added to each label."""
     return lambda label: tick(f"{label} · run {n}/{repeats}")
 
@@ -323,7 +323,7 @@ def run_bench(engine, samples: list[dict], block_sizes: list[int], max_new_token
             tick(f"warm-up, block {block}")
             run_block(engine, first_prompt, block, min(16, max_new_tokens), temperature, thinking, system_prompt)
         passes[block] = [run_block(engine, samples, block, max_new_tokens, temperature, thinking, system_prompt,
-                                   _labelled(tick, n, repeats)) for n in range(1, repeats + 1)]
+                                   labelled(tick, n, repeats)) for n in range(1, repeats + 1)]
     rows = [BenchRow.of(b, passes[b]) for b in block_sizes]
     reference = passes[block_sizes[0]][0]
     add_speedups(rows)
@@ -337,7 +337,7 @@ def run_bench(engine, samples: list[dict], block_sizes: list[int], max_new_token
         if warmup:
             tick(f"warm-up, {name}")
             engine.baseline_generate(prompt_ids[0], min(16, max_new_tokens), temperature)
-        baseline = [run_framework(engine, prompt_ids, max_new_tokens, temperature, _labelled(tick, n, repeats))
+        baseline = [run_framework(engine, prompt_ids, max_new_tokens, temperature, labelled(tick, n, repeats))
                     for n in range(1, repeats + 1)]
         fastest = best_pass(baseline)
         framework_row = FrameworkRow(

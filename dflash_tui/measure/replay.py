@@ -55,7 +55,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from dflash_tui.core import sessions
 from dflash_tui.core.figures import fixed
@@ -127,7 +127,7 @@ class RecordedTurn:
     def request(self, block_size: int, temperature: Optional[float] = None,
                 cancel: Optional[threading.Event] = None) -> GenerationRequest:
         s = self.settings
-        sampling = {name: s.get(name) for name in SAMPLING_FIELDS}
+        sampling: dict[str, Any] = {name: s.get(name) for name in SAMPLING_FIELDS}
         if temperature is not None:
             sampling["temperature"] = temperature
         request = GenerationRequest(
@@ -406,7 +406,7 @@ def saved_comparisons(session_path: Path) -> list[Path]:
 
 # -- presenting ------------------------------------------------------------------------------------
 
-def identity_mark(row: dict, comparison: dict) -> str:
+def identity_mark(row: ReplayRow, comparison: ReplayResult) -> str:
     """✓ / ✗ text for a row: identical to the recording and across block sizes."""
     if not comparison["greedy"]:
         return "sampled"
@@ -445,7 +445,7 @@ def format_table(comparison: ReplayResult, colour: bool = False) -> str:
     return "\n".join(lines)
 
 
-def verdict(comparison: dict) -> str:
+def verdict(comparison: ReplayResult) -> str:
     """One sentence: are the outputs identical?"""
     if not comparison["greedy"]:
         return f"Sampled at temperature {comparison['temperature']:g}: outputs not compared."
@@ -461,7 +461,7 @@ def verdict(comparison: dict) -> str:
     return f"{CROSS} {counted(len(diffs), 'difference')} found (listed below)."
 
 
-def difference_lines(comparison: dict) -> list[str]:
+def difference_lines(comparison: ReplayResult) -> list[str]:
     out = []
     for d in comparison["differences"]:
         margin = "unknown" if d["margin"] is None else f"{d['margin']:.4g}"
@@ -475,7 +475,7 @@ def chart(comparison: ReplayResult, colour: bool = False, width: int = 80, heigh
     return report_chart(comparison["rows"], colour, width, height)
 
 
-def report(comparison: dict, colour: bool = False, width: int = 80) -> str:
+def report(comparison: ReplayResult, colour: bool = False, width: int = 80) -> str:
     """The whole human-readable comparison: header, table, chart, verdict and differences."""
     c = comparison
     target = "same target as recorded" if c["same_target"] else f"different target ({c['target']})"

@@ -10,7 +10,7 @@ from dflash_tui.measure.runs import spread
 CHECK, CROSS = "✓", "✗"
 
 
-def format_bytes(n: Optional[int]) -> str:
+def format_bytes(n: Optional[float]) -> str:
     """'1.5 MB'; '–' when unknown (None)."""
     if n is None:
         return UNKNOWN

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
 from dflash_tui.engines.config import GenerationRequest
 from dflash_tui.engines.errors import UserError
@@ -31,7 +31,8 @@ class Record(Mapping):
     """A typed result that reads like its JSON. Subclasses are `@dataclass(eq=False)` with a default for
     every field; `NESTED` names the fields that hold records (one, or a list of them)."""
 
-    NESTED: ClassVar[dict[str, type]] = {}
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # set by each subclass's @dataclass
+    NESTED: ClassVar[dict[str, type[Record]]] = {}
 
     def __getitem__(self, key: str):
         if key in self._names():
@@ -200,7 +201,7 @@ class Totals(Record):
                    repeats=len(passes), repeat_rates=[decode_rate(p) for p in passes], **more)
 
 
-def add_speedups(rows: list[Totals], block_1: bool = False) -> None:
+def add_speedups(rows: Sequence[Totals], block_1: bool = False) -> None:
     """Each row's speedup over the block 1 row (`block_1`: the block 1 row itself says 1.0 even with no rate)."""
     base = next((r.decode_tokens_per_s for r in rows if r.block_size == 1), None)
     for row in rows:

@@ -35,7 +35,7 @@ import tomlkit
 from dflash_tui.core.figures import fixed
 from dflash_tui.core.terminal import counted, printable
 from dflash_tui.engines.errors import UserError
-from dflash_tui.measure.bench import run_block
+from dflash_tui.measure.bench import labelled, run_block
 from dflash_tui.measure.replay import DEFAULT_REPEATS
 from dflash_tui.measure.report import histogram_text, repeats_note, spread_cell, table
 from dflash_tui.measure.runs import Counter, ProgressFn, Totals, check_repeats, spread
@@ -112,7 +112,7 @@ def sweep(engine, samples: list[dict], block_sizes: list[int], windows: list[Opt
 
     def measure(block: int, window: Optional[int]) -> TuneRow:
         passes = [run_block(engine, samples, block, max_new_tokens, 0.0, thinking, system_prompt,
-                            lambda label, n=n: counter.tick(f"{label} · run {n}/{repeats}"))
+                            labelled(counter.tick, n, repeats))
                   for n in range(1, repeats + 1)]
         return TuneRow.of(block, passes, draft_window=window)
 
@@ -301,7 +301,7 @@ def write_best(profile, best, tune_window: bool = False, engine: Optional[str] =
     if tune_window and best["block_size"] > 1:  # block 1 has no draft: its window says nothing
         values.append(("draft_window", best.get("draft_window")))
     for key, value in values:
-        where = ("engines", engine) if key in overrides else ("dflash",)
+        where = ("engines", engine) if engine and key in overrides else ("dflash",)
         old, changed = _set(doc, where, key, value, comment)
         if changed:
             name = f"[{'.'.join(where)}] {key}"
