@@ -231,7 +231,7 @@ class Repl:
         def _(event):
             event.current_buffer.insert_text("\n")
 
-        session = PromptSession(history=FileHistory(str(path)), key_bindings=kb, multiline=False,
+        session: PromptSession[str] = PromptSession(history=FileHistory(str(path)), key_bindings=kb, multiline=False,
                                 bottom_toolbar=lambda: f" {self.status()} · ctrl+t thinking · ctrl+j newline · /help ",
                                 prompt_continuation="… ")
         self.info(f"dflash · {self.conv.engine_name} on {self.conv.engine.device} · /help for commands · ctrl+d quits")

@@ -12,7 +12,7 @@ import hmac
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Optional
 
 import anyio
 from starlette.applications import Starlette
@@ -118,7 +118,7 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, body: AsyncIterator[bytes], on_gone: Callable[[], None]):
+    def __init__(self, body: AsyncGenerator[bytes, None], on_gone: Callable[[], None]):
         self.status_code, self.background = 200, None
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                             (b"x-accel-buffering", b"no")]
@@ -338,7 +338,7 @@ def _render(state: ServeState, params: Params, thinking: bool) -> Prepared:
         if use_tools and fmt is None:
             raise ApiError(400, "This model's chat template has no tools branch, so 'tools' cannot be used with it.",
                            "tools", "unsupported_parameter")
-        opening = forced_opening(fmt, params.tool_choice) if use_tools else ""
+        opening = forced_opening(fmt, params.tool_choice) if use_tools and fmt is not None else ""
         ids = check_request(lambda: chat_ids(tokenizer, params.messages, thinking and not opening,
                                              _effort(state, params), use_tools))
         if opening:
@@ -642,7 +642,7 @@ class ChatShaper:
         return delta
 
     def _chunk(self, choice: dict, ext: Optional[dict] = None, usage_: Optional[dict] = None, choices=True) -> dict:
-        out = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+        out: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                "created": self.created, "model": self.params.model, "choices": [choice] if choices else []}
         if usage_ is not None:
             out["usage"] = usage_
@@ -663,7 +663,7 @@ class ChatShaper:
                         "logprobs": None, "finish_reason": None})
         return out
 
-    async def stream(self, source: AsyncIterator[Piece]) -> AsyncIterator[bytes]:
+    async def stream(self, source: AsyncIterator[Piece]) -> AsyncGenerator[bytes, None]:
         returned = 0
         try:
             if self.chat:

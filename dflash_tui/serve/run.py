@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import math
 import signal
 import socket
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, cast
 
 from dflash_tui.core.terminal import color_enabled
 from dflash_tui.engines.errors import UserError
@@ -15,6 +16,9 @@ from dflash_tui.engines.errors import UserError
 from .app import MAX_BODY, ServeState, build_app
 from .metrics import Metrics
 from .worker import EngineWorker
+
+if TYPE_CHECKING:
+    from dflash_tui.engines.engine import EngineLike
 
 
 class Terminated(Exception):
@@ -38,7 +42,9 @@ def is_loopback(host: str) -> bool:
         addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
     except OSError:
         return False
-    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+    # an address that is no IP text (an IPv6 one where Python was built without IPv6) counts as not loopback
+    return bool(addresses) and all(isinstance(a, str) and ipaddress.ip_address(a.split("%")[0]).is_loopback
+                                   for a in addresses)
 
 
 def check_host(host: str, api_key: Optional[str]) -> None:
@@ -103,7 +109,7 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
     else:
         from dflash_tui.engines.process import ProcessEngine
 
-        engine = ProcessEngine(config)
+        engine = cast("EngineLike", ProcessEngine(config))  # its last_summary is declared by assignment (None)
     metrics = Metrics(names[0], engine.block_size or 1)
     worker = EngineWorker(engine, max_queue=max_queue, metrics=metrics)
     state = ServeState(engine=engine, worker=worker, metrics=metrics, names=names, defaults=defaults,
@@ -118,7 +124,8 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
         f"{engine.block_size}) at http://{shown}:{port}/v1" + (" · API key required" if api_key else "")
         + " · ctrl+c stops")
     server = draining_server(uvicorn, uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                                     timeout_graceful_shutdown=shutdown_grace + 30, access_log=False,
+                                                     timeout_graceful_shutdown=math.ceil(shutdown_grace) + 30,
+                                                     access_log=False,
                                                      use_colors=color_enabled(sys.stderr)),
                              state, shutdown_grace)
     # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal: turned into an exception here,

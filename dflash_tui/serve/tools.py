@@ -28,7 +28,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from dflash_tui.core.sessions import read_regular
 from dflash_tui.engines.errors import UserError, describe
@@ -237,9 +237,10 @@ def _gemma_key(text: str, at: int) -> tuple[str, int]:
     return match.group(), match.end()
 
 
+ParseCall = Callable[[str], Optional[dict]]  # a call block's body -> the call, None when it does not parse
 # the formats whose calls stand between an opening and a closing tag in the answer, and their body parsers
-TAGGED = {"hermes": (HERMES_OPEN, HERMES_CLOSE, parse_hermes_block),
-          "gemma4": (GEMMA_CALL_OPEN, GEMMA_CALL_CLOSE, parse_gemma_call)}
+TAGGED: dict[str, tuple[str, str, ParseCall]] = {"hermes": (HERMES_OPEN, HERMES_CLOSE, parse_hermes_block),
+                                                 "gemma4": (GEMMA_CALL_OPEN, GEMMA_CALL_CLOSE, parse_gemma_call)}
 
 
 def new_call_id() -> str:
@@ -262,6 +263,7 @@ class ToolCallParser:
 
     def __init__(self, fmt: str, opening: str = ""):
         self.fmt = fmt
+        self.parse: Optional[ParseCall]
         self.open, self.close, self.parse = TAGGED.get(fmt, ("", "", None))
         self.buffer = opening  # a forced opening is part of the answer the model continues
         self.inside = bool(opening) and fmt in TAGGED
@@ -302,6 +304,7 @@ class ToolCallParser:
                 if end < 0:
                     return out
                 body = self.buffer[len(self.open):end] if self.buffer.startswith(self.open) else self.buffer[:end]
+                assert self.parse is not None  # only a tagged format gets here: llama3_json returned above
                 call = self.parse(body)
                 if call is None:  # malformed: the block goes out as text
                     out.text += self.buffer[:end + len(self.close)]
