@@ -21,10 +21,10 @@ from textual.screen import Screen
 
 from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ChatFlags, Conversation, open_conversation
-from dflash_tui.core.profiles import list_profiles
+from dflash_tui.core.profiles import Profile, list_profiles
 from dflash_tui.core.settings import profile_for, server_text
 from dflash_tui.engines import hub
-from dflash_tui.engines.engine import free_memory
+from dflash_tui.engines.engine import EngineLike, free_memory
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.process import quiet_loaders
 from dflash_tui.tui.contrast import readable_variables
@@ -45,11 +45,12 @@ def profile_names() -> list[str]:
 
 
 class EngineLoaded(Message):
-    """The load worker has an engine."""
+    """The load worker has an engine, for the profile it was loaded from."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, profile: Profile) -> None:
         super().__init__()
         self.engine = engine
+        self.profile = profile
 
 
 class LoadFailed(Message):
@@ -81,12 +82,12 @@ class DflashApp(App):
                  engine_process: bool = True, reasoning_effort: Optional[str] = None) -> None:
         super().__init__()
         self.profile_ref = profile
-        self.profile = None
+        self.profile: Optional[Profile] = None
         self.engine_flag = engine
         self.flags = ChatFlags(block_size, thinking, max_new_tokens, reasoning_effort)
         self.record = record
         self.pending_resume = resume
-        self.engine = None
+        self.engine: Optional[EngineLike] = None
         self.conversation: Optional[Conversation] = None
         self.loading = False
         self.load_error: Optional[str] = None
@@ -94,7 +95,7 @@ class DflashApp(App):
         self.load_started = 0.0
         self.loading_what = ""
         self.loading_stage = ""  # what the engine says it is doing now (loading the draft, capturing graphs)
-        self.animate = animate
+        self.animations = animate  # False: no clock on the loading line (snapshots)
         self.loaded_engine = loaded_engine  # an engine already loaded (tests, benchmarks): no load worker
         self.engine_process = engine_process  # decode in a child process (engines/process.py) or a thread
         self._owns_engine = False  # an engine handed in is the caller's to close
@@ -125,11 +126,11 @@ class DflashApp(App):
     def _use_loaded_engine(self) -> None:
         engine, self.loaded_engine = self.loaded_engine, None
         try:
-            self.profile = profile_for(self.profile_ref)
+            self.profile = profile = profile_for(self.profile_ref)
         except UserError as exc:
             self.show_load_error(str(exc))
             return
-        self._loaded(engine)
+        self._loaded(engine, profile)
 
     def start_load(self) -> None:
         self.loading = True
@@ -152,10 +153,10 @@ class DflashApp(App):
         self.loading_stage = ""
         self.chat.tick_loading()
         self.chat.refresh_chrome()
-        self._load_worker(config)
+        self._load_worker(config, self.profile)
 
     @work(thread=True, exclusive=True, group="load")
-    def _load_worker(self, config) -> None:
+    def _load_worker(self, config, profile: Profile) -> None:
         quiet_loaders()
         from dflash_tui.engines import load_engine
         from dflash_tui.engines.process import ProcessEngine
@@ -173,7 +174,7 @@ class DflashApp(App):
             return
         self.load_seconds = time.perf_counter() - started
         self._owns_engine = True
-        self.post_message(EngineLoaded(engine))
+        self.post_message(EngineLoaded(engine, profile))
 
     def _stage(self, stage: str) -> None:
         """A stage of the engine's work, said from whichever worker thread runs it: on the loading line
@@ -191,7 +192,7 @@ class DflashApp(App):
             self.chat.toast("engine", f"{stage[:1].upper()}{stage[1:]}…", timeout=4)
 
     def on_engine_loaded(self, message: EngineLoaded) -> None:
-        self._loaded(message.engine)
+        self._loaded(message.engine, message.profile)
 
     def on_load_failed(self, message: LoadFailed) -> None:
         self.show_load_error(message.error)
@@ -203,7 +204,7 @@ class DflashApp(App):
         self.chat.refresh_chrome()
         self.push_screen(LoadErrorScreen(message))
 
-    def _loaded(self, engine) -> None:
+    def _loaded(self, engine, profile: Profile) -> None:
         self.engine = engine
         self.loading = False
         if self._keep_conversation and self.conversation is not None:
@@ -214,9 +215,9 @@ class DflashApp(App):
                 conv.settings.block_size = 1
             notices = [f"Reloaded on the {engine.name} engine ({engine.device}, {engine.dtype}); history kept."]
         else:
-            self.conversation, notices = open_conversation(engine, self.profile, self.flags, record=self.record)
+            self.conversation, notices = open_conversation(engine, profile, self.flags, record=self.record)
         self._keep_conversation = False
-        self.chat.engine_ready(notices)
+        self.chat.engine_ready(self.conversation, notices)
 
     # -- switching engines and profiles ----------------------------------------------------------
     def _unload(self) -> None:
@@ -224,7 +225,7 @@ class DflashApp(App):
             self.engine.close()
         self.engine = None
         if self.conversation is not None:
-            self.conversation.engine = None
+            self.conversation.engine = None  # type: ignore[assignment]  # none until the next load sets it
         free_memory()
 
     def _close_error_screen(self) -> None:
@@ -286,15 +287,16 @@ class DflashApp(App):
         self.exit()
 
     def action_system_prompt(self) -> None:
-        if self.conversation is None:
+        conversation = self.conversation
+        if conversation is None:
             return
 
         def saved(text: Optional[str]) -> None:
             if text is not None:
-                self.conversation.settings.system_prompt = text
+                conversation.settings.system_prompt = text
                 self.notify("System prompt saved; it applies from the next turn.", timeout=3)
 
-        self.push_screen(SystemPromptScreen(self.conversation.settings.system_prompt), saved)
+        self.push_screen(SystemPromptScreen(conversation.settings.system_prompt), saved)
 
     def set_temperature(self, value: Optional[float]) -> None:
         """From the next turn on; the header shows it, and each turn's record keeps the one it used."""
@@ -313,8 +315,8 @@ class DflashApp(App):
             self.notify(f"top_p {value:g} from the next turn.", timeout=3)
             self.chat.refresh_chrome()
 
-    def _temperature_commands(self) -> Iterable[SystemCommand]:
-        profile = self.conversation.profile
+    def _temperature_commands(self, conversation: Conversation) -> Iterable[SystemCommand]:
+        profile = conversation.profile
         ours = profile.temperature if profile is not None else None
         choices = dict.fromkeys([*TEMPERATURE_CHOICES, ours])  # the profile's last, unless it is one of them
         for value in choices:
@@ -336,7 +338,7 @@ class DflashApp(App):
                 yield SystemCommand(f"Block size {block}", "use this block size from the next turn",
                                     lambda b=block: chat.set_block(b), discover=False)
         if self.conversation is not None:
-            yield from self._temperature_commands()
+            yield from self._temperature_commands(self.conversation)
         yield SystemCommand("Edit system prompt", "the system message sent with every turn", self.action_system_prompt)
         yield SystemCommand("New session", "ctrl+n: start a fresh conversation", chat.action_new_session)
         yield SystemCommand("New context", "ctrl+l: clear the kept caches; the next turn prefills the whole history",

@@ -93,9 +93,11 @@ def readable_variables(variables: dict[str, str]) -> dict[str, str]:
         return variables
     fixed = {**variables, "text-muted": TEXT_MUTED}
     for name, behind in TEXT_VARIABLES.items():
-        backgrounds = [_solid(variables.get(b, ""), background) for b in behind]
+        backgrounds = [c for c in (_solid(variables.get(b, ""), background) for b in behind) if c is not None]
+        if len(backgrounds) < len(behind):
+            continue
         colour = _solid(variables.get(name, ""), backgrounds[0])
-        if colour is None or None in backgrounds:
+        if colour is None:
             continue
         if not all(reads_on(colour, b) for b in backgrounds):
             fixed[name] = readable(colour, *backgrounds).hex

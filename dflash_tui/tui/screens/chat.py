@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Optional
 
 from textual import events, work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
@@ -55,7 +55,7 @@ CONTINUING = "· continuing the stopped answer above"  # stands where a continue
 # Priority bindings: the message box (a TextArea) would otherwise take the function keys and ctrl+c. It
 # keeps readline's ctrl+a/e/k/u/w (widgets/prompt.py): the block size is on f7. The footer shows
 # only what fits 80 columns with f1 and ^q still in view; the rest are in help (f1) and the palette (ctrl+p).
-KEYS = [
+KEYS: list[BindingType] = [
     Binding("ctrl+t", "toggle_thinking", "thinking", priority=True),
     Binding("ctrl+g", "toggle_ghosts", "ghosts", show=False, priority=True),
     Binding("f7", "cycle_block", "block", priority=True),  # ctrl+k is readline's kill in the message box
@@ -138,6 +138,8 @@ class SamplingCommands(Provider):
     """Any temperature or top_p typed in the palette ("temperature 0.7", "top_p 0.9"), beside the fixed
     temperature choices the app offers."""
 
+    app: "DflashApp"
+
     async def discover(self) -> Hits:
         yield DiscoveryHit("Temperature or top_p: type a value", self._explain,
                            help="e.g. temperature 0.7 or top_p 0.9, from the next turn")
@@ -190,7 +192,7 @@ class ChatScreen(Screen):
         self.finished: list[ActiveTurn] = []  # in the order they ended
         self.measures = 0  # block-1 measurements finished (tests wait on it)
         self.selected: Optional[AnswerView] = None  # the answer last clicked: f2 acts on it
-        self.marked: Optional[Static | AnswerView] = None  # the message alt+up/down or ctrl+f reached: f3 copies it
+        self.marked: Optional[UserMessage | AnswerView] = None  # reached by alt+up/down or ctrl+f: f3 copies it
         self._toasts: dict[str, Notification] = {}  # the toast shown per kind, replaced rather than stacked
 
     def compose(self) -> ComposeResult:
@@ -220,8 +222,8 @@ class ChatScreen(Screen):
         return self.app.conversation
 
     @property
-    def _view(self) -> VerticalScroll:
-        return self.query_one("#conversation", VerticalScroll)
+    def _view(self) -> ConversationView:
+        return self.query_one("#conversation", ConversationView)
 
     @property
     def _prompt(self) -> PromptInput:
@@ -232,9 +234,9 @@ class ChatScreen(Screen):
         app = self.app
         if not app.loading or app.load_error or not self.is_mounted:
             return
-        elapsed = time.perf_counter() - app.load_started if app.animate else 0
+        elapsed = time.perf_counter() - app.load_started if app.animations else 0
         what = f"{app.loading_what}: {app.loading_stage}" if app.loading_stage else app.loading_what
-        self.query_one("#loading-text", Static).update(f"{what}… {elapsed:.0f} s" if app.animate else f"{what}…")
+        self.query_one("#loading-text", Static).update(f"{what}… {elapsed:.0f} s" if app.animations else f"{what}…")
 
     def show_loading(self, on: bool) -> None:
         if not self.is_mounted:
@@ -244,16 +246,16 @@ class ChatScreen(Screen):
         for indicator in box.query(LoadingIndicator):
             indicator.display = on  # a hidden indicator would keep animating
 
-    def engine_ready(self, notices: list[str]) -> None:
-        """The app loaded an engine and holds a conversation on it: say so and resume what waits."""
+    def engine_ready(self, conversation: Conversation, notices: list[str]) -> None:
+        """The app loaded an engine and holds `conversation` on it: say so and resume what waits."""
         app = self.app
         self.show_loading(False)
         for notice in notices:
             self.notice(notice)
-        app.conversation.on_notice = self.notice
+        conversation.on_notice = self.notice
         for stale in self.query(".engine-notice"):  # the engine before's ("No CUDA device…" after a switch)
             stale.remove()
-        for notice in app.engine.warnings:
+        for notice in conversation.engine.warnings:
             self.notice(notice, classes="engine-notice")
         if app.pending_resume is not None:
             session, app.pending_resume = app.pending_resume, None
@@ -361,9 +363,9 @@ class ChatScreen(Screen):
 
     def show_welcome(self) -> None:
         """Before the first turn: what the model is for and its example prompts."""
-        if self.conversation is None or self.conversation.turns or self.query(Welcome):
-            return
         profile = self.app.profile
+        if self.conversation is None or profile is None or self.conversation.turns or self.query(Welcome):
+            return
         self._view.mount(Welcome(profile.name, profile.description, getattr(profile, "examples", ()),
                                  demo=is_builtin_demo(profile), earlier=len(sessions.session_paths())))
 
@@ -393,16 +395,18 @@ class ChatScreen(Screen):
 
     def send(self, text: str) -> bool:
         """Start a turn on `text`; False when it was refused (the person is told why)."""
+        conversation = self.conversation
+        assert conversation is not None  # sent only once a model is loaded, or again after one answered
         try:
-            active = self.conversation.begin(text)
+            active = conversation.begin(text)
         except UserError as exc:
             self.notify(str(exc), severity="error", timeout=8)
             return False
-        answer = AnswerView(thinking=active.request.thinking, ghosts=self.ghosts, fmt=self.conversation.format)
-        self._start(active, answer, UserMessage(text))
+        answer = AnswerView(thinking=active.request.thinking, ghosts=self.ghosts, fmt=conversation.format)
+        self._start(conversation, active, answer, UserMessage(text))
         return True
 
-    def _start(self, active: ActiveTurn, answer: AnswerView, *before) -> None:
+    def _start(self, conversation: Conversation, active: ActiveTurn, answer: AnswerView, *before) -> None:
         view = self._view
         for welcome in self.query(Welcome):
             welcome.remove()
@@ -410,14 +414,14 @@ class ChatScreen(Screen):
         view.follow()  # the person sent it: to the end, following the answer until they scroll up
         self.active, self.active_view = active, answer
         self.refresh_chrome()
-        self._generate(active)
+        self._generate(conversation, active)
 
     @work(thread=True, group="generate")
-    def _generate(self, active: ActiveTurn) -> None:
+    def _generate(self, conversation: Conversation, active: ActiveTurn) -> None:
         error = None
         push = self._events.append
         try:
-            for event in self.conversation.stream(active):
+            for event in conversation.stream(active):
                 push(event)
         except UserError as exc:
             error = str(exc)
@@ -452,8 +456,10 @@ class ChatScreen(Screen):
         status = turn.status if turn else ("error" if error else "cancelled")
         summary = turn.summary if turn else None
         if view is not None:
-            if view.thinking and turn is not None and turn.continues is None:  # exact, as a resume counts it
-                view.think_tokens = recorded_think_tokens(self.app.engine.decode, turn.emitted_ids, view.fmt)
+            engine = self.app.engine
+            # exact, as a resume counts it
+            if view.thinking and turn is not None and turn.continues is None and engine is not None:
+                view.think_tokens = recorded_think_tokens(engine.decode, turn.emitted_ids, view.fmt)
             view.finish(status, footer_for(summary, turn.save_error if turn else None))
         self.active, self.active_view = None, None
         self.turns_done += 1
@@ -507,6 +513,8 @@ class ChatScreen(Screen):
         self._prepare(self.conversation)
 
     def set_block(self, block: int) -> None:
+        if self.conversation is None:
+            return
         try:
             self.conversation.set_block(block)
         except UserError as exc:
@@ -535,11 +543,11 @@ class ChatScreen(Screen):
         self._prompt.focus()
 
     # -- marking, finding and copying any message -------------------------------------------------
-    def messages(self) -> list:
+    def messages(self) -> list[UserMessage | AnswerView]:
         """The conversation's messages, top to bottom: the person's and the answers."""
         return [w for w in self._view.children if isinstance(w, (UserMessage, AnswerView))]
 
-    def mark(self, widget) -> None:
+    def mark(self, widget: Optional[UserMessage | AnswerView]) -> None:
         if self.marked is not None and self.marked.is_attached:
             self.marked.remove_class("-marked")
         self.marked = widget
@@ -683,7 +691,7 @@ class ChatScreen(Screen):
             prompt.remember(turn.user)
         self.clear_view()
         view = self._view
-        decode = self.app.engine.decode
+        decode = self.conversation.engine.decode
         for turn, record in zip(self.conversation.turns, session.turns):
             view.mount(UserMessage(turn.user) if turn.continues is None else NoticeLine(CONTINUING))
             answer = AnswerView(thinking=bool(turn.thinking), ghosts=self.ghosts, fmt=self.conversation.format)
@@ -777,11 +785,11 @@ class ChatScreen(Screen):
         except UserError as exc:
             self.notify(str(exc), severity="warning", timeout=6)
             return
-        answer = AnswerView(thinking=active.request.thinking, ghosts=self.ghosts, fmt=self.conversation.format)
+        answer = AnswerView(thinking=active.request.thinking, ghosts=self.ghosts, fmt=conv.format)
         stopped = self.query(AnswerView)
         if stopped:
             answer.segments, answer.raw = list(stopped.last().segments), stopped.last().raw
-        self._start(active, answer, NoticeLine(CONTINUING))
+        self._start(conv, active, answer, NoticeLine(CONTINUING))
 
 
 def is_builtin_demo(profile) -> bool:
@@ -801,6 +809,7 @@ class FindInput(Input):
     """The find bar (ctrl+f): enter or up marks the message before, down the one after."""
 
     BINDINGS = [Binding("up", "step(-1)", show=False), Binding("down", "step(1)", show=False)]
+    screen: ChatScreen
 
     def action_step(self, by: int) -> None:
         self.screen.find_step(by)

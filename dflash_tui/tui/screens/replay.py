@@ -16,7 +16,7 @@ when the screen opens.
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from rich.console import Group
 from rich.text import Text
@@ -36,6 +36,9 @@ from dflash_tui.measure import replay
 from dflash_tui.measure.report import repeats_note
 from dflash_tui.measure.runs import check_repeats
 from dflash_tui.tui.widgets.answer import origin_styles, theme_background
+
+if TYPE_CHECKING:
+    from dflash_tui.engines.engine import EngineLike
 
 
 class ReplayScreen(ModalScreen):
@@ -78,7 +81,7 @@ class ReplayScreen(ModalScreen):
         self.comparison: Optional[replay.ReplayResult] = None
         self.cancel = threading.Event()
         self.running = False
-        self._own_engine = None  # an engine this screen loaded (the chat's runs another target)
+        self._own_engine: Optional[EngineLike] = None  # an engine this screen loaded (the chat's runs another target)
 
     # -- layout ----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:

@@ -5,6 +5,7 @@ prompts and answers."""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -15,6 +16,9 @@ from textual.widgets import DataTable, Input, Static
 from dflash_tui.core import sessions
 from dflash_tui.core.terminal import counted
 from dflash_tui.engines.errors import UserError
+
+if TYPE_CHECKING:
+    from dflash_tui.tui.app import DflashApp
 
 
 class ConfirmDeleteScreen(ModalScreen[bool]):
@@ -74,6 +78,8 @@ class SessionsScreen(ModalScreen[str | None]):
     """The picker's row is its own (`row`), moved by priority keys from the moment the screen is pushed:
     keys of a fast burst (ctrl+o, down, down, enter) can arrive before the table is mounted, focused and
     filled, and once opened the first row; now each acts on the list read when the screen was made."""
+
+    app: DflashApp
 
     BINDINGS = [
         Binding("enter", "resume", "resume", priority=True),
@@ -188,8 +194,10 @@ class SessionsScreen(ModalScreen[str | None]):
             if text is None:
                 status.update("Not renamed.")
                 return
+            conversation = self.app.conversation
             try:
-                title = (sessions.rename_open(self.app.conversation.writer, text) if session.id == self.open_id
+                title = (sessions.rename_open(conversation.writer if conversation is not None else None, text)
+                         if session.id == self.open_id
                          else sessions.rename_session(session, text))
             except UserError as exc:
                 status.update(str(exc))

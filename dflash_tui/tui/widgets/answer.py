@@ -290,7 +290,7 @@ class AnswerView(Vertical):
         self.render_text()
         # theme variables, so the mark follows the theme (in readable colours: contrast.readable_variables)
         mark = {"cancelled": ("⏹ cancelled", "bold $text-warning"), "error": ("✗ failed", "bold $text-error")}
-        parts = [mark[status]] if status in mark else []
+        parts: list[str | tuple[str, str]] = [mark[status]] if status in mark else []
         if footer:
             parts += [" · "] * bool(parts) + [printable(footer)]
         self.query_one(".answer-footer", Static).update(Content.assemble(*parts))

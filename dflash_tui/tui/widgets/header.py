@@ -14,7 +14,7 @@ from textual.containers import Horizontal
 from textual.widgets import Static
 
 from dflash_tui.core.figures import known
-from dflash_tui.tui.widgets.stats import FittedLine
+from dflash_tui.tui.widgets.stats import Field, FittedLine
 
 
 def temperature_text(value: Optional[float]) -> str:
@@ -37,7 +37,7 @@ class ChatHeader(Horizontal):
             state = Text.assemble("effort ", (effort, "bold reverse"))
         else:
             state = Text.assemble("thinking ", ("ON", "bold reverse") if thinking else ("OFF", "bold"))
-        fields = [("dflash", "bold"), (profile, ""), (state, "")]
+        fields: list[Field] = [("dflash", "bold"), (profile, ""), (state, "")]
         if loading:
             fields.append(("loading…", "italic"))
         elif failed:

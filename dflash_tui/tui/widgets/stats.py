@@ -18,6 +18,7 @@ from dflash_tui.core.figures import UNKNOWN, fixed, known
 from dflash_tui.tui.widgets.answer import origin_styles, theme_background
 
 BAR = " ▏▎▍▌▋▊▉█"
+Field = tuple[str | Text, str]  # a fitted line's text and its style
 
 
 @dataclass
@@ -50,7 +51,7 @@ class StatsData:
     state: str = "idle"  # idle, loading, generating, done, cancelled
 
 
-def human_bytes(n: Optional[int]) -> str:
+def human_bytes(n: Optional[float]) -> str:
     if not n:  # None: unknown; 0: nothing measured yet
         return UNKNOWN
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -152,7 +153,7 @@ class StatsPanel(Static):
         self.update(t, layout=False)  # fixed size: no layout pass per frame
 
 
-def fitted(fields: list, width: int) -> Text:
+def fitted(fields: list[Field], width: int) -> Text:
     """`fields` (text or Text, style) joined by " · " in their order of priority: those that do not fit `width`
     are dropped whole from the end, and a "…" says so (no field is cut mid-way). 0 width: all of them."""
     t = Text(no_wrap=True, overflow="ellipsis")
@@ -172,9 +173,9 @@ class FittedLine(Static):
     """One line of fields that drops the least telling whole when the line is too narrow (`fitted`), and
     lays them out again on a resize."""
 
-    fields: list[tuple[str, str]] = []
+    fields: list[Field] = []
 
-    def set_fields(self, fields: list[tuple[str, str]]) -> None:
+    def set_fields(self, fields: list[Field]) -> None:
         self.fields = fields
         self.refresh(layout=False)
 
