@@ -34,7 +34,7 @@ install: $(STAMP)
 chat: $(STAMP)
 	$(VENV)/bin/dflash chat
 
-# mypy: [tool.mypy] in pyproject.toml (dflash_tui.engines and dflash_tui.core); uncached about 45 s of one core.
+# mypy: [tool.mypy] in pyproject.toml (the whole dflash_tui package); uncached about 45 s of one core.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
