@@ -270,6 +270,49 @@ async def test_engine_switch_reloads_and_keeps_history(profile, data_dir):
         assert len(app.conversation.turns) == 2 and app._last_stats.peak_bytes
 
 
+@pytest.mark.asyncio
+async def test_a_failed_engine_switch_keeps_the_history_and_every_command_runs(tmp_path, pair, data_dir):
+    """The new engine fails to load: the palette opens and each of our commands runs (ctrl+p crashed on
+    the conversation left without an engine), a prompt is refused politely and kept, and the next switch
+    that loads brings the history back."""
+    import inspect
+    import shutil
+
+    from textual.app import App
+
+    from dflash_tui.tui.screens import LoadErrorScreen
+
+    target = tmp_path / "target"
+    shutil.copytree(pair[0], target)
+    app = make_app(write_profile(tmp_path / "moving.toml", target, pair[1]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "before the switch")
+        shutil.move(target, tmp_path / "elsewhere")
+        app.switch_engine("cuda")
+        await waiting.until(pilot, lambda: app.load_error is not None and isinstance(app.screen, LoadErrorScreen))
+        textual_own = {c.title for c in App.get_system_commands(app, app.screen)}
+        ours = [c for c in app.get_system_commands(app.screen) if c.title not in textual_own
+                and not c.title.startswith(("Engine:", "Profile:"))]
+        assert {"Next block size", "New context", "Replay", "Toggle thinking"} <= {c.title for c in ours}
+        for command in ours:
+            result = command.callback()
+            if inspect.isawaitable(result):
+                await result
+            await pilot.pause()
+            assert app.is_running, command.title
+            while len(app.screen_stack) > 2:  # a screen the command opened (help, sessions), over the error's
+                app.pop_screen()
+        app.pop_screen()  # the error screen
+        await pilot.press(*"hello", "enter")
+        await pilot.pause()
+        assert app.is_running and app.chat._prompt.text == "hello"  # kept for when a model is loaded
+        shutil.move(tmp_path / "elsewhere", target)
+        app.switch_engine("cuda")
+        await waiting.until(pilot, lambda: app.conversation is not None and not app.loading)
+        assert [t.user for t in app.conversation.turns] == ["before the switch"]
+
+
 # -- the controller without the UI ----------------------------------------------------------------
 
 

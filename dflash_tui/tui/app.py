@@ -99,7 +99,9 @@ class DflashApp(App):
         self.loaded_engine = loaded_engine  # an engine already loaded (tests, benchmarks): no load worker
         self.engine_process = engine_process  # decode in a child process (engines/process.py) or a thread
         self._owns_engine = False  # an engine handed in is the caller's to close
-        self._keep_conversation = False
+        # The conversation an engine switch keeps: out of reach (conversation is None) until an engine loads,
+        # so that no key or palette command runs it without one, even when the new engine fails to load.
+        self._kept: Optional[Conversation] = None
         self.chat = ChatScreen()
         self.preferences, warning = load_preferences()
         self._startup_warnings = [warning] if warning else []
@@ -207,8 +209,8 @@ class DflashApp(App):
     def _loaded(self, engine, profile: Profile) -> None:
         self.engine = engine
         self.loading = False
-        if self._keep_conversation and self.conversation is not None:
-            conv = self.conversation
+        if self._kept is not None:
+            self.conversation = conv = self._kept
             conv.engine = engine
             conv.probes.clear()  # block-1 steps timed on the engine before: no measure of this one's speedup
             if conv.settings.block_size and conv.settings.block_size > 1 and not conv.has_draft:
@@ -216,7 +218,7 @@ class DflashApp(App):
             notices = [f"Reloaded on the {engine.name} engine ({engine.device}, {engine.dtype}); history kept."]
         else:
             self.conversation, notices = open_conversation(engine, profile, self.flags, record=self.record)
-        self._keep_conversation = False
+        self._kept = None
         self.chat.engine_ready(self.conversation, notices)
 
     # -- switching engines and profiles ----------------------------------------------------------
@@ -225,7 +227,7 @@ class DflashApp(App):
             self.engine.close()
         self.engine = None
         if self.conversation is not None:
-            self.conversation.engine = None  # type: ignore[assignment]  # none until the next load sets it
+            self._kept, self.conversation = self.conversation, None
         free_memory()
 
     def _close_error_screen(self) -> None:
@@ -237,7 +239,6 @@ class DflashApp(App):
             return
         self._close_error_screen()
         self.engine_flag = engine
-        self._keep_conversation = self.conversation is not None
         self._unload()
         self.start_load()
 
@@ -248,7 +249,7 @@ class DflashApp(App):
         self.profile_ref, self.profile = name, None
         self.engine_flag = None
         self._unload()
-        self.conversation = None
+        self._kept = None
         self.chat.clear_view()
         self.start_load()
 
