@@ -25,7 +25,7 @@ from dflash_tui.engines.baseline import BaselineRun, Margin
 from dflash_tui.engines.config import EngineConfig, GenerationRequest
 from dflash_tui.engines.engine import Progress
 from dflash_tui.engines.errors import CheckpointError, EngineUnavailable, UserError
-from dflash_tui.engines.events import StepEvent
+from dflash_tui.engines.events import StepEvent, Summary
 from dflash_tui.engines.probe import Block1Probe
 from dflash_tui.engines.prompting import load_tokenizer, prompt_ids
 
@@ -163,7 +163,7 @@ class ProcessEngine:
         self.baseline_name = info["baseline_name"]
         self.generation_config = self.target_info.generation_config()
         self.tokenizer = load_tokenizer(self.target_info.path)
-        self.last_summary = None
+        self.last_summary: Optional[Summary] = None
 
     @property
     def trained_block_size(self) -> Optional[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional, cast
+from typing import Optional
 
 import click
 
@@ -63,7 +63,7 @@ def validate(file: str) -> None:
         raise UserError(printable(f"Profile file {file_path} does not exist; check the path."))
     p = profiles.load_profile(str(file_path))
     for role, value in (("target", p.target), ("draft", p.draft)):
-        if value and not Path(cast(str, p.local_path(value))).expanduser().is_dir() and not (
+        if value and not Path(p.local_path(value)).expanduser().is_dir() and not (
                 hub.looks_like_hub_id(value) and hub.cached(value)):
             beside = p.path.resolve().parent / value if p.path else value
             raise UserError(printable(f"{file_path}: {role} = {value!r} is neither a folder (none at {beside}) nor a "

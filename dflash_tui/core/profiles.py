@@ -19,7 +19,7 @@ import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, overload
 
 import platformdirs
 import tomlkit
@@ -79,6 +79,12 @@ class Profile(Sampling):
     def resolved(self, engine: str) -> "Profile":
         """A copy with the `[engines.<engine>]` overrides applied (engine: 'cuda' or 'mlx')."""
         return dataclasses.replace(self, **self.engines.get(engine, {}))
+
+    @overload
+    def local_path(self, value: str) -> str: ...
+
+    @overload
+    def local_path(self, value: None) -> None: ...
 
     def local_path(self, value: Optional[str]) -> Optional[str]:
         """`value` resolved against the profile's directory when that names an existing directory

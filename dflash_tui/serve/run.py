@@ -8,7 +8,7 @@ import math
 import signal
 import socket
 import sys
-from typing import TYPE_CHECKING, Optional, cast
+from typing import Optional
 
 from dflash_tui.core.terminal import color_enabled
 from dflash_tui.engines.errors import UserError
@@ -16,9 +16,6 @@ from dflash_tui.engines.errors import UserError
 from .app import MAX_BODY, ServeState, build_app
 from .metrics import Metrics
 from .worker import EngineWorker
-
-if TYPE_CHECKING:
-    from dflash_tui.engines.engine import EngineLike
 
 
 class Terminated(Exception):
@@ -109,7 +106,7 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
     else:
         from dflash_tui.engines.process import ProcessEngine
 
-        engine = cast("EngineLike", ProcessEngine(config))  # its last_summary is declared by assignment (None)
+        engine = ProcessEngine(config)
     metrics = Metrics(names[0], engine.block_size or 1)
     worker = EngineWorker(engine, max_queue=max_queue, metrics=metrics)
     state = ServeState(engine=engine, worker=worker, metrics=metrics, names=names, defaults=defaults,
