@@ -3,6 +3,10 @@
     python benchmarks/engine_speed.py                      # the demo pair, both engines where installed
     python benchmarks/engine_speed.py --profile qwen3-8b --engines cuda --block-sizes 1,4,8,16
     python benchmarks/engine_speed.py --engines cuda --drafts profiles/demo/draft,profiles/demo/draft2
+    python benchmarks/engine_speed.py --engines cuda --drafts profiles/demo/draft,profiles/demo/draft2 --prompts demo
+
+--prompts takes a prompt set as `dflash bench` does (a built-in name or a JSONL file, docs in
+dflash_tui/measure/bench.py) instead of the five prompts below; each sample's first turn is one prompt.
 
 --drafts adds a table of drafts side by side on the same target (DFlash 1 against DFlash 2): tau and tok/s at
 blocks 8 and 16, at temperature 0 and at temperature 1 (each draft with its acceptance rule: exact match
@@ -28,8 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dflash_tui.core.settings import load_settings  # noqa: E402 - after the sys.path line above
 from dflash_tui.engines import GenerationRequest, load_engine  # noqa: E402 - after the sys.path line above
+from dflash_tui.engines.errors import UserError  # noqa: E402 - after the sys.path line above
 from dflash_tui.engines.events import acceptance_histogram  # noqa: E402 - after the sys.path line above
 from dflash_tui.engines.prompting import load_tokenizer  # noqa: E402 - after the sys.path line above
+from dflash_tui.measure.bench import load_dataset  # noqa: E402 - after the sys.path line above
 
 PROMPTS = [  # the demo's domain, answered with a reasoning trace (thinking on by default)
     "What is 48 + 75?",
@@ -240,13 +246,19 @@ def main() -> None:
     parser.add_argument("--temperatures", default="0,1", help="comma list, for --drafts")
     parser.add_argument("--drafts", default=None,
                         help="comma list of drafts for the same target: only the drafts-side-by-side table")
+    parser.add_argument("--prompts", default=None,
+                        help="a built-in prompt set (demo, chat, code, math) or a JSONL file: each sample's first turn")
     args = parser.parse_args()
     block_sizes = [int(b) for b in args.block_sizes.split(",")]
+    try:
+        texts = [s["turns"][0] for s in load_dataset(args.prompts)[0]] if args.prompts else PROMPTS
+    except UserError as exc:
+        parser.exit(2, f"{exc}\n")
 
     def prompts_for(engine) -> list[list[int]]:
         tokenizer = load_tokenizer(engine.target_info.path)
         return [engine.prepare(GenerationRequest(messages=[{"role": "user", "content": p}], thinking=args.thinking))
-                if tokenizer.chat_template else tokenizer.encode(p) for p in PROMPTS]
+                if tokenizer.chat_template else tokenizer.encode(p) for p in texts]
 
     for name in args.engines.split(","):
         try:

@@ -15,8 +15,8 @@ from tests import waiting
 
 ROOT = Path(__file__).resolve().parent.parent
 BRIEF = {  # script -> (arguments for a short run, a line its table starts with)
-    "engine_speed": (["--engines", "cuda", "--block-sizes", "1,16", "--max-new-tokens", "24", "--repeats", "1"],
-                     "| run | tok/s |"),
+    "engine_speed": (["--engines", "cuda", "--block-sizes", "1,16", "--max-new-tokens", "24", "--repeats", "1",
+                      "--prompts", "{prompts}"], "| run | tok/s |"),
     "turn_cache": (["--turns", "2", "--repeats", "1", "--max-new-tokens", "24"], "| turn |"),
     "rollback_cost": (["--engines", "cuda", "--block-sizes", "4", "--repeats", "1"], "| block |"),
     "tui_overhead": (["--repeats", "1", "--max-new-tokens", "24"], "| prompt |"),
@@ -24,8 +24,11 @@ BRIEF = {  # script -> (arguments for a short run, a line its table starts with)
 
 
 @pytest.mark.parametrize("script", sorted(BRIEF))
-def test_benchmark_runs_and_prints_its_table(script, data_dir):
+def test_benchmark_runs_and_prints_its_table(script, data_dir, tmp_path):
     arguments, table = BRIEF[script]
+    prompts = tmp_path / "prompts.jsonl"  # a prompt set as `dflash bench` reads them (engine_speed --prompts)
+    prompts.write_text('{"turns": ["What is 48 + 75?"]}\n{"turns": ["Sort: 5, 3, 9.", "And descending?"]}\n')
+    arguments = [a.format(prompts=prompts) for a in arguments]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the data folder is data_dir's (DFLASH_DATA_DIR)
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), *arguments],
                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=waiting.limit(600))
