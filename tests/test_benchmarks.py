@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BRIEF = {  # script -> (arguments for a short run, a line its table starts with)
     "engine_speed": (["--engines", "cuda", "--block-sizes", "1,16", "--max-new-tokens", "24", "--repeats", "1",
                       "--prompts", "{prompts}"], "| run | tok/s |"),
+    "draft_headroom": (["--drafts", "profiles/demo/draft,profiles/demo/draft2", "--prompts", "{prompts}",
+                        "--max-new-tokens", "24"], "| draft | argmax | walk |"),
     "turn_cache": (["--turns", "2", "--repeats", "1", "--max-new-tokens", "24"], "| turn |"),
     "rollback_cost": (["--engines", "cuda", "--block-sizes", "4", "--repeats", "1"], "| block |"),
     "tui_overhead": (["--repeats", "1", "--max-new-tokens", "24"], "| prompt |"),
