@@ -120,7 +120,7 @@ class EngineLike(Protocol):
     """What a front end may use of an engine: `Engine` here, `ProcessEngine` (engines/process.py) and
     any engine served elsewhere satisfy it. Everything a front end reads is listed; nothing else."""
 
-    name: str  # "cuda" or "mlx"
+    name: str  # "cuda", "mlx" or "remote"
     device: str
     dtype: str
     config: EngineConfig

@@ -21,8 +21,8 @@ corpus retrains the targets, a changed target retrains both drafts, a changed DF
 draft). Delete .demo-work/ to start over.
 `--base-from DIR` adopts DIR (a target this recipe's base phase wrote, e.g. an earlier profiles/demo/target)
 as the base phase's output instead of training it again (about 19 minutes here). The base corpus and the
-tokenizer are what they were for the committed pair (the tool task is in the chat corpus only), so the
-retrain that added the tool task and the DFlash 2 draft can start from the committed target:
+tokenizer are what they were for run D's pair (the tool task is in the chat corpus only), so the retrain
+that added the tool task and the DFlash 2 draft (run E) started from its target:
     OMP_NUM_THREADS=1 .venv/bin/python scripts/make_demo_models.py --base-from profiles/demo/target
 (adopting copies it into .demo-work/ before the chat phase overwrites profiles/demo/target, and later runs
 keep that copy). The committed target has had a chat phase already, so this chat phase starts from a
@@ -48,15 +48,15 @@ Runs from scratch on this project's 2-core machines, each alone on it unless sai
   D  the defaults, one run end to end on an AMD EPYC with AVX-512 BF16 (no AMX): base (20.4), chat (14.6),
      evaluation (2.7), draft (32.5, its responses included): 70.6 in all. 99.2% single-turn, 95.8% in
      conversation; tau 7.03 at block 8 and 11.72 at block 16 (11.36 in conversation), outputs identical to
-     block 1. This is the committed pair.
+     block 1. The pair run E retrained from.
   E  the retrain that added the tool task and the DFlash 2 draft, on an AVX2-only EPYC (float32 training,
-     no native bf16), from the committed pair: `--base-from profiles/demo/target --draft-init profiles/demo/draft
+     no native bf16), from run D's pair: `--base-from profiles/demo/target --draft-init profiles/demo/draft
      --draft-steps 2000 --draft2-steps 1200`: chat round 2000:3e-4 (36.0: 400 steps on one thread, 1,600 on
-     two), evaluation (4.9), DFlash 1 draft fine-tuned from the committed one (33.5, the target's 3,997
-     responses on one thread included: two threads wrote them 5x slower here), DFlash 2 draft (see the
-     README). 99.2% single-turn, 97.5% in conversation, tool task 47/48. The tool task adds about 8% to the
-     chat corpus's tokens (194 against 180 per conversation on average). A run from scratch was not timed
-     on this CPU: its base phase alone takes over 90 minutes in float32 (see below).
+     two), evaluation (4.9), DFlash 1 draft fine-tuned from run D's (33.5, the target's 3,997 responses on
+     one thread included: two threads wrote them 5x slower here), DFlash 2 draft (16.0). 99.2% single-turn,
+     97.5% in conversation, tool task 47/48. The tool task adds about 8% to the chat corpus's tokens (194
+     against 180 per conversation on average). This is the committed pair. A run from scratch was not
+     timed on this CPU: its base phase alone takes over 90 minutes in float32 (see below).
 At 2e-3 the base phase alone left sorting at 0% after 3,000 steps and 3% after 5,500; at 6e-4 it reached
 77% (and 92.9% over all tasks) in 2,500.
 All of these ran on a CPU with native bf16 matmuls (AMX for A-C), which the target and the draft train with.
@@ -95,7 +95,7 @@ DRAFT_STEPS = 6000
 # The DFlash 2 stage, from the DFlash 1 draft's weights: the committed draft2's steps. A 2,500-step run, lost
 # unfinished with its machine, stood at validation tau 10.96 at step 1,482 against this one's 11.33 at its end.
 DRAFT2_STEPS = 1200
-# Its learning rate: a pilot on the committed pair (400 conversations, 800 steps from the DFlash 1 draft)
+# Its learning rate: a pilot on run D's pair (400 conversations, 800 steps from the DFlash 1 draft)
 # reached tau 12.36 at 3e-4 where 1e-3 first fell to 9.0 and was back at 11.2 after 600 steps (DFlash 1:
 # 11.68 on the same held-out prompts): fine-tuning a converged backbone wants the lower rate.
 DRAFT2_LR = "3e-4"
