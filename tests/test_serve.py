@@ -423,6 +423,30 @@ def test_beyond_loopback_needs_a_key(profile):
     assert refused.returncode == 2 and "API key" in refused.stderr
 
 
+@pytest.mark.parametrize("option, said", [
+    (["--shutdown-grace", "nan"], "--shutdown-grace nan"), (["--shutdown-grace", "inf"], "--shutdown-grace inf"),
+    (["--served-model-name", " "], "--served-model-name"), (["--max-body", "lots"], "--max-body"),
+])
+def test_serve_options_that_mean_nothing_are_refused_before_loading(profile, option, said):
+    """One sentence and exit 2 before any weight loads (a nan grace once loaded the pair, then crashed)."""
+    from click.testing import CliRunner
+
+    from dflash_tui.cli import main
+
+    result = CliRunner().invoke(main, ["serve", "--profile", str(profile), *option])
+    assert result.exit_code == 2 and said in result.output and "unexpected" not in result.output, result.output
+
+
+@pytest.mark.parametrize("port", ["0", "-1", "65536"])
+def test_serve_command_refuses_a_port_no_server_can_listen_on(profile, port):
+    from click.testing import CliRunner
+
+    from dflash_tui.cli import main
+
+    result = CliRunner().invoke(main, ["profile", "serve-command", str(profile), "--for", "vllm", "--port", port])
+    assert result.exit_code == 2 and "--port" in result.output and "vllm serve" not in result.output, result.output
+
+
 def test_a_key_is_enforced_on_every_route_but_health(guarded):
     s = guarded
     assert httpx.get(s.root + "/health", timeout=30).status_code == 200

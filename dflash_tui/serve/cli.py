@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import click
@@ -84,6 +85,10 @@ def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning
     """
     require_serve_extra()
     body_limit = parse_size(max_body)
+    if not math.isfinite(shutdown_grace):
+        raise UserError(f"--shutdown-grace {shutdown_grace} is not a number of seconds; pass one such as 3.")
+    if any(not n.strip() for n in names):
+        raise UserError("--served-model-name '' is empty; give each name clients send, such as demo.")
     origins = tuple(o.strip() for o in (allowed_origins or "").split(",") if o.strip())
     from .run import check_host, check_port
     from .run import serve as run_server
@@ -107,7 +112,7 @@ def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning
 @click.argument("name")
 @click.option("--for", "server", type=click.Choice(["vllm", "sglang"]), required=True, help="The server to launch.")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=None, help="Default: 8000 for vLLM, 30000 for SGLang.")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Default: 8000 for vLLM, 30000 for SGLang.")
 def serve_command(name: str, server: str, host: str, port: Optional[int]) -> None:
     """Print the vLLM or SGLang launch command for profile NAME's pair (then chat with it through
     `dflash chat --engine remote --url http://HOST:PORT/v1`)."""
@@ -120,5 +125,5 @@ def serve_command(name: str, server: str, host: str, port: Optional[int]) -> Non
     click.echo(printable(line))
     for note in notes:
         click.echo(printable(f"note: {note}"), err=True)
-    shown = port or DEFAULT_PORTS[server]
+    shown = DEFAULT_PORTS[server] if port is None else port
     click.echo(printable(f"then: dflash chat --engine remote --url http://{host}:{shown}/v1"), err=True)

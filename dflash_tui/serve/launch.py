@@ -38,7 +38,7 @@ def serve_command(profile, server: str, host: str = "127.0.0.1", port: Optional[
     if block is None:
         block = 16
         notes.append("the draft's block size could not be read offline; 16 assumed (set block_size in [dflash])")
-    port = port or DEFAULT_PORTS[server]
+    port = DEFAULT_PORTS[server] if port is None else port
     qwen3 = "qwen3" in f"{p.target}".lower()
     gpt_oss = "gpt-oss" in f"{p.target}".lower()  # harmony: the servers' own reasoning and tool parsers
     if server == "vllm":
