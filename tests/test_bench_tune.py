@@ -408,3 +408,21 @@ def test_max_new_tokens_0_is_refused_before_loading(profile_file, no_weights, co
     result = invoke(command, "--profile", profile_file, "-B", "1", "--max-new-tokens", "0", "--engine", "cuda",
                     *(["--dry-run"] if command == "tune" else []))
     assert result.exit_code == 2 and "--max-new-tokens 0" in result.stderr and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("where", ["missing/results.json", "/proc/dflash-test/results.json"])
+def test_an_output_bench_could_not_write_is_refused_before_loading(profile_file, no_weights, tmp_path, where):
+    """A folder that does not exist or cannot be written (/proc: no user, root included): one sentence
+    before the weights load, not a traceback after the whole run."""
+    output = tmp_path / where if not where.startswith("/") else where
+    result = invoke("bench", "--profile", profile_file, "-B", "1", "--engine", "cuda", "-o", output)
+    assert result.exit_code == 2 and "--output" in result.stderr and result.stderr.count("\n") == 1, result.output
+
+
+def test_bench_output_that_fails_to_write_is_one_sentence_after_the_table(profile_file, tmp_path):
+    """A write that fails only when it happens (a full disk: /dev/full) keeps the printed results and says
+    why in one sentence instead of a traceback."""
+    result = invoke("bench", "--profile", profile_file, "-B", "1", "--max-samples", "1", "--max-new-tokens", "4",
+                    "--no-framework", "--repeats", "1", "-o", "/dev/full")
+    assert result.exit_code == 2 and "Cannot write /dev/full" in result.stderr, result.output
+    assert "same as block 1" in result.stdout  # the table was printed before the write failed

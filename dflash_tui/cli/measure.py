@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 import click
 
 from dflash_tui.cli.generate import engine_options
 from dflash_tui.cli.style import color_enabled, console
+from dflash_tui.core import sessions as store
 from dflash_tui.core.terminal import json_text, printable
 from dflash_tui.engines import UserError, load_engine
 from dflash_tui.engines.prompting import preflight
@@ -195,6 +198,17 @@ def _setup(flags: dict, dataset: Optional[str], block_sizes: Optional[str], max_
     return settings, config, samples, dataset_name, bench_mod.block_sizes_for(block_sizes, settings, config)
 
 
+def check_output(output: Optional[str]) -> None:
+    """Refuse an --output the results could not be written to before the run, not after it."""
+    if not output:
+        return
+    folder = Path(output).expanduser().parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        why = "does not exist" if not folder.is_dir() else "is not writable"
+        raise UserError(printable(f"--output {output}: the folder {folder} {why}; choose a folder that exists and "
+                                  "that you can write."))
+
+
 @click.command(epilog=bench_mod.JSON_SCHEMA_HELP)
 @measure_options("Comma-separated block sizes, 1 to 64 (default: 1,2,4,8,16 and the profile's).", None,
                  "Use at most N samples of the prompt set.")
@@ -215,6 +229,7 @@ def bench(dataset, block_sizes, repeats, max_samples, max_new_tokens, thinking, 
     """
     settings, config, samples, dataset_name, sizes = _setup(flags, dataset, block_sizes, max_samples, repeats)
     max_new = bench_mod.max_new_for(max_new_tokens, settings)  # every flag is checked before the weights load
+    check_output(output)
     no_framework = no_framework or config.engine == "remote"  # the weights stay on the server
     result = _with_progress(bench_mod.run_bench, _load(config), samples, sizes, max_new_tokens=max_new,
                             temperature=temperature,
@@ -222,9 +237,8 @@ def bench(dataset, block_sizes, repeats, max_samples, max_new_tokens, thinking, 
                             dataset=dataset_name, profile=settings.name, repeats=repeats)
     text = json_text(result.to_dict(), indent=1)
     click.echo(text if as_json else bench_mod.format_result(result, color_enabled()))
-    if output:
-        with open(output, "w") as f:
-            f.write(text + "\n")
+    if output:  # as an export: a new file then os.replace, a FIFO nothing reads refused, errors in one sentence
+        store.write_export(Path(output), text + "\n")
         click.echo(printable(f"wrote {output}"), err=True)
 
 
