@@ -298,7 +298,15 @@ GENERATION_FIELDS = (
 def check_target_weights(info: "TargetInfo", entries: dict[str, dict]) -> None:
     """The embedding (and an untied lm_head) in the safetensors headers have the shape config.json implies:
     a config that disagrees with its weights is one sentence here, not transformers' mismatch table after
-    loading. Quantized checkpoints (packed integer weights) are left to their loader."""
+    loading. Quantized checkpoints (packed integer weights) are left to their loader. Every target family
+    names its token embedding *embed_tokens.weight: a folder without one (a DFlash draft named as the
+    target, say) is refused here, before a loader fills the gap with random weights and a table."""
+    if not any(n.endswith("embed_tokens.weight") for n in entries):
+        draft = "fc.weight" in entries and "hidden_norm.weight" in entries
+        raise CheckpointError(printable(
+            f"The target {info.path} has no token embedding (no tensor named *embed_tokens.weight); "
+            + ("it is a DFlash draft: pass it as the draft and name its target." if draft
+               else "it is not a language model's checkpoint, name the target's folder or hub id.")))
     config, text = info.config, text_config(info.config)
     if config.get("quantization") or config.get("quantization_config") or text.get("quantization_config"):
         return

@@ -538,3 +538,23 @@ def test_a_full_disk_while_saving_the_state_is_one_sentence_and_leaves_no_tmp(co
     message = str(info.value)
     assert f"--work-dir {work}" in message and "train_state.pt" in message and "\n" not in message, message
     assert not list(work.glob("*.tmp")) and not (work / "train_state.pt").exists()
+
+
+@pytest.mark.parametrize("which", ["draft", "empty"])
+def test_a_target_without_a_token_embedding_is_refused_before_loading(counting, tmp_path, which):
+    """A DFlash draft (or any folder whose weights hold no *embed_tokens.weight) named as the target: one
+    sentence before transformers loads it, fills the gap with random weights and prints its table."""
+    from safetensors.torch import save_file
+
+    target = tmp_path / which
+    if which == "draft":
+        target = Path(__file__).resolve().parent.parent / "profiles" / "demo" / "draft"
+    else:  # a target's config beside weights that hold no embedding
+        target.mkdir()
+        source = counting[0]
+        (target / "config.json").write_text((Path(source) / "config.json").read_text())
+        save_file({"model.norm.weight": torch.ones(4)}, str(target / "model.safetensors"))
+    result = run_cli(["--target", str(target), "--data", str(counting[1]), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "no token embedding" in result.output, result.output
+    assert ("pass it as the draft" in result.output) == (which == "draft")
+    assert "LOAD REPORT" not in result.output and "MISSING" not in result.output
