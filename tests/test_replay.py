@@ -243,6 +243,12 @@ def test_unknown_session_exits_2_in_one_sentence(data_dir):
     assert result.stderr.startswith("error: No session 'no-such-session'") and result.stderr.count("\n") == 1
 
 
+def test_a_bad_device_flag_is_blamed_on_the_command_line_not_the_session(recorded, data_dir):
+    result = invoke("replay", recorded[1], "--device", "banana")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
+    assert "Device 'banana' in the command line" in result.stderr and "session" not in result.stderr
+
+
 @pytest.mark.parametrize("args", [["--block-sizes", "0,4"], ["--block-sizes", "1,65"], ["--block-sizes", "1,x"],
                                   ["--block-sizes", ""], ["--repeats", "0"]])
 def test_bad_block_sizes_and_repeats_exit_2(recorded, data_dir, args):
