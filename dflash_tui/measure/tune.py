@@ -18,27 +18,40 @@ own, never one that was there); a built-in one is first copied to
 made absolute so they still resolve from there. A value set in the `[engines.<engine>]` override of
 the engine tuned on is changed there, since it is the one that engine reads. A changed line's old
 comment spoke of the old value ("# the block size the draft was trained at"), so it is replaced by what
-tune measured.
+tune measured (a value in an inline table gets none: a comment cannot go inside its braces). The file
+keeps its BOM and line endings, and is replaced only when the edited text reads back as the profile it
+was with exactly the written values changed; otherwise (a layout tomlkit gets wrong), or when the file
+is read-only, it is left as it was and one sentence says what to set by hand.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import re
 import stat
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import tomlkit
+import tomlkit.items
 
 from dflash_tui.core.figures import fixed
+from dflash_tui.core.profiles import _line_of
 from dflash_tui.core.terminal import counted, printable
 from dflash_tui.engines.errors import UserError
 from dflash_tui.measure.bench import labelled, run_block
 from dflash_tui.measure.replay import DEFAULT_REPEATS
 from dflash_tui.measure.report import histogram_text, repeats_note, spread_cell, table
 from dflash_tui.measure.runs import Counter, ProgressFn, Totals, check_repeats, spread
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 MIN_REPEATS = 3  # fewer passes cannot tell a real difference from the machine's noise
 NONE_WORDS = ("none", "off", "no", "0")
@@ -222,10 +235,14 @@ def user_copy_path(profile) -> Path:
 
 def check_writable(path: Path) -> Path:
     """`path` can be written as write_best writes it (a temporary file beside it, then a rename): checked by
-    making such a file in its folder, or the nearest one that exists, before any sweep; one sentence if not."""
+    making such a file in its folder, or the nearest one that exists, before any sweep, and `path` is not
+    read-only; one sentence if not."""
     folder = path.parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
+    if path.exists() and _read_only(path):
+        raise UserError(printable(f"Tune writes its result to {path}, which is read-only; make it writable, "
+                                  "or pass --dry-run to only look."))
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
         os.close(fd)
@@ -237,85 +254,173 @@ def check_writable(path: Path) -> Path:
     return path
 
 
-def _absolute_paths(doc, source: Path) -> list[str]:
-    """Relative target/draft values that name a directory beside `source` become absolute."""
-    changed = []
-    tables = [("model", doc.get("model"))]
-    engines = doc.get("engines") or {}
-    tables += [(f"engines.{name}", section) for name, section in engines.items()]
+def _absolute_paths(plain: dict, source: Path) -> list[tuple[tuple[str, ...], str, str, str]]:
+    """Relative target/draft values that name a directory beside `source` become absolute: (table, key, new
+    value, note) for each."""
+    changed: list[tuple[tuple[str, ...], str, str, str]] = []
+    tables: list[tuple[tuple[str, ...], object]] = [(("model",), plain.get("model"))]
+    engines = plain.get("engines") or {}
+    tables += [(("engines", name), section) for name, section in engines.items()]
     for where, section in tables:
-        if not section:
+        if not isinstance(section, dict):
             continue
         for key in ("target", "draft"):
             value = section.get(key)
             if isinstance(value, str) and not Path(value).is_absolute():
                 beside = source.resolve().parent / value
                 if beside.is_dir():
-                    section[key] = str(beside)
-                    changed.append(f"[{where}] {key}: {value} -> {beside} (so the copy still finds it)")
+                    changed.append((where, key, str(beside),
+                                    f"[{'.'.join(where)}] {key}: {value} -> {beside} (so the copy still finds it)"))
     return changed
 
 
-def _set(doc, table_path: tuple[str, ...], key: str, value, comment: Optional[str] = None) -> tuple[Optional[object], bool]:
-    """Set (or, for None, remove) doc[table...][key], its line's comment replaced by `comment` (or dropped);
-    (old value, changed)."""
+def _set(doc, table_path: tuple[str, ...], key: str, value, comment: Optional[str] = None) -> None:
+    """Set (or, for None, remove) doc[table...][key], its line's comment replaced by `comment` (or dropped).
+    A value in an inline table gets no comment: the line is the table's, and a comment inside its braces
+    would end the TOML there."""
     table = doc
     for part in table_path:
         if part not in table:
             if value is None:
-                return None, False
+                return
             table.add(part, tomlkit.table())
         table = table[part]
-    old = table.get(key)
-    old_plain = old.unwrap() if hasattr(old, "unwrap") else old
-    if old_plain == value:
-        return old_plain, False
     if value is None:
-        del table[key]
-    else:
-        table[key] = value
-        trivia = table.item(key).trivia  # tomlkit keeps the old line's comment, which spoke of the old value
+        if key in table:
+            del table[key]
+        return
+    table[key] = value
+    trivia = getattr(table[key], "trivia", None)  # tomlkit keeps the old line's comment, of the old value
+    if trivia is not None and not isinstance(table, tomlkit.items.InlineTable):
         trivia.comment_ws, trivia.comment = ("  ", f"# {comment}") if comment else ("", "")
-    return old_plain, True
+
+
+def _expected(plain: dict, edits) -> dict:
+    """The parsed profile with `edits` ((table, key, value or None to remove) each) made: what the written file
+    must read as, and nothing else."""
+    out = copy.deepcopy(plain)
+    for where, key, value in edits:
+        table = out
+        for part in where:
+            table = table.setdefault(part, {})
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+    return out
+
+
+def _read_toml(path: Path) -> tuple[str, bool, dict]:
+    """(text without a BOM, newlines as they are; whether it had a BOM; the parsed profile), read as
+    profiles.py reads it."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+        plain = tomllib.loads(text.removeprefix("\ufeff"))
+    except (OSError, ValueError):  # (checked when it was loaded; changed since)
+        raise UserError(printable(f"Tune cannot read {path} again to write its result; check it with "
+                                  "`dflash profile validate`.")) from None
+    return text.removeprefix("\ufeff"), text.startswith("\ufeff"), plain
+
+
+def _by_hand(edits) -> str:
+    """'set block_size = 8 in [dflash] by hand': what the user can do for a profile tune left as it was."""
+    tables: dict[tuple[str, ...], list[str]] = {}
+    for where, key, value in edits:
+        tables.setdefault(where, []).append(f"remove {key}" if value is None else f"set {key} = {value}")
+    return " and ".join(f"{' and '.join(parts)} in [{'.'.join(where)}]" for where, parts in tables.items()) + " by hand"
+
+
+def _edited(text: str, plain: dict, edits, comment: Optional[str]) -> Optional[str]:
+    """`text` with `edits` made by tomlkit, its layout and comments kept; None when the result would not
+    read back as exactly `plain` with the edits (an inline table or dotted keys tomlkit mishandles, any other
+    layout it gets wrong): then nothing is written rather than a guess."""
+    if comment:  # a newline or control character in it (a dataset's path) would end the comment
+        comment = "".join(c if c.isprintable() else " " for c in comment)
+    crlf = "\r\n" in text and "\n" not in text.replace("\r\n", "")
+    try:
+        doc = tomlkit.parse(text)
+        for where, key, value in edits:
+            _set(doc, where, key, value, comment)
+        out = tomlkit.dumps(doc)
+        if crlf:  # lines tomlkit adds end in \n
+            out = re.sub(r"(?<!\r)\n", "\r\n", out)
+        if tomllib.loads(out) != _expected(plain, edits):
+            return None
+    except Exception:  # noqa: BLE001 - whatever tomlkit trips on, the file is left as it was
+        return None
+    return out
 
 
 def write_best(profile, best, tune_window: bool = False, engine: Optional[str] = None,
                comment: Optional[str] = None) -> tuple[Path, list[str]]:
     """Write the best block size (and draft window) of `best` (a TuneRow or a dict with those keys) into the
     user's copy, each changed line's comment replaced by `comment`; (path, one sentence per change, empty
-    when the copy already had these values)."""
+    when the copy already had these values).
+
+    The file keeps its BOM and line endings, and is written only when it reads back as the profile it was
+    with exactly these values changed; else (a layout tomlkit cannot edit), or when it is read-only or its
+    folder cannot be written, it is left as it was and a UserError says which line to set by hand."""
     target = user_copy_path(profile)
+    source = target if target.is_file() else Path(profile.path)
+    text, bom, plain = _read_toml(source)
     notes: list[str] = []
-    if target.is_file():
-        text = target.read_text(encoding="utf-8")
-        doc = tomlkit.parse(text)
-    else:
-        source = Path(profile.path)
-        doc = tomlkit.parse(source.read_text(encoding="utf-8"))
+    edits: list[tuple[tuple[str, ...], str, object]] = []
+    if source != target:
         notes.append(f"created {target} from {source}")
-        notes += _absolute_paths(doc, source)
+        for where, key, value, note in _absolute_paths(plain, source):
+            edits.append((where, key, value))
+            notes.append(note)
     engine = engine or _engine_of(profile)
-    overrides = ((doc.get("engines") or {}).get(engine) or {}) if engine else {}
+    overrides = (plain.get("engines") or {}).get(engine) or {} if engine else {}
     changes = list(notes)
     values = [("block_size", best["block_size"])]
     if tune_window and best["block_size"] > 1:  # block 1 has no draft: its window says nothing
         values.append(("draft_window", best.get("draft_window")))
+    wanted = []
     for key, value in values:
         where = ("engines", engine) if engine and key in overrides else ("dflash",)
-        old, changed = _set(doc, where, key, value, comment)
-        if changed:
-            name = f"[{'.'.join(where)}] {key}"
-            changes.append(f"{name}: {'(unset)' if old is None else old} -> {'(unset)' if value is None else value}")
-    if changes == notes:  # the values are already there: write nothing (and create no copy)
+        section = plain
+        for part in where:
+            section = section.get(part) or {}
+        old = section.get(key)
+        if old != value:
+            wanted.append((where, key, value))
+            changes.append(f"[{'.'.join(where)}] {key}: {'(unset)' if old is None else old} -> "
+                           f"{'(unset)' if value is None else value}")
+    if not wanted:  # the values are already there: write nothing (and create no copy)
         return (target if target.is_file() else Path(profile.path)), []
-    _replace(target, tomlkit.dumps(doc))
+    how = _by_hand(wanted)
+    if target.exists() and _read_only(target):
+        raise UserError(printable(f"Not written: {target} is read-only, so tune left it as it was; make it "
+                                  f"writable and rerun tune, or {how}."))
+    out = _edited(text, plain, edits + wanted, comment)
+    if out is None:
+        line = _line_of(text, (*wanted[0][0], wanted[0][1])) if source == target else None
+        raise UserError(printable(f"Not written: tune cannot edit the layout of {target} without changing more "
+                                  f"than these values, so it left the file as it was; "
+                                  f"{how}{f' (see line {line})' if line else ''}."))
+    try:
+        _replace(target, ("\ufeff" if bom else "") + out)
+    except OSError as exc:
+        raise UserError(printable(f"Not written: {target} cannot be written ({exc.strerror}), so tune left it as "
+                                  f"it was; {how}.")) from None
     return target, changes
+
+
+def _read_only(path: Path) -> bool:
+    """The user marked `path` read-only (no write bit: root may write anyway, but tune respects the mark),
+    or this user cannot write it."""
+    try:
+        return not (os.stat(path).st_mode & 0o222) or not os.access(path, os.W_OK)
+    except OSError:
+        return False
 
 
 def _replace(target: Path, text: str) -> None:
     """`text` as the new content of `target`, written to a temporary file that no other file had the name of
-    (mkstemp), then renamed over it: readers never see half a profile, and a file or link that happened to
-    have a fixed temporary name is never written. The file keeps its permissions (a new one: the umask's)."""
+    (mkstemp), synced, then renamed over it: readers never see half a profile, not even after a crash, and a
+    file or link that happened to have a fixed temporary name is never written. The file keeps its
+    permissions (a new one: the umask's)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = stat.S_IMODE(os.stat(target).st_mode)
@@ -325,9 +430,11 @@ def _replace(target: Path, text: str) -> None:
         mode = 0o666 & ~umask
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), mode)
-            fh.write(text)
+            fh.write(text.encode("utf-8"))
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
