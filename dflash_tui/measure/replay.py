@@ -179,9 +179,9 @@ def engine_config_for(session: sessions.Session, engine: Optional[str] = None, d
     recorded_dtype = header.get("dtype")
     if recorded_dtype not in ("float32", "float16", "bfloat16") or chosen != recorded_engine:
         recorded_dtype = snapshot.get("dtype") or "auto"
-    given = {k: v for k, v in flags.items() if v is not None}
-    if given:  # a bad flag is blamed on the command line, not on the session (as Profile.engine_config does)
-        EngineConfig(target=str(target), engine=chosen, source="the command line", **given)
+    if device is not None or dtype is not None:  # a bad flag is blamed on the command line, not on the session
+        EngineConfig(target=str(target), engine=chosen, source="the command line", device=device or "auto",
+                     dtype=dtype or "auto")
     return EngineConfig(
         target=str(target), draft=str(draft) if draft else None, engine=chosen, device=device or "auto",
         dtype=dtype or recorded_dtype, draft_window=snapshot.get("draft_window"),
