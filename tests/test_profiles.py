@@ -223,6 +223,23 @@ def test_engine_overrides_apply_only_to_their_engine(tmp_path):
     assert profiles.load_profile("qwen3-8b").engine_config("auto").engine in ("cuda", "mlx")
 
 
+def test_target_and_draft_flags_replace_the_pair_on_every_engine(tmp_path):
+    """--target replaces the profile's pair: its draft (trained for its own target) and block size go unless
+    --draft names one, and the [engines.*] tables do not put the profile's checkpoints back."""
+    from dflash_tui.core.settings import with_pair
+
+    path = str(write(tmp_path / "p.toml", GOOD))
+    alone = with_pair(path, target="org/mine")
+    for engine in ("cuda", "mlx"):
+        config = alone.engine_config(engine)
+        assert (config.target, config.draft, config.block_size) == ("org/mine", None, 1)
+    paired = with_pair(path, target="org/mine", draft="org/my-draft")
+    assert [(c.target, c.draft, c.block_size) for c in (paired.engine_config("cuda"), paired.engine_config("mlx"))] == [
+        ("org/mine", "org/my-draft", 8), ("org/mine", "org/my-draft", 8)]
+    drafted = with_pair(path, draft="org/my-draft")
+    assert (drafted.engine_config("mlx").target, drafted.engine_config("mlx").draft) == ("org/target-4bit", "org/my-draft")
+
+
 # --- the template -------------------------------------------------------------------------------
 
 

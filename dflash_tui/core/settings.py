@@ -25,13 +25,21 @@ def load_settings(profile: Optional[str], engine: Optional[str] = None, target: 
 
 def with_pair(profile: Union[str, Profile, None], target: Optional[str] = None, draft: Optional[str] = None) -> Profile:
     """The profile with `--target`/`--draft` over its pair. `--target` without a profile runs that
-    checkpoint alone (with `--draft`, as a pair) instead of the default profile."""
+    checkpoint alone (with `--draft`, as a pair) instead of the default profile. With a profile it replaces
+    the pair: the profile's draft was trained for its own target, so it goes unless `--draft` names one,
+    and with it the profile's block size (a target alone runs block 1). The flags win over the
+    `[engines.*]` tables too, which would otherwise put the profile's checkpoints back."""
     if profile is None and target is not None:
         return Profile(name="command line", description="", path=None, target=target, draft=draft)
     base = profile_for(profile)
-    if target is not None:
-        return replace(base, target=target, draft=draft)
-    return replace(base, draft=draft) if draft is not None else base
+    if target is None and draft is None:
+        return base
+    replaced = ("target", "draft", "block_size") if target is not None else ("draft",)
+    engines = {name: {k: v for k, v in table.items() if k not in replaced} for name, table in base.engines.items()}
+    if target is None:
+        return replace(base, draft=draft, engines=engines)
+    return replace(base, target=target, draft=draft, engines=engines,
+                   block_size=base.block_size if draft is not None else 1)
 
 
 def generation_request(profile: Profile, **given) -> GenerationRequest:
