@@ -26,7 +26,8 @@ def engine_options(fn):
     options = [
         click.option("--profile", "-p", shell_complete=complete.profile_names,
                      help="Profile name or TOML file (default: demo)."),
-        click.option("--target", help="Target checkpoint: a directory or a hub id (overrides the profile)."),
+        click.option("--target", help="Target checkpoint: a directory or a hub id. It replaces the profile's pair: "
+                     "the profile's draft and block size go unless --draft names a draft."),
         click.option("--draft", help="DFlash draft checkpoint: a directory or a hub id."),
         click.option("--engine", type=click.Choice(["auto", "cuda", "mlx", "remote"]), help="Engine (default: the profile's, else auto)."),
         click.option("--url", help="Remote engine: an OpenAI-compatible server, http://HOST:PORT/v1 (implies --engine remote)."),
