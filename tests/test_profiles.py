@@ -366,6 +366,21 @@ def test_dflash_command_has_profile_group():
     assert result.exit_code == 2 and "does not exist" in result.stderr
 
 
+def test_a_folder_given_as_the_profile_is_called_a_folder_not_missing(tmp_path, config_dir, monkeypatch):
+    """`-p some.toml/` or a checkpoint folder by mistake: the sentence says what the path is; a folder
+    that merely shares a profile's name does not hide that profile."""
+    folder = tmp_path / "mine.toml"
+    folder.mkdir()
+    for args in (["validate", str(folder)], ["show", str(folder)]):
+        result = run(*args)
+        assert result.exit_code == 2 and "is a folder, not a TOML file" in result.stderr, result.output
+    (config_dir / "profiles").mkdir(parents=True)
+    (config_dir / "profiles" / "mine.toml").write_text('[model]\ntarget = "org/t"\n')
+    (tmp_path / "mine").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert profiles.load_profile("mine").target == "org/t"
+
+
 def test_checkpoint_paths_beside_the_profile_file_resolve(tmp_path):
     from dflash_tui.core.profiles import load_profile
 

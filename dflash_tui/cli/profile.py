@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -59,7 +60,7 @@ def path() -> None:
 def validate(file: str) -> None:
     """Check FILE: exit 0 when it loads, else print what is wrong and where, and exit 2."""
     file_path = Path(file)  # (not click.Path: a name the file system cannot hold is one sentence here, not a ValueError)
-    if not file_path.is_file():
+    if not os.path.exists(file_path):  # a folder, a FIFO: load_profile says what it is instead
         raise UserError(printable(f"Profile file {file_path} does not exist; check the path."))
     p = profiles.load_profile(str(file_path))
     for role, value in (("target", p.target), ("draft", p.draft)):

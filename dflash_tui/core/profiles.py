@@ -437,6 +437,9 @@ def load_profile(name_or_path: str) -> Profile:
         found = _named(directory).get(name_or_path)
         if found:
             return _read(found)
+    if as_path.is_dir():
+        raise UserError(printable(f"Profile {as_path} is a folder, not a TOML file; name the profile file in it, or run "
+                                  "`dflash profile list`."))
     if as_path.suffix == ".toml" or os.sep in name_or_path:
         raise UserError(printable(f"Profile file {as_path} does not exist; check the path, or run `dflash profile list`."))
     available = sorted({*_named(builtin_profile_dir()), *_named(user_profile_dir())})
