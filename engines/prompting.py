@@ -362,8 +362,8 @@ def prompt_ids(tokenizer, request: GenerationRequest) -> list[int]:
         check_text(text)
     if request.prompt_ids is not None:
         ids = list(request.prompt_ids)
-    elif request.prompt is not None:
-        ids = tokenizer.encode(request.prompt, add_special_tokens=False)
+    elif request.prompt is not None:  # (verbose=False: a prompt past the context is said once, by preflight)
+        ids = tokenizer.encode(request.prompt, add_special_tokens=False, verbose=False)
     elif request.messages is not None:  # (exactly one of the three is given: checked above)
         ids = chat_ids(tokenizer, request.messages, request.thinking, request.reasoning_effort)
     if not ids:
@@ -400,6 +400,10 @@ def chat_ids(tokenizer, messages: list[dict], thinking: bool, effort: Optional[s
     template's chat format takes them (engines/reasoning.py)."""
     if not getattr(tokenizer, "chat_template", None):
         raise UserError("The target's tokenizer has no chat template; use --raw to send plain text.")
+    size = sum(len(m["content"]) for m in messages if isinstance(m, dict) and isinstance(m.get("content"), str))
+    if size > LIMITS.chars:  # the prompt, not the template, is past what a render may make
+        raise UserError(f"The prompt is {size:,} characters, past the {LIMITS.chars:,} a chat template may render "
+                        "(and far past any context); shorten it.")
     bound_templates()
     kwargs = template_kwargs(tokenizer, thinking, effort)
     if tools:

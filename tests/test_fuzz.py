@@ -425,6 +425,18 @@ def test_hostile_chat_templates_render_or_are_one_sentence(tiny_tokenizer, monke
     assert time.monotonic() - started < 10
 
 
+def test_a_prompt_past_the_render_budget_is_blamed_on_the_prompt_not_the_template(tiny_tokenizer, monkeypatch):
+    """A 20 MB paste: the template did nothing wrong, so the sentence is about the prompt's size."""
+    from dflash_tui.engines import prompting
+    from dflash_tui.engines.errors import UserError
+
+    monkeypatch.setattr(prompting, "LIMITS", prompting.RenderLimits(chars=1_000))
+    with pytest.raises(UserError) as refused:
+        prompting.chat_ids(tiny_tokenizer, [{"role": "user", "content": "x" * 1_500}], True)
+    assert "The prompt is 1,500 characters" in str(refused.value) and "template in" not in str(refused.value)
+    assert prompting.chat_ids(tiny_tokenizer, [{"role": "user", "content": "x" * 900}], True)  # below: it renders
+
+
 GROWING = ["{{ ('x\\n' * 1000)|indent(10**7) }}", "{{ ('\\t' * 1000).expandtabs(10**7) }}",
            "{{ ('x' * 1000).replace('x', 'y' * 10**7) }}", "{{ ('x' * 1000)|replace('x', 'y' * 10**7) }}",
            "{{ (range(10**5)|list)|join('x' * 10**6) }}", "{{ ('x' * 10**6).join(range(10**5)|map('string')|list) }}"]
