@@ -250,7 +250,8 @@ def test_a_bad_device_flag_is_blamed_on_the_command_line_not_the_session(recorde
 
 
 @pytest.mark.parametrize("args", [["--block-sizes", "0,4"], ["--block-sizes", "1,65"], ["--block-sizes", "1,x"],
-                                  ["--block-sizes", ""], ["--repeats", "0"]])
+                                  ["--block-sizes", ""], ["--block-sizes", "1,,4"], ["--block-sizes", "4,"],
+                                  ["--repeats", "0"]])
 def test_bad_block_sizes_and_repeats_exit_2(recorded, data_dir, args):
     result = invoke("replay", recorded[1], *args)
     assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1

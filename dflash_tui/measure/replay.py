@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -98,9 +99,12 @@ def parse_block_sizes(text, add_one: bool = True) -> list[int]:
     if isinstance(text, (list, tuple)):
         parts = [str(p) for p in text]
     else:
-        parts = [p.strip() for p in str(text).replace(" ", ",").split(",") if p.strip()]
-    if not parts:
+        parts = re.split(r"\s*,\s*|\s+", str(text).strip())  # commas, spaces or both between the sizes
+    if parts == [""]:
         raise UserError("--block-sizes is empty; give a comma-separated list such as 1,2,4,8,16.")
+    if "" in parts:
+        raise UserError(f"--block-sizes {printable(repr(str(text)))} has an empty entry; give a comma-separated list "
+                        "such as 1,2,4,8,16.")
     sizes = set()
     for part in parts:
         try:
