@@ -73,6 +73,12 @@ def test_bad_inputs_exit_2_with_one_sentence(pairs, tmp_path):
     one_sentence_exit_2(invoke("generate", "--profile", str(unknown), "hi"), "blok_size", "line 5")
     result = invoke("generate", "--target", t, "--engine", "tpu", "hi")
     assert result.exit_code == 2 and "tpu" in result.output
+    one_sentence_exit_2(invoke("generate", "--target", t, ""), "The prompt is empty")
+    one_sentence_exit_2(invoke("generate", "--target", t, "--raw", "", input=""), "The prompt is empty")
+    one_sentence_exit_2(invoke("generate", "--target", t, "--raw", "--system", "Be brief.", "hi"), "--system", "--raw")
+    tools = tmp_path / "tools.json"
+    tools.write_text("[]")
+    one_sentence_exit_2(invoke("generate", "--target", t, "--raw", "--tools", str(tools), "hi"), "--tools", "--raw")
 
 
 def test_real_process_exit_code_and_module_entry(pairs):

@@ -158,8 +158,11 @@ def generate(prompt, profile, target, draft, engine, url, model, api_key, device
         prompt = read_stdin()
     check_text(prompt)  # lone surrogates (undecodable argv bytes) are refused before anything loads
     check_text(system)
-    if raw and not prompt:
-        raise UserError("The prompt is empty and --raw sends it as it is; give the text to send.")
+    if not prompt:
+        raise UserError("The prompt is empty; give the text to send, or '-' to read it from standard input.")
+    for flag, given in (("--system", system is not None), ("--tools", tools_file is not None)):
+        if raw and given:
+            raise UserError(f"{flag} goes through the chat template, which --raw leaves out; drop one of them.")
     settings, config = load_settings(profile, engine or ("remote" if url else None), target, draft, device=device,
                                      dtype=dtype, block_size=block_size, draft_window=draft_window, url=url,
                                      model=model, api_key=api_key)
@@ -178,8 +181,6 @@ def generate(prompt, profile, target, draft, engine, url, model, api_key, device
     if tools_file:
         from dflash_tui.serve.tools import load_tools_file
 
-        if raw:
-            raise UserError("--tools goes through the chat template, which --raw leaves out; drop one of them.")
         tools = load_tools_file(tools_file)
     loaded = load_engine(config)
     for warning in loaded.warnings:
