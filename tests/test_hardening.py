@@ -567,6 +567,18 @@ def test_train_draft_refuses_a_seed_or_gamma_torch_cannot_use(pairs, tmp_path, t
     assert not (tmp_path / "out").exists()
 
 
+def test_train_draft_refuses_a_stop_token_as_the_mask(pairs, tmp_path, train_data):
+    """Every mask slot would read as the end of the answer: refused (by id or by text) before training starts."""
+    from dflash_tui.engines.checkpoints import TargetInfo
+    from dflash_tui.engines.prompting import load_tokenizer
+
+    target, _ = pairs("qwen3")
+    stop = TargetInfo.read(target).stop_ids()[0]
+    for given in (str(stop), load_tokenizer(target).convert_ids_to_tokens(stop)):
+        assert_refused(_train(target, train_data, tmp_path / "out", "--mask-token", given), "stop token")
+    assert not (tmp_path / "out").exists()
+
+
 def test_train_draft_refuses_an_unsupported_model_type_before_its_tokenizer(custom_type_target, tmp_path, train_data,
                                                                           no_weights):
     assert_refused(_train(custom_type_target, train_data, tmp_path / "out"), "evilnet")

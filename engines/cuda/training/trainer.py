@@ -164,15 +164,11 @@ def check_args(c: TrainConfig) -> None:
 def mask_id(tokenizer, given: Optional[str], info: TargetInfo) -> int:
     """The mask token: --mask-token, else a mask token the tokenizer has, else the first spare row."""
     if given is not None:
-        if str(given).isdigit():
-            return int(given)
-        ids = tokenizer.convert_tokens_to_ids([given])
-        if ids and ids[0] is not None and ids[0] != tokenizer.unk_token_id:
-            return int(ids[0])
-        encoded = tokenizer.encode(given, add_special_tokens=False)
-        if len(encoded) == 1:
-            return encoded[0]
-        raise UserError(f"--mask-token '{given}' is not a single token of the target's tokenizer; name one token or give its id.")
+        chosen = given_mask_id(tokenizer, given)
+        if chosen in info.stop_ids():  # every mask slot would read as the end of the answer
+            raise UserError(printable(f"--mask-token '{given}' is the target's stop token {chosen}; name a token the "
+                                      "target never writes, such as <|mask|>, or leave it out to take a spare row."))
+        return chosen
     vocab = tokenizer.get_vocab()
     for name in ("<|mask|>", "<|MASK|>", "<mask>", "[MASK]", "<|mask_token|>"):
         if name in vocab:
@@ -183,6 +179,20 @@ def mask_id(tokenizer, given: Optional[str], info: TargetInfo) -> int:
     if tokenizer.pad_token_id is not None and tokenizer.pad_token_id not in info.stop_ids():
         return tokenizer.pad_token_id
     raise UserError("The target's tokenizer has no mask token and no spare embedding row; pass --mask-token with a rarely used token.")
+
+
+def given_mask_id(tokenizer, given: str) -> int:
+    """--mask-token's id: a number is the id itself, else the one token the text names."""
+    if str(given).isdigit():
+        return int(given)
+    ids = tokenizer.convert_tokens_to_ids([given])
+    if ids and ids[0] is not None and ids[0] != tokenizer.unk_token_id:
+        return int(ids[0])
+    encoded = tokenizer.encode(given, add_special_tokens=False)
+    if len(encoded) == 1:
+        return encoded[0]
+    raise UserError(printable(f"--mask-token '{given}' is not a single token of the target's tokenizer; name one token "
+                              "or give its id."))
 
 
 def dflash2_dims(hidden: int, top_k: int) -> Dflash2Dims:
