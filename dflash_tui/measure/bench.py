@@ -50,7 +50,6 @@ prompt ids, repeated the same way, is a second baseline. Throughput is decode to
 from __future__ import annotations
 
 import importlib.resources
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -58,7 +57,7 @@ from typing import Callable, Optional
 from dflash_tui.core.figures import fixed
 from dflash_tui.core.terminal import printable
 from dflash_tui.engines.config import GenerationRequest
-from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.errors import UserError, parse_json
 from dflash_tui.measure import prompts
 from dflash_tui.measure.replay import DEFAULT_BLOCK_SIZES, DEFAULT_REPEATS, parse_block_sizes
 from dflash_tui.measure.report import histogram_line, histogram_text, mark, millis, repeats_note, spread_cell, table, times
@@ -105,10 +104,9 @@ def parse_jsonl(text: str, where: str) -> list[dict]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except ValueError as exc:  # JSONDecodeError, or a plain ValueError: an integer past Python's digit limit
-            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-            raise UserError(printable(f"{where}:{number}: the line is not valid JSON ({reason}); write one object per "
+            record = parse_json(line)
+        except ValueError as exc:
+            raise UserError(printable(f"{where}:{number}: the line is not valid JSON ({exc}); write one object per "
                                       'line such as {"turns": ["What is 48 + 75?"]}.')) from None
         turns = record.get("turns") if isinstance(record, dict) else None
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):

@@ -3,7 +3,6 @@ and the JSON of chunks and responses, with the DFlash step data as an extension 
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 import uuid
@@ -11,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from dflash_tui.engines.config import EFFORTS, MAX_SEED, MAX_TOP_LOGPROBS
-from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.errors import UserError, parse_json
 from dflash_tui.engines.remote.wire import EXTENSION
 
 
@@ -52,23 +51,6 @@ def _float(body: dict, key: str, low: float, high: float, low_open: bool = False
     if value < low or value > high or (low_open and value == low):
         raise _bad(f"'{key}' must be {'above' if low_open else 'at least'} {low:g} and at most {high:g}; got {value}.", key)
     return float(value)
-
-
-MAX_DEPTH = 64  # JSON nesting a request may have (a tool's parameter schema needs a dozen at most)
-
-
-def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether a parsed JSON value nests deeper than `limit` (walked without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return True
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, (dict, list)))
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
-    return False
 
 
 def _text_content(content: Any, where: str, required: bool = True) -> Optional[str]:
@@ -375,9 +357,10 @@ def check_tool_calls(calls: Any, where: str) -> list[dict]:
         arguments = fn.get("arguments", "{}")
         if isinstance(arguments, str):  # the API sends a JSON string; templates index it as an object
             try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except ValueError:
-                raise _bad(f"{where}.tool_calls[{j}].function.arguments is not valid JSON.", "messages") from None
+                arguments = parse_json(arguments) if arguments.strip() else {}
+            except ValueError as exc:
+                raise _bad(f"{where}.tool_calls[{j}].function.arguments is not valid JSON ({exc}).", "messages") \
+                    from None
         out.append({"id": str(call.get("id") or f"call_{j}"), "type": "function",
                     "function": {"name": fn["name"], "arguments": arguments}})
     return out

@@ -21,14 +21,14 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from dflash_tui.engines.config import GenerationRequest
-from dflash_tui.engines.errors import describe
+from dflash_tui.engines.errors import MAX_DEPTH, describe, too_deep
 from dflash_tui.engines.prompting import chat_ids
 from dflash_tui.engines.reasoning import format_for, takes_effort
 from dflash_tui.engines.remote.sse import encode_event
 from dflash_tui.engines.remote.thinking import ThinkingSplitter
 from dflash_tui.engines.remote.wire import EXTENSION, step_to_wire
 
-from .api import MAX_DEPTH, ApiError, Params, check_request, fresh_seed, new_id, now, parse, refuse_effort, too_deep, usage
+from .api import ApiError, Params, check_request, fresh_seed, new_id, now, parse, refuse_effort, usage
 from .metrics import Metrics
 from .text import StopMatcher
 from .tools import ToolCallParser, forced_opening, parser_for, tool_format, wire_call

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from dflash_tui.core.sessions import read_regular
-from dflash_tui.engines.errors import UserError, describe
+from dflash_tui.engines.errors import UserError, parse_json
 from dflash_tui.engines.reasoning import GEMMA4, GEMMA_CALL_CLOSE, GEMMA_CALL_OPEN, GEMMA_STRING, HARMONY, format_of
 from dflash_tui.engines.text import printable
 
@@ -88,7 +88,7 @@ def _call(name: Any, arguments: Any) -> Optional[dict]:
         return None
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
+            arguments = parse_json(arguments)
         except ValueError:
             return None
     if arguments is None:
@@ -101,7 +101,7 @@ def _call(name: Any, arguments: Any) -> Optional[dict]:
 def _xml_value(raw: str) -> Any:
     text = raw.strip("\n")
     try:
-        return json.loads(text)
+        return parse_json(text)
     except ValueError:
         return text
 
@@ -120,7 +120,7 @@ def parse_hermes_block(body: str) -> Optional[dict]:
         params = {m.group(1).strip(): _xml_value(m.group(2)) for m in XML_PARAMETER.finditer(match.group(2))}
         return _call(match.group(1).strip(), params)
     try:
-        data = json.loads(text)
+        data = parse_json(text)
     except ValueError:
         return None
     if not isinstance(data, dict):
@@ -140,7 +140,7 @@ def parse_llama_json(text: str) -> Optional[list[dict]]:
     while at < len(text):
         try:
             data, end = decoder.raw_decode(text, at)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than any real call's
             return None
         call = _call(data.get("name"), data.get("parameters", data.get("arguments"))) if isinstance(data, dict) else None
         if call is None:
@@ -405,13 +405,13 @@ def wire_call(call: dict, index: int) -> dict:
 def load_tools_file(path: str) -> list[dict]:
     """`dflash generate --tools FILE.json`: a list of OpenAI tools (or {"tools": [...]})."""
     try:
-        data = json.loads(read_regular(Path(path)))  # a FIFO or a device (/dev/zero) is refused, not read
+        data = parse_json(read_regular(Path(path)))  # a FIFO or a device (/dev/zero) is refused, not read
     except OSError as exc:
         raise UserError(printable(f"The tools file {path} cannot be read ({exc.strerror}); point --tools at a "
                                   "JSON file.")) from None
     except ValueError as exc:
-        raise UserError(f"The tools file {printable(path)} cannot be read as JSON ({printable(describe(exc))}).") \
-            from None
+        raise UserError(f"The tools file {printable(path)} cannot be read as JSON ({printable(str(exc))}); write a "
+                        'list of tools ([{"type": "function", "function": {"name": ...}}]).') from None
     if isinstance(data, dict) and "tools" in data:
         data = data["tools"]
     if not isinstance(data, list):

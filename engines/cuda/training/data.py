@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.errors import UserError, parse_json
 from dflash_tui.engines.prompting import chat_ids
 
 
@@ -52,9 +51,9 @@ def load_conversations(path: str) -> list[Conversation]:
         if not text.strip():
             continue
         try:
-            record = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise _bad(file, n, f"not valid JSON ({exc.msg})") from None
+            record = parse_json(text)
+        except ValueError as exc:
+            raise _bad(file, n, f"not valid JSON ({exc})") from None
         if not isinstance(record, dict):
             raise _bad(file, n, "not a JSON object")
         thinking = record.get("thinking", True)
