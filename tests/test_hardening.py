@@ -575,7 +575,9 @@ def test_train_draft_refuses_a_stop_token_as_the_mask(pairs, tmp_path, train_dat
     target, _ = pairs("qwen3")
     stop = TargetInfo.read(target).stop_ids()[0]
     for given in (str(stop), load_tokenizer(target).convert_ids_to_tokens(stop)):
-        assert_refused(_train(target, train_data, tmp_path / "out", "--mask-token", given), "stop token")
+        result = _train(target, train_data, tmp_path / "out", "--mask-token", given)
+        assert_refused(result, "stop token")
+        assert result.output.startswith("error: ")  # no blank line from a progress bar that never showed
     assert not (tmp_path / "out").exists()
 
 

@@ -21,6 +21,12 @@ def _progress_bar():
     )
 
 
+def stop(bar) -> None:
+    """End the bar if it ever showed (rich's stop of a bar never started still writes a blank line)."""
+    if bar.live.is_started:
+        bar.stop()
+
+
 def _count(value: float) -> str:
     return f"{value / 1000:.1f}k" if value >= 1000 else f"{value:.0f}"
 
@@ -136,15 +142,15 @@ def train_draft(**options) -> None:
     try:
         result = run(cfg, progress)  # a UserError reaches the group: one sentence, exit 2
     except Interrupted as exc:
-        bar.stop()
+        stop(bar)
         click.echo(f"Interrupted at step {exc.step}; state saved to {exc.path}. Rerun the same command to resume.", err=True)
         sys.exit(130)
     except KeyboardInterrupt:
-        bar.stop()
+        stop(bar)
         click.echo("Interrupted; responses written so far are cached in the output directory. Rerun to resume.", err=True)
         sys.exit(130)
     finally:
-        bar.stop()
+        stop(bar)
     click.echo(f"steps {result.steps} · loss {result.loss:.3f} · {result.steps_per_s:.1f} step/s · "
                f"{result.tokens_per_s:,.0f} tok/s · draft in {result.out}")
     click.echo(f"tau {result.tau:.2f} at block {cfg.block_size}")
