@@ -33,7 +33,8 @@ from typing import Iterable, Optional
 
 from dflash_tui.core.figures import fixed, known
 from dflash_tui.core.terminal import counted, printable
-from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.config import DTYPES, ENGINES, SAMPLING_FIELDS, GenerationRequest
+from dflash_tui.engines.errors import UserError, parse_json
 from dflash_tui.engines.text import finite_number as _number
 
 FORMAT_VERSION = 1
@@ -372,24 +373,43 @@ def _texts(value) -> bool:
     return isinstance(value, list) and all(isinstance(t, str) for t in value)
 
 
+def _one_of(names: tuple):
+    return lambda value: isinstance(value, str) and value in names
+
+
+def _request_takes(name: str):
+    """A setting the engine's own request check accepts: replay and a resumed chat build requests from it,
+    and a value refused there would be refused without naming the file."""
+    def ok(value) -> bool:
+        try:
+            GenerationRequest(prompt_ids=[], **{name: value})
+        except (UserError, TypeError, ValueError, OverflowError):  # OverflowError: 10**400 for a float
+            return False
+        return True
+    return ok
+
+
+STATUSES = ("completed", "cancelled", "error")
+LOCAL_ENGINES = ("cuda", "mlx")  # they record every id they emit (a remote server may send text only)
+_REQUEST = {name: _request_takes(name) for name in (*SAMPLING_FIELDS, "max_new_tokens", "seed", "block_size",
+                                                    "reasoning_effort")}
+
+
 # What readers of a session rely on, field by field (nested objects by their dotted names): a file that
 # breaks one of these is reported with its file, line and field instead of failing somewhere later. A
 # field a record lacks is left to its reader's default; one this dflash does not know is ignored.
 SETTINGS_FIELDS = {
-    "temperature": _optional(_non_negative), "top_p": _optional(_number), "top_k": _optional(_int_from(0)),
-    "min_p": _optional(_number), "block_size": _optional(_int_from(1, 64)), "thinking": _optional(_flag),
-    "max_new_tokens": _int_from(1), "seed": _int_from(0), "system_prompt": _text,
-    "engine": _optional(_name), "device": _optional(_name), "dtype": _optional(_name),
+    **_REQUEST, "thinking": _optional(_flag), "system_prompt": _text,
+    "engine": _optional(_one_of(ENGINES)), "device": _optional(_name), "dtype": _optional(_name),
 }
 PROFILE_FIELDS = {
     "name": _name, "description": _optional(_text), "path": _optional(_name), "target": _optional(_name),
-    "draft": _optional(_name), "engine": _optional(_name), "dtype": _optional(_name),
+    "draft": _optional(_name), "engine": _optional(_one_of(ENGINES)), "dtype": _optional(_one_of(DTYPES)),
     "block_size": _optional(_int_from(1, 64)), "draft_window": _optional(_int_from(1)),
     "target_layer_ids": _optional(_ids), "max_new_tokens": _optional(_int_from(1)), "thinking": _optional(_flag),
     "system_prompt": _optional(_text), "draft_thinking": _optional(_flag), "url": _optional(_text),
     "model": _optional(_text), "bench_prompts": _optional(_text), "examples": _optional(_texts),
-    "temperature": _optional(_non_negative), "top_p": _optional(_number), "top_k": _optional(_int_from(0)),
-    "min_p": _optional(_number),
+    **{name: _REQUEST[name] for name in SAMPLING_FIELDS},
 }
 SUMMARY_FIELDS = {
     "prompt_tokens": _int_from(0), "generated_tokens": _int_from(0), "token_ids": _ids, "text": _text,
@@ -405,14 +425,14 @@ SUMMARY_FIELDS = {
 HEADER_FIELDS = {
     "format": _int_from(1),
     "id": _name, "created": _name, "profile": _optional(_object),
-    "engine": _optional(_name), "device": _optional(_name), "dtype": _optional(_name),
+    "engine": _optional(_one_of(ENGINES)), "device": _optional(_name), "dtype": _optional(_name),
     "target": _optional(_name), "draft": _optional(_name), "target_path": _optional(_name),
     "draft_path": _optional(_name), "settings": _optional(_object), "target_revision": _optional(_name),
     "draft_revision": _optional(_name), "chat_template_hash": _optional(_name),
     "profile.": PROFILE_FIELDS, "settings.": SETTINGS_FIELDS,
 }
 TURN_FIELDS = {
-    "user": _text, "answer": _text, "status": _text,
+    "user": _text, "answer": _text, "status": _one_of(STATUSES),
     "index": _int_from(0),
     "settings": _object, "summary": _optional(_object),
     "prompt_ids": _ids, "emitted_ids": _ids, "steps": _steps,
@@ -431,16 +451,31 @@ def _checked(record: dict, fields: dict, path: Path, line: int, prefix: str = ""
             if isinstance(inner, dict):
                 _checked(inner, ok, path, line, prefix + key)
         elif key in record and not ok(record[key]):
-            shown = json.dumps(record[key])[:40]
-            raise UserError(printable(f"Session file {path}, line {line}: {prefix}{key} is {shown}, which dflash did "
-                                      "not write; the file was edited or damaged (move it out of the sessions folder)."))
+            raise _damaged(path, line, prefix + key, record[key])
+    return record
+
+
+def _damaged(path: Path, line: int, name: str, value) -> UserError:
+    return UserError(printable(f"Session file {path}, line {line}: {name} is {json.dumps(value)[:40]}, which dflash "
+                               "did not write; the file was edited or damaged (move it out of the sessions folder)."))
+
+
+def _turn(record: dict, header: Optional[dict], path: Path, line: int) -> dict:
+    """A turn's fields, and what holds between them: a completed turn a local engine answered records the
+    ids it emitted (at least its stop token) with its prompt ids; replay compares against them."""
+    _checked(record, TURN_FIELDS, path, line)
+    engine = (record.get("settings") or {}).get("engine") or (header or {}).get("engine")
+    if record.get("status", "completed") == "completed" and engine in LOCAL_ENGINES and record.get("prompt_ids") \
+            and not record.get("emitted_ids"):
+        raise _damaged(path, line, "emitted_ids", record.get("emitted_ids"))
     return record
 
 
 def _record(line: bytes) -> Optional[dict]:
-    """A line's record, or None when it is not a JSON object (a torn or damaged line)."""
+    """A line's record, or None when it is not a JSON object (a torn or damaged line, or one nested deeper
+    than any record dflash writes)."""
     try:
-        record = json.loads(line)
+        record = parse_json(line)
     except ValueError:
         return None
     return record if isinstance(record, dict) else None
@@ -488,7 +523,7 @@ def read_session(path: Path) -> Session:
         if record.get("type") == "header" and header is None:
             header = _checked(record, HEADER_FIELDS, path, number)
         elif record.get("type") == "turn":
-            turns.append(_checked(record, TURN_FIELDS, path, number))
+            turns.append(_turn(record, header, path, number))
         elif record.get("type") == "retract":
             if _checked(record, RETRACT_FIELDS, path, number).get("index") == len(turns) - 1:
                 turns.pop()
