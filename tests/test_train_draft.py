@@ -257,6 +257,13 @@ def test_interrupt_saves_state_and_resumes(counting, tmp_path):
     assert result.steps == 10
 
 
+def test_a_run_that_stops_inside_its_first_epoch_reports_epoch_1(counting, tmp_path):
+    """The last validation names the epoch it ran in (it said "epoch 0" for a run shorter than one)."""
+    reports: list = []
+    Trainer(config(counting, tmp_path / "d", max_steps=2, batch_size=2)).run(on_step=reports.append)
+    assert [p.epoch for p in reports if p.kind == "validate"] == [1]
+
+
 def test_batched_generation_matches_the_loop_and_work_dir(counting, tmp_path):
     one = Trainer(config(counting, tmp_path / "a", max_new_tokens=24))
     many = Trainer(config(counting, tmp_path / "b", max_new_tokens=24, gen_batch=8, work_dir=str(tmp_path / "w")))

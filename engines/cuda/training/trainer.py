@@ -485,7 +485,7 @@ class Trainer:
         elapsed = max(time.perf_counter() - started, 1e-9)
         tau = self.estimate_tau(prompts)
         taus.append(tau)
-        report(Progress("validate", step, horizon, tau=tau, epoch=step // per_epoch))
+        report(Progress("validate", step, horizon, tau=tau, epoch=math.ceil(step / per_epoch)))  # the epoch it ended in
         self.save_state(step, optimizer, taus)
         self.save_draft(step, tau)
         return Result(steps=step, loss=loss_avg if loss_avg is not None else float("nan"), tau=tau, taus=taus,
