@@ -167,6 +167,8 @@ def test_bench_help_documents_the_json_schema():
     (["--block-sizes", "1,99"], "Block size 99 is out of range"),
     (["--max-samples", "0"], "--max-samples 0"),
     (["--repeats", "0"], "runs per block size must be at least 1"),
+    (["--block-sizes", ""], "--block-sizes is empty"), (["--block-sizes", "1,,4"], "has an empty entry"),
+    (["--dataset", "/"], "is a folder"),
 ])
 def test_bench_bad_input_exits_2(profile_file, args, words):
     result = invoke("bench", "--profile", profile_file, *args)

@@ -161,6 +161,8 @@ def load_dataset(name: str, max_samples: Optional[int] = None) -> tuple[list[dic
         samples, label = parse_jsonl(text, str(path)), path.name
     elif name.lower() in PUBLIC_SETS:
         samples, label = public_set(name.lower()), name.lower()
+    elif path.is_dir():
+        raise UserError(printable(f"Prompt file {path} is a folder; name a JSONL file in it."))
     elif path.suffix in (".jsonl", ".json") or "/" in name:
         raise UserError(printable(f"Prompt file {path} does not exist; check the path."))
     else:
@@ -185,10 +187,10 @@ def max_new_for(flag: Optional[int], profile) -> int:
 def block_sizes_for(text: Optional[str], profile, config) -> list[int]:
     """--block-sizes, else 1,2,4,8,16 and the profile's; block 1 only without a draft."""
     if not config.draft:
-        if text and any(b > 1 for b in parse_block_sizes(text)):
+        if text is not None and any(b > 1 for b in parse_block_sizes(text)):
             raise UserError("Block sizes above 1 need a draft; this profile has none (pass --draft or use block 1).")
         return [1]
-    if text:
+    if text is not None:  # (an empty --block-sizes is refused, not read as the defaults)
         return parse_block_sizes(text)
     extra = [b for b in (profile.block_size, config.block_size) if b]
     return parse_block_sizes(list(DEFAULT_BLOCK_SIZES) + extra)
