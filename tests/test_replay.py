@@ -243,6 +243,25 @@ def test_unknown_session_exits_2_in_one_sentence(data_dir):
     assert result.stderr.startswith("error: No session 'no-such-session'") and result.stderr.count("\n") == 1
 
 
+def test_a_text_only_server_session_replays_locally_against_block_1(recorded, data_dir):
+    """A server that streams text alone (llama.cpp, through the remote engine) records no ids: the replay on
+    a local engine compares block sizes with block 1 and says nothing about the recording."""
+    def from_text_only_server(lines):
+        lines[0]["engine"] = "remote"
+        for record in lines[1:]:
+            record["emitted_ids"] = []
+            if "engine" in record.get("settings", {}):
+                record["settings"]["engine"] = "remote"
+        return lines
+
+    name = copy_session(data_dir, recorded[1], "text-only-session", from_text_only_server)
+    result = invoke("replay", name, "--engine", "cuda", "-B", "1,4", "--repeats", "1", "--json", "--no-save")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [r["identical_to_recording"] for r in report["rows"]] == [None, None]
+    assert [r["identical_across_block_sizes"] for r in report["rows"]] == [True, True]
+
+
 def test_a_bad_device_flag_is_blamed_on_the_command_line_not_the_session(recorded, data_dir):
     result = invoke("replay", recorded[1], "--device", "banana")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output

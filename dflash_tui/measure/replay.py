@@ -35,7 +35,7 @@ The comparison is saved next to the session as `<session>.replay-<YYYYmmdd-HHMMS
         "speedup": 2.1,                          # decode_tokens_per_s / block 1's (block 1 row: 1.0)
         "ttft_s": 0.012,                         # mean time to first token
         "peak_memory_bytes": 123456, "peak_memory_kind": "device" | "process-lifetime-rss",  # null: unknown
-        "identical_to_recording": true | false | null,     # every pass; null: sampled, or a different target
+        "identical_to_recording": true | false | null,     # every pass; null: sampled, a different target, or no recorded ids
         "identical_across_block_sizes": true | false | null,  # vs the block 1 row; null when sampled
         "turns": [{"index": 0, "token_ids": [...], "pieces": [["Hel", "draft"], ["lo", "target"]],
                    "acceptance_lengths": [...], "generated_tokens": 40, "decode_tokens_per_s": 300.0,
@@ -240,7 +240,7 @@ TURN_KEYS = ("token_ids", "pieces", "acceptance_lengths", "generated_tokens", "d
 class ReplayRow(Totals):
     """One block size (module docstring)."""
 
-    identical_to_recording: Optional[bool] = None  # None: sampled, or a different target
+    identical_to_recording: Optional[bool] = None  # None: sampled, a different target, or no recorded ids
     identical_across_block_sizes: Optional[bool] = None  # vs the first row; None when sampled
     turns: list[dict] = field(default_factory=list)
 
@@ -302,7 +302,10 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
     cancel = cancel or threading.Event()
     temp = effective_temperature(engine, turns, temperature)
     greedy = temp <= 0
-    matched = same_target(session, engine)
+    # Compared with the recording only where it holds ids from the same target: a server that streams text
+    # alone (llama.cpp, say) records none, and those turns are compared between block sizes only.
+    same = same_target(session, engine)
+    matched = same and all(t.recorded_ids for t in turns)
 
     def check() -> None:
         if cancel.is_set():
@@ -372,7 +375,7 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
         session=session.id, session_path=str(session.path), created=sessions.now_iso(),
         engine=engine.name, device=engine.device, dtype=engine.dtype, target=str(engine.target_info.path),
         recorded_target=header.get("target_path") or header.get("target"),
-        recorded_engine=header.get("engine"), same_target=matched, temperature=temp, greedy=greedy,
+        recorded_engine=header.get("engine"), same_target=same, temperature=temp, greedy=greedy,
         block_sizes=block_sizes,
         turns=[{"index": t.index, "user": t.user, "prompt_tokens": len(t.prompt_ids),
                 "recorded_tokens": len(t.recorded_ids), "recorded_block_size": t.settings.get("block_size")}
