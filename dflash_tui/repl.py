@@ -283,6 +283,6 @@ def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optiona
     else:
         repl.run_piped(stdin)
     conv.close()
-    if conv.session_id:
-        repl.info(f"session {conv.session_id}")
+    if conv.writer is not None:
+        repl.info(conv.writer.farewell())
     return 1 if repl.failed else 0

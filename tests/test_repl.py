@@ -53,6 +53,18 @@ def test_piped_stdin_reads_prompts_line_by_line(profile, data_dir):
     assert "never sent" not in json.dumps([s.turns for s in found])
 
 
+def test_a_chat_whose_session_cannot_be_written_ends_saying_so(profile, tmp_path):
+    """DFLASH_DATA_DIR pointing at a file: each turn says it was not saved, and the last line does not name
+    a session file that does not exist as if it did."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = run_plain(["--profile", str(profile)], "first question\n", blocker)
+    err = result.stderr.decode()
+    assert "not saved" in err, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("session ") and "was not saved" in last and "only on this screen" in last, last
+
+
 def test_plain_resume_continues_the_session(profile, data_dir):
     first = run_plain(["--plain", "--profile", str(profile), "--no-thinking"], "remember this\n", data_dir)
     assert first.returncode == 0, first.stderr.decode()

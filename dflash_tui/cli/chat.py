@@ -116,7 +116,7 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
     app.run()
     writer = app.conversation.writer if app.conversation is not None else None
     if writer is not None:
-        click.echo(printable(f"session {writer.id} · {writer.path}"))
+        click.echo(printable(writer.farewell()))
     if app.loading:
         # A load still running in its thread would hold the exit until it finishes; nothing is unsaved.
         sys.stdout.flush()

@@ -212,6 +212,13 @@ class SessionWriter:
     def exists(self) -> bool:
         return self._exists
 
+    def farewell(self) -> str:
+        """The line a chat ends with: where the session is, or that nothing of it reached the disk."""
+        if self._exists and self.path.exists():
+            return f"session {self.id} · {self.path}"
+        return (f"session {self.id} was not saved ({self.error or 'nothing was written'}): {self.path} could not be "
+                "written, so its turns are only on this screen; check DFLASH_DATA_DIR and the disk.")
+
     def close(self) -> None:
         """Release the session for other dflash processes."""
         self.lock.release()
