@@ -21,7 +21,7 @@ from typing import Literal, Optional, overload
 
 from dflash_tui.engines import hub
 from dflash_tui.engines.config import check_block_size_value
-from dflash_tui.engines.errors import CheckpointError, UserError, describe
+from dflash_tui.engines.errors import CheckpointError, UserError, describe, parse_json
 from dflash_tui.engines.text import finite_number as _number
 from dflash_tui.engines.text import printable
 
@@ -93,8 +93,8 @@ def read_json(path: Path, role: str) -> dict:
         raise CheckpointError(printable(f"The {role}'s {path} is not a regular file; replace it with the checkpoint's "
                                         "file."))
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        value = parse_json(path.read_bytes())
+    except (OSError, ValueError) as exc:  # ValueError: parse_json's reason (syntax, nesting, a huge integer, bytes)
         raise CheckpointError(printable(f"The {role}'s {path} cannot be read ({describe(exc)}); re-download the "
                                         "checkpoint.")) from None
     if not isinstance(value, dict):
@@ -203,11 +203,11 @@ def safetensors_header(file: Path, role: str = "checkpoint", floats_only: bool =
             (length,) = struct.unpack("<Q", raw)
             if length > min(size - 8, MAX_HEADER_BYTES):
                 raise CheckpointError(f"{bad} (its header claims {length} bytes in a {size}-byte file); re-download it.")
-            header = json.loads(fh.read(length))
+            header = parse_json(fh.read(length))
     except OSError as exc:
         raise CheckpointError(printable(f"The {role}'s {file} cannot be read ({exc}); check its permissions or "
                                         "re-download it.")) from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except ValueError:
         raise CheckpointError(f"{bad} (its header is not JSON); re-download it.") from None
     if not isinstance(header, dict) or not all(
             isinstance(v, dict) and isinstance(v.get("shape"), list) and all(

@@ -25,7 +25,7 @@ import json
 import re
 from typing import Optional
 
-from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.errors import UserError, parse_json
 from dflash_tui.engines.remote.thinking import THINK_CLOSE, THINK_OPEN, ThinkingSplitter, prompt_opens_thinking
 
 CHANNEL, MESSAGE, START, END, CONSTRAIN = "<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|constrain|>"
@@ -228,7 +228,7 @@ def _object_arguments(call):
     if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
         return call
     try:
-        parsed = json.loads(function["arguments"])
+        parsed = parse_json(function["arguments"])
     except ValueError:
         return call
     return {**call, "function": {**function, "arguments": parsed}} if isinstance(parsed, dict) else call

@@ -83,6 +83,35 @@ def test_training_data_too_deep_or_with_a_huge_integer_names_its_line(pairs, tmp
     assert not (tmp_path / "draft").exists()
 
 
+@pytest.mark.parametrize("payload, reason", [(DEEP, "nests deeper than"), (BIG_INT, "4300 digits")],
+                         ids=["deep", "big-integer"])
+def test_a_checkpoint_config_too_deep_or_with_a_huge_integer_is_one_sentence(pairs, tmp_path, payload, reason):
+    """config.json is JSON the user pointed at too (a big integer was an unexpected ValueError)."""
+    import shutil
+
+    target, _ = pairs("qwen3")
+    copy = tmp_path / "target"
+    shutil.copytree(target, copy)
+    (copy / "config.json").write_text(payload)
+    assert_refused(invoke("generate", "--target", copy, "--raw", "hi"), f"{copy / 'config.json'} cannot be read", reason)
+
+
+def test_a_saved_comparison_and_a_server_stream_too_deep_are_refused_by_the_same_rule(tmp_path):
+    """A replay comparison next to a session (the TUI's replay screen reads it), and an event or error body
+    from a remote server: nesting too deep is a ValueError or one sentence, never a RecursionError."""
+    from dflash_tui.engines.remote.client import error_text
+    from dflash_tui.engines.remote.sse import iter_sse_json
+    from dflash_tui.measure.replay import load_comparison
+
+    saved = tmp_path / "s.replay-1.json"
+    saved.write_text(DEEP)
+    with pytest.raises(UserError, match="nests deeper than"):
+        load_comparison(saved)
+    with pytest.raises(ValueError, match="not JSON"):
+        list(iter_sse_json([f"data: {DEEP}", ""]))
+    assert error_text(DEEP.encode()).startswith("[[[")
+
+
 def test_a_tools_file_nested_too_deep_is_one_sentence(tmp_path):
     tools = tmp_path / "tools.json"
     tools.write_text(DEEP)

@@ -14,14 +14,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
 from dflash_tui.engines.config import GenerationRequest
-from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.errors import UserError, parse_json
 from dflash_tui.engines.events import acceptance_histogram
 
 ProgressFn = Callable[[int, int, str], None]  # (done, total, what is running now)
@@ -69,7 +68,7 @@ class Record(Mapping):
 def load_json(path, schemas: tuple[str, ...], what: str) -> dict:
     """The JSON object a saved result holds, checked to be of one of `schemas` (one sentence when it is not)."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = parse_json(Path(path).read_bytes())
     except (OSError, ValueError) as exc:
         raise UserError(f"{what[0].upper()}{what[1:]} {path} cannot be read ({exc}).") from None
     if not isinstance(data, dict) or data.get("schema") not in schemas:

@@ -11,7 +11,7 @@ import json
 from typing import Iterator, Optional
 from urllib.parse import urlsplit
 
-from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.errors import UserError, parse_json
 from dflash_tui.engines.remote.sse import iter_sse_json
 
 SMALL_TIMEOUT_S = 30.0
@@ -52,8 +52,8 @@ def split_url(url: str) -> tuple[str, str]:
 def error_text(body: bytes) -> str:
     """The message of an error body: OpenAI's {"error": {"message"}}, FastAPI's {"detail"}, or the text."""
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        data = parse_json(body)
+    except ValueError:
         return body.decode("utf-8", "replace").strip()[:200] or "no message"
     if isinstance(data, dict):
         err = data.get("error", data)

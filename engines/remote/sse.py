@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Iterable, Iterator
 
+from dflash_tui.engines.errors import parse_json
+
 DONE = "[DONE]"
 
 
@@ -37,9 +39,10 @@ def iter_sse_json(lines: Iterable[str]) -> Iterator[dict]:
         if data.strip() == DONE:
             return
         try:
-            yield json.loads(data)
-        except json.JSONDecodeError:
+            event = parse_json(data)
+        except ValueError:
             raise ValueError(f"the server streamed an event that is not JSON: {data[:80]!r}") from None
+        yield event
 
 
 def encode_event(payload) -> bytes:
