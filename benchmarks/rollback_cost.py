@@ -3,12 +3,16 @@
     python benchmarks/rollback_cost.py                  # a random tiny Qwen3.5 built on the fly
     python benchmarks/rollback_cost.py --target DIR     # a real Qwen3.5 / Qwen3.6 checkpoint
 
-For each block size and engine: the verify pass over b tokens, our rollback (re-run only the
-linear-attention mixers over the kept tokens, from their inputs captured during the verify pass), and
-the simplest alternative (restore a copy of the states and re-feed the kept tokens through the whole
-target; the MLX engine's fallback for caches it cannot recompute). Half the block is kept, a typical
-partial acceptance. The MLX rows evaluate each measured part on its own (mx.eval); in the decoding loop
-the rollback is lazy and runs inside the next step's graph. CPU ratios may not hold on a GPU, where the
+For each block size, engine and way to roll back (engines/cuda/hybrid.py): the verify pass over b
+tokens, then the rollback to the kept tokens, and their sum, the cost a step pays. Ways: "mixers" (the
+verify pass uses the chunked kernel; re-run only the linear-attention mixers over the kept tokens, from
+their inputs captured during the verify pass), "history" (transformers 5.25 and later: the verify pass
+computes the block one token at a time and keeps the state after each; the rollback picks one), and
+"re-feed", the simplest alternative (restore a copy of the states and feed the kept tokens through the
+whole target again; the MLX engine's fallback for caches it cannot recompute). Half the block is kept,
+a typical partial acceptance, unless --keep says all (a full acceptance) or one. The MLX rows evaluate
+each measured part on its own (mx.eval); in the decoding loop the rollback is lazy and runs inside the
+next step's graph. CPU ratios may not hold on a GPU, where the
 mixers' share of a layer's time differs. The MLX rows need mlx and mlx-lm (skipped without them).
 """
 
@@ -28,7 +32,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402 - after the sys.path line above
 
 from dflash_tui.engines.checkpoints import TargetInfo  # noqa: E402 - after the sys.path line above
+from dflash_tui.engines.cuda.hybrid import KEEPS_HISTORY  # noqa: E402 - after the sys.path line above
 from dflash_tui.engines.cuda.target import Target  # noqa: E402 - after the sys.path line above
+
+# how many of a block's b tokens the step keeps: half (a typical partial acceptance), all (a full one), one
+KEEPS = {"half": lambda b: max(1, b // 2), "all": lambda b: b, "one": lambda b: 1}
 
 
 def median_time(prepare, measure, repeats: int) -> float:
@@ -42,41 +50,45 @@ def median_time(prepare, measure, repeats: int) -> float:
     return statistics.median(times)
 
 
-def cuda_rows(path: Path, block_sizes, prompt_len: int, repeats: int):
-    target = Target(TargetInfo.read(str(path)), torch.device("cpu"), torch.float32, [])
+def cuda_rows(path: Path, block_sizes, prompt_len: int, repeats: int, keep_of):
+    """(block, way, verify s, rollback s) for each way the cuda engine can take with this transformers."""
+    ways = ["mixers"] + (["history"] if KEEPS_HISTORY else [])
+    targets = {way: Target(TargetInfo.read(str(path)), torch.device("cpu"), torch.float32, [], rollback=way) for way in ways}
     prompt = torch.arange(prompt_len).unsqueeze(0) % 200 + 5
     rows = []
     with torch.inference_mode():
-        base = target.new_cache()
-        target.forward(prompt, 0, base, last_only=True, capture=False)
-        target.commit(base, prompt_len, prompt_len)
         for b in block_sizes:
             block = torch.arange(b).unsqueeze(0) + 40
-            keep = max(1, b // 2)
+            keep = keep_of(b)
+            for way, target in targets.items():
+                base = target.new_cache()
+                target.forward(prompt, 0, base, last_only=True, capture=False)
+                target.commit(base, prompt_len, prompt_len)
 
-            def fresh():
-                cache = copy.deepcopy(base)
-                target.before_verify(cache)
-                return cache
+                def fresh(target=target, base=base):
+                    cache = copy.deepcopy(base)
+                    target.before_verify(cache, b)
+                    return cache
 
-            def verify(cache):
-                target.forward(block, prompt_len, cache, last_only=False, capture=False)
+                def verify(cache, target=target):
+                    target.forward(block, prompt_len, cache, last_only=False, capture=False)
 
-            def verified():
-                cache = fresh()
-                verify(cache)
-                return cache
+                def verified(fresh=fresh, verify=verify):
+                    cache = fresh()
+                    verify(cache)
+                    return cache
 
-            v = median_time(fresh, verify, repeats)
-            ours = median_time(verified, lambda cache: target.commit(cache, keep, b), repeats)
-            refeed = median_time(lambda: copy.deepcopy(base),  # restore the copy, feed the kept tokens again
-                                 lambda cache: target.forward(block[:, :keep], prompt_len, cache, last_only=False,
-                                                              capture=False), repeats)
-            rows.append((b, v, ours, refeed))
+                v = median_time(fresh, verify, repeats)
+                rows.append((b, way, v, median_time(verified, lambda cache, target=target: target.commit(cache, keep, b), repeats)))
+                if way == "mixers":  # the simplest alternative: restore the copy, feed the kept tokens again
+                    refeed = median_time(lambda base=base: copy.deepcopy(base),
+                                         lambda cache, target=target: target.forward(block[:, :keep], prompt_len, cache,
+                                                                                     last_only=False, capture=False), repeats)
+                    rows.append((b, "re-feed", v, refeed))
     return rows
 
 
-def mlx_rows(path: Path, block_sizes, prompt_len: int, repeats: int):
+def mlx_rows(path: Path, block_sizes, prompt_len: int, repeats: int, keep_of):
     import mlx.core as mx
 
     from dflash_tui.engines.mlx.target import Target as MlxTarget
@@ -96,7 +108,7 @@ def mlx_rows(path: Path, block_sizes, prompt_len: int, repeats: int):
     rows = []
     for b in block_sizes:
         block = mx.array([[40 + i for i in range(b)]])
-        keep = max(1, b // 2)
+        keep = keep_of(b)
 
         def fresh(recompute=True):
             cache = prefilled()
@@ -120,19 +132,20 @@ def mlx_rows(path: Path, block_sizes, prompt_len: int, repeats: int):
             evaluate(cache)
 
         v = median_time(fresh, verify, repeats)
-        ours = median_time(lambda: verified(True), roll, repeats)
-        refeed = median_time(lambda: verified(False), roll, repeats)
-        rows.append((b, v, ours, refeed))
+        rows.append((b, "mixers", v, median_time(lambda: verified(True), roll, repeats)))
+        rows.append((b, "re-feed", v, median_time(lambda: verified(False), roll, repeats)))
     device = "GPU" if mx.default_device().type == mx.DeviceType.gpu else "CPU"
     return rows, device
 
 
 def print_table(title: str, rows) -> None:
+    """One row per block size and way; "step" is verify + rollback, the cost a verify step pays."""
     print(title)
-    print("| block | verify ms | rollback ms (mixers re-run) | rollback / verify | re-feed ms (alternative) | re-feed / verify |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for b, v, ours, refeed in rows:
-        print(f"| {b} | {1000 * v:.2f} | {1000 * ours:.2f} | {ours / v:.2f} | {1000 * refeed:.2f} | {refeed / v:.2f} |")
+    print("| block | way | verify ms | rollback ms | step ms | step / mixers step |")
+    print("|---:|---|---:|---:|---:|---:|")
+    mixers = {b: v + r for b, way, v, r in rows if way == "mixers"}
+    for b, way, v, r in rows:
+        print(f"| {b} | {way} | {1000 * v:.2f} | {1000 * r:.2f} | {1000 * (v + r):.2f} | {(v + r) / mixers[b]:.2f} |")
 
 
 def main() -> None:
@@ -142,6 +155,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--engines", default="cuda,mlx", help="comma-separated: cuda, mlx")
+    parser.add_argument("--keep", choices=list(KEEPS), default="half", help="how much of each block is kept (default half)")
     args = parser.parse_args()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     block_sizes = [int(b) for b in args.block_sizes.split(",")]
@@ -153,15 +167,18 @@ def main() -> None:
 
             path = make_target(Path(tmp) / "qwen3_5", "qwen3_5", hidden=256)
         if "cuda" in engines:
-            rows = cuda_rows(path, block_sizes, args.prompt_len, args.repeats)
-            tables.append(("cuda engine (PyTorch, CPU): rollback after keeping half the block", rows))
+            rows = cuda_rows(path, block_sizes, args.prompt_len, args.repeats, KEEPS[args.keep])
+            import transformers
+
+            tables.append((f"cuda engine (PyTorch, CPU, transformers {transformers.__version__}): rollback after keeping "
+                           f"{args.keep} of the block", rows))
         if "mlx" in engines:
             try:
-                rows, device = mlx_rows(path, block_sizes, args.prompt_len, args.repeats)
+                rows, device = mlx_rows(path, block_sizes, args.prompt_len, args.repeats, KEEPS[args.keep])
             except ImportError as exc:
                 print(f"mlx engine skipped: {exc}")
             else:
-                tables.append((f"mlx engine (mlx-lm, {device}): rollback after keeping half the block", rows))
+                tables.append((f"mlx engine (mlx-lm, {device}): rollback after keeping {args.keep} of the block", rows))
     for i, (title, rows) in enumerate(tables):
         if i:
             print()

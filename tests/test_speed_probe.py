@@ -58,14 +58,15 @@ def test_probe_measures_the_kept_context_and_leaves_the_chat_unchanged(engines_f
 
 
 def kept_state(engine) -> list:
-    """The kept caches as plain values: each attention layer's length, each linear-attention state."""
+    """The kept caches as plain values: each attention layer's length, each linear-attention state and count."""
     import numpy as np
 
     if engine.name == "cuda":
         from dflash_tui.engines.cuda.cache import bucket_layers, linear_states
 
         cache = engine.turn.cache
-        states = [t.numpy().copy() for pair in linear_states(cache).values() for t in pair]
+        states = [t.numpy().copy() if t is not None and hasattr(t, "numpy") else t  # (a linear layer's count)
+                  for kept in linear_states(cache).values() for t in kept]
         return [layer.length for layer in bucket_layers(cache)] + states
     from mlx_lm.models.cache import ArraysCache
 

@@ -241,22 +241,37 @@ def linear_layers(cache) -> dict[int, LinearAttentionCacheLayerMixin]:
             if isinstance(layer, LinearAttentionCacheLayerMixin)}
 
 
-def linear_states(cache) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """A copy of every linear-attention layer's conv and recurrent state (after a commit trimmed them)."""
+def linear_length(layer) -> Optional[int]:
+    """The tokens a linear-attention layer counts (transformers 5.25 and later, where the cache's
+    get_seq_length() reads layer 0's count, a linear layer on Qwen3.5); None where layers count nothing."""
+    count = getattr(layer, "cumulative_length_linear", None)
+    return None if count is None else int(count)
+
+
+def set_linear_length(layer, length: Optional[int]) -> None:
+    """Set that count: putting states back, or re-running a mixer, must leave it as the states are."""
+    if length is not None:  # a new tensor: the probe's undo runs outside inference mode, where the old one is read-only
+        layer.cumulative_length_linear = torch.full_like(layer.cumulative_length_linear, length)
+
+
+def linear_states(cache) -> dict[int, tuple[torch.Tensor, torch.Tensor, Optional[int]]]:
+    """A copy of every linear-attention layer's conv and recurrent state and its count (after a commit trimmed
+    them)."""
     states = {}
     for i, layer in linear_layers(cache).items():
         conv, recurrent = layer.conv_states[0], layer.recurrent_states[0]
         if conv is not None and recurrent is not None:  # (set by the first pass)
-            states[i] = (conv.clone(), recurrent.clone())
+            states[i] = (conv.clone(), recurrent.clone(), linear_length(layer))
     return states
 
 
 def restore_states(cache, states: dict) -> None:
     """Put copies of `states` back (the model updates the recurrent state in place: never alias a snapshot)."""
     layers = cache.layers
-    for i, (conv, recurrent) in states.items():
+    for i, (conv, recurrent, length) in states.items():
         layers[i].conv_states[0] = conv.clone()
         layers[i].recurrent_states[0] = recurrent.clone()
+        set_linear_length(layers[i], length)
 
 
 class TurnCache:

@@ -368,7 +368,7 @@ def speculative_decode(
                 proposal = drafter.propose(block, target.embed, target.lm_head, *walk)
                 block[0, 1:] = proposal.ids
             t_verify = clock.mark()
-            target.before_verify(cache)
+            target.before_verify(cache, b)
             logits, features = target.forward(block, start, cache, last_only=False, capture=use_draft)
         # the target's token at every block position (a padded block's first b), by the acceptance rule
         choice = sampler.verify(logits[0, :b], proposal.first(b - 1) if proposal is not None and b > 1 else None,

@@ -32,7 +32,7 @@ def block1_step(target: Target, turn: TurnCache, graphs: Optional[StepGraphs]) -
             replay.draft_step(token[0], length, 1)
             logits = replay.verify_step(1)
         else:
-            target.before_verify(cache)
+            target.before_verify(cache, 1)
             logits, _ = target.forward(token, length, cache, last_only=False, capture=False)
         logits[0].argmax(dim=-1).tolist()  # the step's one host sync
         if replay is None:

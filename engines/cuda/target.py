@@ -14,7 +14,7 @@ import torch
 from dflash_tui.engines.checkpoints import TargetInfo
 from dflash_tui.engines.cuda.attention import use_for
 from dflash_tui.engines.cuda.cache import BUCKET, SlidingBucketLayer, bucket, bucket_cache, bucket_layers
-from dflash_tui.engines.cuda.hybrid import LinearStateRollback
+from dflash_tui.engines.cuda.hybrid import ROLLBACK, LinearStateRollback
 from dflash_tui.engines.errors import CheckpointError, UserError, describe
 
 FAMILIES = {"qwen3": "Qwen3", "qwen3_moe": "Qwen3-MoE", "llama": "Llama-3.x", "qwen3_5": "Qwen3.5/3.6",
@@ -79,7 +79,7 @@ def load_model(info: TargetInfo, dtype: torch.dtype, device_map):
 
 class Target:
     def __init__(self, info: TargetInfo, device: torch.device, dtype: torch.dtype, layer_ids: list[int],
-                 device_map=None):
+                 device_map=None, rollback: str = ROLLBACK):
         check_family(info)
         try:
             model, loading = load_model(info, dtype, device_map or {"": device})
@@ -87,19 +87,19 @@ class Target:
             raise CheckpointError(f"The target {info.path} could not be loaded ({describe(exc)}); re-download it.") from None
         check_loaded(info, loading)
         self.model = model.eval()
-        self._attach(layer_ids)
+        self._attach(layer_ids, rollback)
 
     @classmethod
-    def from_model(cls, model, layer_ids: list[int]) -> "Target":
+    def from_model(cls, model, layer_ids: list[int], rollback: str = ROLLBACK) -> "Target":
         """A Target around a model already in memory (benchmarks build random ones of real shapes)."""
         target = cls.__new__(cls)
         target.model = model.eval()
-        target._attach(layer_ids)
+        target._attach(layer_ids, rollback)
         return target
 
-    def _attach(self, layer_ids: list[int]) -> None:
-        """Embeddings, lm_head, the cache keyword, the attention function (attention.py) and the
-        context-feature hooks of the loaded model."""
+    def _attach(self, layer_ids: list[int], rollback: str) -> None:
+        """Embeddings, lm_head, the cache keyword, the attention function (attention.py), a hybrid target's
+        rollback (hybrid.py: `rollback` names the way) and the context-feature hooks of the loaded model."""
         use_for(self.model)
         self.embed = self.model.get_input_embeddings()
         self.device = self.embed.weight.device
@@ -113,7 +113,7 @@ class Target:
         self._slices_shared = getattr(self.model.config.get_text_config(), "num_kv_shared_layers", 0) > 0
         self._features: dict[int, torch.Tensor] = {}
         self.capture = False
-        self.rollback = LinearStateRollback(self.model)
+        self.rollback = LinearStateRollback(self.model, rollback)
         decoder = self.model.model
         last = len(decoder.layers) - 1
         for i in self.layer_ids:
@@ -136,9 +136,10 @@ class Target:
             self.rollback.start(cache)
         return cache
 
-    def before_verify(self, cache) -> None:
+    def before_verify(self, cache, block_len: int) -> None:
+        """Before feeding `block_len` tokens that `commit` may cut back."""
         if self.rollback:
-            self.rollback.before_verify(cache)
+            self.rollback.before_verify(cache, block_len)
 
     def commit(self, cache, keep: int, block_len: int) -> None:
         """Keep the first `keep` of the `block_len` tokens just fed: every committed token except the newest."""
