@@ -81,7 +81,8 @@ def test_the_sdist_carries_its_tests_and_they_pass_from_it_and_its_wheel_install
         assert {"dflash_tui/engines/__init__.py", "dflash_tui/engines/cuda/loop.py", "dflash_tui/profiles_data/demo.toml",
                 "dflash_tui/profiles_data/demo/target/model.safetensors",
                 "dflash_tui/profiles_data/demo/draft2/model.safetensors",  # both demo drafts
-                "dflash_tui/py.typed"} <= set(z.namelist())  # PEP 561: type checkers read our annotations
+                "dflash_tui/py.typed",  # PEP 561: type checkers read our annotations
+                "dflash_tui/tested_versions.toml"} <= set(z.namelist())  # a pip user's doctor reads it
         info = next(n.split("/")[0] for n in z.namelist() if n.endswith(".dist-info/RECORD"))
         assert "dflash-tui = dflash_tui.cli:main" in z.read(f"{info}/entry_points.txt").decode()
         long_description = email.message_from_bytes(z.read(f"{info}/METADATA")).get_payload()
@@ -99,7 +100,7 @@ def test_the_sdist_carries_its_tests_and_they_pass_from_it_and_its_wheel_install
     assert not [name for name in inside if name.startswith(("dflash_tui/engines/", "dflash_tui/profiles_data/"))]
     assert {"engines/cuda/loop.py", "profiles/demo/target/model.safetensors", "profiles/demo.toml"} <= set(inside)
     assert archive.stat().st_size < wheel.stat().st_size + 2**20  # the demo weights once (19.3 MB when twice)
-    for needed in ("tests/conftest.py", "tests/tiny.py", "tests/oracles.py", "Makefile", "scripts/install_torch.sh",
+    for needed in ("tests/conftest.py", "tests/tiny.py", "tests/oracles.py", "Makefile", "constraints.txt", "scripts/install_torch.sh",
                    "tests/__snapshots__/test_tui/test_snapshot_main_screen.svg", "LICENSE", ".ci/run"):
         assert f"{root.name}/{needed}" in names, needed
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))

@@ -13,14 +13,17 @@ from pathlib import Path
 from typing import Optional
 
 import click
+from packaging.version import InvalidVersion, Version
 
 from dflash_tui.cli import complete
 from dflash_tui.cli.needs import target_needs
+from dflash_tui.core.profiles import tomllib
 from dflash_tui.engines import available_memory, describe_auto, hub
 from dflash_tui.engines.checkpoints import stored_bytes
 from dflash_tui.engines.errors import UserError
 
 PACKAGES = ("torch", "transformers", "mlx", "mlx-lm", "huggingface-hub", "textual")
+TESTED = Path(__file__).resolve().parents[1] / "tested_versions.toml"  # the frameworks' versions the suite passed with
 
 
 def _version(dist: str) -> str:
@@ -35,7 +38,35 @@ def environment() -> list[tuple[str, str]]:
             ("python", f"{platform.python_version()} ({sys.platform}, {platform.machine()})")]
     rows += [(dist, _version(dist)) for dist in PACKAGES]
     rows.append(("auto-engine", describe_auto()))
+    rows.append(("tested", tested_line()))
     return rows
+
+
+def tested_line() -> str:
+    """Whether each installed engine framework lies within the versions the suite has passed with
+    (tested_versions.toml), naming any that does not, its range and the pin that brings a tested one back."""
+    ranges = tomllib.loads(TESTED.read_text(encoding="utf-8"))
+    inside, outside = [], []
+    for dist, tested in ranges.items():
+        installed = _version(dist)
+        if installed == "not installed":
+            continue
+        low, high = Version(tested["lowest"]), Version(tested["newest"])
+        try:
+            release = Version(Version(installed).base_version)  # 2.13.0+cpu is 2.13.0
+        except InvalidVersion:
+            release = None
+        span = f"{low} to {high}" if low != high else f"{low} only"
+        if release is None or not low <= release <= high:
+            side = "unreadable" if release is None else "newer than" if release > high else "older than"
+            pin = high if release is None or release > high else low
+            outside.append(f"{dist} {installed} is {side} the versions the suite has passed with ({span}; "
+                           f"pip install '{dist}=={pin}' if something breaks)")
+        else:
+            inside.append(dist)
+    if outside:
+        return "; ".join(outside)
+    return f"{', '.join(inside)} within the versions the suite has passed with" if inside else "no engine framework installed"
 
 
 def print_version(ctx: click.Context, _param, value: bool) -> None:
