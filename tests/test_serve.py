@@ -1,6 +1,7 @@
 """`dflash serve` for real: the command started on a free loopback port with a random tiny pair, spoken to
 over HTTP (httpx, the official openai client, the remote engine). No mocks. Every wait is for an event
-(the server answering /health, a metric changing), bounded by a count of polls, never a timing."""
+(the server answering /health, a metric changing), polled until it happens; the only limit is the suite's
+safety net against a hang (tests/waiting.py), never a timing."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ from dflash_tui.engines.events import CONTRACT_VERSION  # noqa: E402 - after the
 from dflash_tui.engines.remote import RemoteConfig, RemoteEngine  # noqa: E402 - after the importorskip above
 from dflash_tui.engines.remote.client import parse_prometheus  # noqa: E402 - after the importorskip above
 from dflash_tui.engines.remote.thinking import ThinkingSplitter  # noqa: E402 - after the importorskip above
-from tests import tiny  # noqa: E402 - after the importorskip above
+from tests import tiny, waiting  # noqa: E402 - after the importorskip above
 
-POLLS = 1200  # at 0.05 s apart: how long a wait may last before the test gives up
+POLL_S = 0.05  # how often a wait looks again; how long it may last is waiting.limit()
 LONG = 400  # max_tokens for a generation that must be stopped from outside (the context holds 512)
 KEY = "sesame"
 ORIGIN = "http://app.example"
@@ -57,7 +58,10 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "w"), env=environment)
 
     def ready(self) -> "Server":
-        for _ in range(POLLS):
+        # servers start side by side, each importing torch: how long that takes is the machine's load, so the
+        # wait ends on /health, or on the suite's safety net (a hang), not after a fixed count of polls
+        end = time.monotonic() + waiting.limit()
+        while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise AssertionError(f"dflash serve exited {self.proc.returncode}: {self.log.read_text()}")
             try:
@@ -65,7 +69,7 @@ class Server:
                     return self
             except httpx.HTTPError:
                 pass
-            time.sleep(0.05)
+            time.sleep(POLL_S)
         self.close()
         raise AssertionError(f"dflash serve never answered /health: {self.log.read_text()}")
 
@@ -74,11 +78,14 @@ class Server:
         return parse_prometheus(text)
 
     def wait_metric(self, name: str, predicate, headers: dict | None = None) -> float:
-        for _ in range(POLLS):
+        end = time.monotonic() + waiting.limit()
+        while True:
             value = self.metrics(headers).get(name, 0.0)
             if predicate(value):
                 return value
-            time.sleep(0.05)
+            if time.monotonic() > end:
+                break
+            time.sleep(POLL_S)
         raise AssertionError(f"{name} never reached the expected value (last {value})")
 
     def close(self) -> None:
@@ -566,16 +573,10 @@ async def test_the_tui_over_the_remote_engine_colours_tokens_and_shows_the_stats
 
     app = DflashApp(profile=with_remote(profile_for(str(profile)), url=server.base), engine="remote", animate=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        for _ in range(POLLS):
-            if app.conversation is not None or app.load_error is not None:
-                break
-            await pilot.pause(0.05)
+        await waiting.until(pilot, lambda: app.conversation is not None or app.load_error is not None)
         assert app.load_error is None and app.engine.name == "remote"
         await pilot.press(*PROMPTS[0], "enter")
-        for _ in range(POLLS):
-            if app.turns_done:
-                break
-            await pilot.pause(0.05)
+        await waiting.until(pilot, lambda: app.turns_done)
         await pilot.pause()
         answer = app.query(AnswerView).last()
         assert answer.status == "completed"
@@ -611,13 +612,11 @@ def test_a_body_over_the_limit_is_413_and_health_answers_while_a_big_prompt_is_r
         server.base + "/chat/completions", json=chat_body(prompt), timeout=300)))
     sender.start()
     seen = None
-    for _ in range(POLLS * 10):
+    end = time.monotonic() + waiting.limit()
+    while seen is None and not done and sender.is_alive() and time.monotonic() < end:  # or the refusal came first
         answer = httpx.get(server.root + "/health", timeout=30).json()
         if answer["preparing"] >= 1:
             seen = answer
-            break
-        if done:
-            break
     sender.join()
     assert seen is not None, "/health never answered while the big prompt was being prepared"
     refused = done[0]

@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 
 from dflash_tui.engines.events import StepEvent  # noqa: E402 - after the importorskip above
 from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
-from tests.tui_helpers import SIZE, SMALL, every_theme_reads, make_app, ready, send, session_lines, wcag  # noqa: E402 - after the importorskip above
+from tests.tui_helpers import SIZE, SMALL, every_theme_reads, make_app, ready, send, session_lines, steady_cursor, wcag  # noqa: E402 - after the importorskip above
 
 # -- pilot tests -----------------------------------------------------------------------------------
 
@@ -421,8 +421,7 @@ def _snapshot_app(profile, engine):
 
     async def before(pilot):
         await ready(pilot)
-        pilot.app.screen.query_one("#prompt").cursor_blink = False
-        await pilot.pause()
+        await steady_cursor(pilot)
 
     return app, before
 
@@ -483,10 +482,17 @@ def test_snapshot_80x24_after_an_answer(snap_compare, profile, engine, data_dir)
     app = make_app(profile, engine, resume=_one_answer_session(engine))
 
     async def before(pilot):
+        from dflash_tui.tui.widgets import AnswerView
+
         await ready(pilot)
-        await waiting.until(pilot, lambda: len(pilot.app.conversation.turns) == 1)
-        pilot.app.screen.query_one("#prompt").cursor_blink = False
-        await pilot.pause()
+        app = pilot.app
+        # the resumed answer is final once its footer is drawn (`finish`, after a refresh), and the
+        # conversation shows its end (a follow, after the layout)
+        await waiting.until(pilot, lambda: len(app.conversation.turns) == 1 and app.query(AnswerView)
+                            and all(view.status == "completed" for view in app.query(AnswerView)))
+        view = app.screen.query_one("#conversation")
+        await waiting.until(pilot, lambda: view.scroll_y >= view.max_scroll_y)
+        await steady_cursor(pilot)
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=before)
 

@@ -26,6 +26,21 @@ async def ready(pilot):
     await pilot.pause()
 
 
+async def steady_cursor(pilot, selector: str = "#prompt"):
+    """The message box's cursor drawn steady, as a snapshot shows it: it stops blinking, is drawn again
+    from scratch, and the box has the focus. Stopping the blink alone left the screen to depend on the
+    machine's speed: Textual's TextArea (8.2) caches its rendered lines under a key that leaves the focus
+    out once `cursor_blink` is False, so a line cached in the blink's off phase (the app took over 0.5 s to
+    get here, as on a loaded machine) kept the cursor hidden, and the snapshot differed. Dropping that cache
+    (the documented hook for cached render data, `notify_style_update`) draws what the focus says."""
+    box = pilot.app.screen.query_one(selector)
+    await waiting.until(pilot, lambda: box.has_focus)
+    box.cursor_blink = False
+    box.notify_style_update()
+    box.refresh()
+    await pilot.pause()
+
+
 async def send(pilot, text):
     """Type `text`, press enter, wait for the turn to end; returns its `ActiveTurn`."""
     app = pilot.app
