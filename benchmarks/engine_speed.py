@@ -4,6 +4,7 @@
     python benchmarks/engine_speed.py --profile qwen3-8b --engines cuda --block-sizes 1,4,8,16
     python benchmarks/engine_speed.py --engines cuda --drafts profiles/demo/draft,profiles/demo/draft2
     python benchmarks/engine_speed.py --engines cuda --drafts profiles/demo/draft,profiles/demo/draft2 --prompts demo
+    python benchmarks/engine_speed.py --engines cuda --block-sizes 1,16 --compiled   # eager and compiled steps
 
 --prompts takes a prompt set as `dflash bench` does (a built-in name or a JSONL file, docs in
 dflash_tui/measure/bench.py) instead of the five prompts below; each sample's first turn is one prompt.
@@ -22,6 +23,7 @@ framework's own generate ("vs generate") and to our block 1 ("vs block 1") on th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -51,6 +53,7 @@ BARS = " ▁▂▃▄▅▆▇█"
 class Row:
     """One run's passes over all prompts: each pass's (tokens, seconds), and the step figures summed."""
     name: str
+    block: int = 0  # the block size (0: the framework's generate)
     passes: list = field(default_factory=list)
     lengths: list = field(default_factory=list)
     draft_s: float = 0.0
@@ -103,19 +106,24 @@ def framework_generate(engine_name: str, engine, prompt_ids: list[int], max_new:
     return n, time.perf_counter() - start
 
 
-def measure(engine, engine_name, prompts_ids, max_new, block_sizes, repeats) -> list[Row]:
-    rows = [Row("framework generate")] + [Row(f"block {b}") for b in block_sizes]
+def measure(engine, engine_name, prompts_ids, max_new, block_sizes, repeats, compiled=None) -> list[Row]:
+    """Every row over the same prompts in each pass, side by side; `compiled`: the same pair with its decode
+    steps compiled (the cuda engine on the CPU, EngineConfig.compile_steps), a row per block size too."""
+    runs = [(Row(f"block {b}", b), engine) for b in block_sizes]
+    if compiled is not None:
+        runs += [(Row(f"block {b} compiled", b), compiled) for b in block_sizes]
+    rows = [Row("framework generate")] + [row for row, _ in runs]
     for rep in range(repeats + 1):  # the first pass is a warm-up
         for ids in prompts_ids:
             tokens, seconds = framework_generate(engine_name, engine, ids, max_new)
             if rep:
                 rows[0].add(rep, tokens, seconds)
-            for row, b in zip(rows[1:], block_sizes):
+            for row, runner in runs:
                 start = time.perf_counter()
-                list(engine.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=max_new, temperature=0,
-                                                       block_size=b)))
+                list(runner.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=max_new, temperature=0,
+                                                       block_size=row.block)))
                 elapsed = time.perf_counter() - start
-                s = engine.last_summary
+                s = runner.last_summary
                 if rep:
                     row.add(rep, s.generated_tokens, elapsed)
                     row.lengths += s.acceptance_lengths
@@ -133,14 +141,15 @@ def sparkline(counts: list[int]) -> str:
 
 def table(engine_name: str, device: str, rows: list[Row], block_sizes: list[int]) -> str:
     base = rows[0].tok_s
-    block1 = next((r.tok_s for r in rows if r.name == "block 1"), 0.0)
+    block1 = next((r.tok_s for r in rows if r.name == "block 1"), 0.0)  # the eager block 1: the honest baseline
     passes = len(rows[0].passes)
     lines = [f"engine {engine_name} on {device} (tok/s: the best of {passes} passes after a warm-up; spread: "
              "(fastest - slowest) / fastest)",
              "| run | tok/s | spread | vs generate | vs block 1 | tau | acceptance 1..B | draft ms/step | verify ms/step |",
              "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
     counts = {}
-    for r, b in zip(rows, [None] + block_sizes):
+    for r in rows:
+        b = r.block
         steps = len(r.lengths)
         tau = f"{sum(r.lengths) / steps:.2f}" if steps else "-"
         draft = f"{1000 * r.draft_s / steps:.2f}" if steps else "-"
@@ -148,13 +157,13 @@ def table(engine_name: str, device: str, rows: list[Row], block_sizes: list[int]
         vs1 = f"{r.tok_s / block1:.2f}x" if block1 else "-"
         hist = "-"
         if steps and b:
-            counts[b] = acceptance_histogram(r.lengths, b)
-            hist = f"`{sparkline(counts[b])}`"
+            counts[r.name] = acceptance_histogram(r.lengths, b)
+            hist = f"`{sparkline(counts[r.name])}`"
         lines.append(f"| {r.name} | {r.tok_s:.1f} | {100 * r.spread:.0f}% | {r.tok_s / base:.2f}x | {vs1} | {tau} | {hist} "
                      f"| {draft} | {verify} |")
     lines.append("")
     lines.append("steps accepting 1, 2, ..., B tokens:")
-    lines += [f"  block {b}: {' '.join(map(str, c))}" for b, c in counts.items()]
+    lines += [f"  {name}: {' '.join(map(str, c))}" for name, c in counts.items()]
     return "\n".join(lines)
 
 
@@ -246,6 +255,8 @@ def main() -> None:
     parser.add_argument("--temperatures", default="0,1", help="comma list, for --drafts")
     parser.add_argument("--drafts", default=None,
                         help="comma list of drafts for the same target: only the drafts-side-by-side table")
+    parser.add_argument("--compiled", action="store_true",
+                        help="cuda engine on the CPU: also rows with the decode steps compiled by inductor (DFLASH_COMPILE)")
     parser.add_argument("--prompts", default=None,
                         help="a built-in prompt set (demo, chat, code, math) or a JSONL file: each sample's first turn")
     args = parser.parse_args()
@@ -273,7 +284,11 @@ def main() -> None:
             rows, certainty = compare_drafts(name, args, args.drafts.split(","), prompts_for, temperatures=temperatures)
             print(drafts_table(name, rows, certainty) + "\n", flush=True)
             continue
-        rows = measure(engine, name, prompts_for(engine), args.max_new_tokens, block_sizes, args.repeats)
+        compiled = None
+        if args.compiled and name == "cuda":
+            print("  cuda: compiling the decode steps (inductor; cached after the first run)", file=sys.stderr, flush=True)
+            compiled = load_engine(dataclasses.replace(config, compile_steps=True))
+        rows = measure(engine, name, prompts_for(engine), args.max_new_tokens, block_sizes, args.repeats, compiled)
         print(table(name, engine.device, rows, block_sizes) + "\n", flush=True)
 
 

@@ -6,6 +6,8 @@
   graph, freezes) fails that check, while the uncaptured static functions alone cannot see it.
 - Compiled with `torch.compile(fullgraph=True)` on the eager backend: one compile per (bucket, block
   size), then zero recompiles over the same chat under `fail_on_recompile`.
+- Compiled by inductor (`StepGraphs(mode="inductor")`, the CPU's fast path): a chat that switches block sizes
+  gives the eager ids at T = 0 and seeded T > 0.
 - The profiler counts host syncs: exactly one per loop step (`dflash::host_sync`), at T = 0 and at T > 0,
   and no `aten::_local_scalar_dense` anywhere (torch.multinomial would add two per sampled step).
 - A capture that fails after its warm-up passes (which overwrite the kept caches) during a reused turn
@@ -23,7 +25,7 @@ import torch
 from dflash_tui.engines import GenerationRequest
 from dflash_tui.engines.cuda import cache as cache_module
 from dflash_tui.engines.cuda.cache import TIER, bucket_layers, tier
-from dflash_tui.engines.cuda.graphs import StepGraphs, capture_for_request
+from dflash_tui.engines.cuda.graphs import StepGraphs, capture_for_request, why_eager
 from dflash_tui.engines.cuda.loop import HOST_SYNC
 
 QUESTIONS = ["What is 48 + 75?", "And 12 * 3?", "Hello world, again", "Sort 5 3 9 1"]
@@ -38,6 +40,14 @@ def small_buckets(monkeypatch, engine):
     yield
     engine.pool = cache_module.CachePool(engine.target, engine.draft)
     engine.new_context()
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles its own steps: dynamo keeps compiled entries per code object, and every StepGraphs'
+    step functions share theirs, so an entry one test compiled (inductor) would serve the next (a counted compile)."""
+    yield
+    torch._dynamo.reset()
 
 
 @contextlib.contextmanager
@@ -106,6 +116,16 @@ def test_a_python_value_leaking_into_a_step_fails_the_replay_proof(engine, small
     assert_graph_chat_is_eager(engine, LeakyGraphs(engine.target, engine.draft, mode="off"), blocks, 0.0)  # unseen
     with pytest.raises(AssertionError):
         assert_graph_chat_is_eager(engine, LeakyGraphs(engine.target, engine.draft, mode="trace"), blocks, 0.0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_steps_compiled_by_inductor_give_the_eager_ids(engine, temperature):
+    """Short turns on the default buckets: one tier, so three compiled step functions (block 4's draft and
+    verify, block 1's verify), each compiled once and replayed from then on."""
+    assert why_eager(engine.target, torch.device("cpu"), "inductor") is None
+    graphs = StepGraphs(engine.target, engine.draft, mode="inductor")
+    assert_graph_chat_is_eager(engine, graphs, [4, 1, 4], temperature)
+    assert graphs.captures == 3 and graphs.replays > 0 and graphs.failed is None
 
 
 def test_compiled_fullgraph_once_per_bucket_and_block_then_never_again(engine, small_buckets):

@@ -153,6 +153,10 @@ def test_graphs_fall_back_to_eager_and_say_why(pairs):
     assert why_eager(engine.target, cuda_device) is None
     assert "hybrid" in why_eager(cpu_engine(pairs, "qwen3_5").target, cuda_device)
     assert "MoE" in why_eager(cpu_engine(pairs, "qwen3_moe").target, cuda_device)
+    # on the CPU the steps compile with inductor instead, where the target allows it, and say why where not
+    hybrid = cpu_engine(pairs, "qwen3_5", compile_steps=True)
+    assert hybrid.graphs is None and any(w.startswith("Compiled steps off: hybrid") for w in hybrid.warnings)
+    assert why_eager(engine.target, torch.device("cpu"), "inductor") is None
 
 
 # -- on a GPU ----------------------------------------------------------------------------------------

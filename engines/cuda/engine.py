@@ -10,7 +10,7 @@ import torch
 from dflash_tui.engines.config import EngineConfig, GenerationRequest
 from dflash_tui.engines.cuda.cache import CachePool, TurnCache
 from dflash_tui.engines.cuda.draft import DFlashDraft
-from dflash_tui.engines.cuda.graphs import StepGraphs, capture_for_request, why_eager
+from dflash_tui.engines.cuda.graphs import StepGraphs, capture_for_request, inductor_cache, why_eager
 from dflash_tui.engines.cuda.loop import Sampler, speculative_decode
 from dflash_tui.engines.cuda.memory import check_fits
 from dflash_tui.engines.cuda.probe import block1_step
@@ -21,6 +21,7 @@ from dflash_tui.engines.events import StepEvent
 from dflash_tui.engines.sampling import SamplingParams
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+STEP_PATHS = {"cuda": "CUDA graphs", "inductor": "Compiled steps"}  # the graph path's modes, as warnings name them
 
 
 def pick_device(name: str) -> torch.device:
@@ -70,20 +71,31 @@ class CudaEngine(Engine):
         self.graphs, self.graphs_note = self._graphs(config, device)
 
     def _graphs(self, config: EngineConfig, device: torch.device):
-        """The graph path when asked for and possible (engines/cuda/graphs.py), captured now for the
-        profile's request at its block size and at block 1, so the first answer captures nothing."""
-        wanted = config.cuda_graphs if config.cuda_graphs is not None else os.environ.get("DFLASH_CUDA_GRAPHS") == "1"
-        if not wanted:
+        """The graph path when asked for and possible (engines/cuda/graphs.py): CUDA graphs on a GPU, steps
+        compiled by inductor on the CPU; captured now for the profile's request at its block size and at
+        block 1, so the first answer captures nothing. Asking for the other device's kind is said, not done."""
+        asked = {"cuda": config.cuda_graphs, "inductor": config.compile_steps}
+        for mode, variable in (("cuda", "DFLASH_CUDA_GRAPHS"), ("inductor", "DFLASH_COMPILE")):
+            if asked[mode] is None:
+                asked[mode] = os.environ.get(variable) == "1"
+        mode = "cuda" if device.type == "cuda" else "inductor"
+        other = "inductor" if mode == "cuda" else "cuda"
+        if asked[other]:
+            why = why_eager(self.target, device, other) or "on a GPU the decode steps replay as CUDA graphs instead"
+            self.warnings.append(f"{STEP_PATHS[other]} off: {why}.")
+        if not asked[mode]:
             return None, "eager"
-        reason = why_eager(self.target, device)
+        reason = why_eager(self.target, device, mode)
         if reason:
-            self.warnings.append(f"CUDA graphs off: {reason}; decoding eager.")
+            self.warnings.append(f"{STEP_PATHS[mode]} off: {reason}; decoding eager.")
             return None, f"eager ({reason})"
-        graphs = StepGraphs(self.target, self.draft)
+        if mode == "inductor":
+            inductor_cache()
+        graphs = StepGraphs(self.target, self.draft, mode)
         if not self._capture(graphs, self.block_size):
-            self.warnings.append(f"CUDA graphs off: {graphs.failed}; decoding eager.")
+            self.warnings.append(f"{STEP_PATHS[mode]} off: {graphs.failed}; decoding eager.")
             return None, f"eager ({graphs.failed})"
-        return graphs, f"graphs ({graphs.captures} captured in {graphs.capture_s:.1f} s)"
+        return graphs, f"{'graphs' if mode == 'cuda' else 'compiled steps'} ({graphs.captures} captured in {graphs.capture_s:.1f} s)"
 
     def prepare_steps(self, block_size: int) -> bool:
         """The graphs a request of the profile's size at `block_size` needs, captured now (between requests)."""

@@ -11,13 +11,18 @@ A new bucket, block size or tier means new captures, made before the prefill of 
 them (at load for the profile's request), never while a step runs. A shrunk last block is padded to the
 captured size.
 
-Where capture is impossible the engine runs eager and says why (`why_eager`): the CPU, hybrid
+On the CPU the same step functions are compiled by inductor instead (`EngineConfig.compile_steps`, or
+`DFLASH_COMPILE=1`): C++ kernels with fused elementwise work and no module dispatch per op, one compiled
+function per (kind, block size, tier), cached on disk by inductor between runs (`inductor_cache`).
+
+Where capture is impossible the engine runs eager and says why (`why_eager`): CUDA graphs off a GPU, hybrid
 (gated-delta) targets whose conv states transformers reassigns and whose rollback re-runs mixers, MoE
 routing (data-dependent expert dispatch syncs with the host), a target spread over several GPUs, and
 attention layers that are neither full attention nor sliding windows (the static step's mask is windowed per
 layer type, so sliding layers are captured: Gemma 4's dense targets).
 
-`mode` says how a step function is captured: "cuda" (CUDA graphs), "trace" (the CPU stand-in: the same
+`mode` says how a step function is captured: "cuda" (CUDA graphs), "inductor" (torch.compile with fullgraph and
+inductor, the CPU's fast path), "trace" (the CPU stand-in for CUDA graphs: the same
 two warm-up passes over the live caches, then the function traced once with make_fx and the trace
 replayed from then on, so a per-step Python value frozen into a step shows as wrong ids on the CPU, as it
 would on a GPU), "compile" (a CPU proof: torch.compile with fullgraph on a counting eager backend, so a
@@ -27,6 +32,7 @@ eagerly, built once).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, Optional
 
@@ -37,9 +43,9 @@ from dflash_tui.engines.cuda.cache import TIER, bucket_layers, tier
 from dflash_tui.engines.cuda.draft import Proposal
 
 
-def why_eager(target, device: torch.device) -> Optional[str]:
-    """None when the step can be captured on this target and device, else the reason it cannot."""
-    if device.type != "cuda":
+def why_eager(target, device: torch.device, mode: str = "cuda") -> Optional[str]:
+    """None when the step can be captured in `mode` on this target and device, else the reason it cannot."""
+    if mode == "cuda" and device.type != "cuda":
         return "CUDA graphs need a CUDA device"
     if target.rollback:
         return "hybrid (gated-delta) target: conv states are reassigned and rollback re-runs the mixers"
@@ -54,7 +60,20 @@ def why_eager(target, device: torch.device) -> Optional[str]:
     return None
 
 
-MODES = ("cuda", "trace", "compile", "off")
+def inductor_cache() -> None:
+    """Keep inductor's compiled steps in dflash's cache folder (platformdirs), not under /tmp where a reboot loses
+    them and a second start would compile again; a TORCHINDUCTOR_CACHE_DIR of the user's wins. (Importing
+    torch._inductor sets the variable to its /tmp default, so that value counts as unset.)"""
+    import platformdirs
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(platformdirs.user_cache_dir("dflash"), "inductor")
+
+
+MODES = ("cuda", "inductor", "trace", "compile", "off")
+RECOMPILE_LIMIT = 256  # compiled step functions of one kind (block sizes x tiers) a process may hold
+
 PROMPT_ROOM = 1008  # prompt tokens the load-time captures make room for (with the profile's max_new_tokens)
 
 
@@ -77,6 +96,7 @@ class StepGraphs:
         self._pool: Optional[torch.cuda._POOL_HANDLE] = None
         self._static: dict[int, dict[str, torch.Tensor]] = {}
         self._capacity = self._reach = 0
+        self._hooked = False  # mode "inductor": transformers' hidden-state hooks installed before any compile
 
     # -- set-up, between requests --------------------------------------------------------------
     def ready(self, cache, draft_cache, block_size: int, first: int = 0, room: int = 0,
@@ -130,6 +150,13 @@ class StepGraphs:
             with torch.inference_mode():
                 self.target.forward(torch.zeros(1, 1, dtype=torch.long, device=self.target.device), 0, cache,
                                     last_only=True, capture=False)
+        if self.mode == "inductor" and not self._hooked:
+            # transformers installs its hidden-state hooks on the first pass that asks for hidden states, and a
+            # compiled step guards on each layer's hooks: a block-1 step compiled before them would never match again
+            with torch.inference_mode():
+                self.target.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.target.device),
+                                  use_cache=False, output_hidden_states=True)
+            self._hooked = True
         if draft_cache is not None and draft_cache.k_bufs[0] is None:
             draft_cache.reserve(draft_cache.capacity, like=next(self.draft.parameters()))
 
@@ -188,6 +215,16 @@ class StepGraphs:
             return
         s = self._static_for(key[1])
         s["positions"].copy_(s["arange"])
+        if self.mode == "inductor":
+            for _ in range(2):
+                fn()
+            compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend="inductor")
+            # every step function of a kind shares one code object, so each (block, tier) is one more entry in
+            # dynamo's cache for it: past its default limit of 8 a fullgraph compile fails
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                compiled()  # compiled now (or read from inductor's cache), not in a step
+            self.graphs[key] = compiled
+            return
         if self.mode in ("trace", "compile"):
             for _ in range(2):
                 fn()
@@ -281,7 +318,8 @@ def capture_for_request(graphs: StepGraphs, pool, block_size: int, max_new_token
     blocks = sorted({1, block_size})
     room = PROMPT_ROOM + max_new_tokens + block_size  # the loop's room at the profile's block size
     for i, block in enumerate(blocks, 1):
-        said = f"capturing CUDA graphs for block {block} ({i} of {len(blocks)})"
+        doing = "compiling the decode steps" if graphs.mode == "inductor" else "capturing CUDA graphs"
+        said = f"{doing} for block {block} ({i} of {len(blocks)})"
         announce = None if progress is None else (lambda said=said: progress(said))
         cache = pool.target_cache(room)
         draft_cache = pool.draft_cache(window, room) if block > 1 else None
