@@ -4,11 +4,13 @@ doctor names a framework outside its range, and scripts/write_lock.py writes bot
 from __future__ import annotations
 
 import importlib
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 
 import tomlkit
 from click.testing import CliRunner
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from dflash_tui.cli import main
@@ -68,7 +70,9 @@ def test_write_lock_pins_this_venv_and_raises_the_newest_tested(tmp_path, monkey
     pins = dict(line.split("==") for line in lock.read_text().splitlines() if not line.startswith("#"))
     assert "dflash-tui" not in pins and pins["transformers"] == metadata.version("transformers")
     assert pins["torch"] == metadata.version("torch").split("+")[0]
-    assert len(pins) == len([d for d in metadata.distributions() if d.metadata["Name"].lower() != "dflash-tui"])
+    site = sysconfig.get_paths()["purelib"]  # this venv's own distributions (sys.path may list others twice)
+    installed = {canonicalize_name(d.metadata["Name"]) for d in metadata.distributions(path=[site])}
+    assert {canonicalize_name(name) for name in pins} == installed - {"dflash-tui"}
     after = tomlkit.parse(tested.read_text())
     assert after["transformers"]["newest"] == metadata.version("transformers")  # raised to the locked version
     assert after["torch"]["newest"] == "999.0"  # never lowered

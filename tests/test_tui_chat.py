@@ -160,7 +160,8 @@ async def test_f6_continues_a_cancelled_answer(tmp_path, pair, process_engine, d
     that turn on screen, question included, as in the file."""
     from dflash_tui.core import sessions
 
-    profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=450)
+    # long enough that a loaded machine's slow UI still scrolls while it streams (450 was outrun under load)
+    profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=2000)
     app = make_app(profile, process_engine, block_size=1)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
@@ -633,7 +634,8 @@ async def test_readline_keys_act_on_the_logical_line_of_the_message_box(profile,
 @pytest.mark.asyncio
 async def test_ctrl_c_stops_a_running_answer(tmp_path, pair, process_engine, data_dir):
     """Defect 7: ctrl+c mid-answer asked to quit instead of stopping the answer."""
-    profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=450)
+    # long enough that a loaded machine's slow UI still scrolls while it streams (450 was outrun under load)
+    profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=2000)
     app = make_app(profile, process_engine, block_size=1)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
@@ -670,7 +672,8 @@ async def test_streaming_never_moves_a_reader_who_scrolled_up(tmp_path, pair, pr
     """Defect 5: wheel-up while an answer streamed snapped back to the bottom when the answer ended."""
     from textual.events import MouseScrollUp
 
-    profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=450)
+    # long enough that a loaded machine's slow UI still scrolls while it streams (450 was outrun under load)
+    profile = write_profile(tmp_path / "long.toml", *pair, max_new_tokens=2000)
     app = make_app(profile, process_engine, block_size=1)
     async with app.run_test(size=(80, 24)) as pilot:
         await ready(pilot)
