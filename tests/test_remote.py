@@ -273,3 +273,28 @@ def test_penalties_and_logit_bias_reach_the_server():
     assert (penalized["presence_penalty"], penalized["repetition_penalty"]) == (0.5, 1.2)
     assert penalized["logit_bias"] == {"7": -100.0} and "frequency_penalty" not in penalized
     assert not {"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"} & set(plain)
+
+
+@pytest.mark.parametrize("kind", ["vllm", "llama.cpp"])
+def test_bench_reads_a_speculating_servers_own_counts(kind):
+    """`dflash bench --url` against vLLM or llama.cpp running DFlash: the row shows the server's block size and
+    tau from its own counts (vLLM's /metrics counters around each request, llama.cpp's response timings),
+    not "block 1" with tau unknown; and thinking off reaches llama.cpp's chat template."""
+    from dflash_tui.engines import EngineConfig, load_engine
+    from dflash_tui.measure.bench import run_bench
+    from tests.foreign import ANSWER, SPEC_BLOCK, ForeignServer, spec_steps
+
+    with ForeignServer(speculates=kind) as server:
+        engine = load_engine(EngineConfig(target="served", engine="remote", url=server.base))
+        result = run_bench(engine, [{"turns": ["one two", "three"]}], [1], max_new_tokens=64, thinking=False,
+                           framework=False, repeats=2)
+        engine.close()
+    [row] = result.rows
+    counted = len(ANSWER) - 1  # the prefill's token is not a step
+    assert row.block_size == SPEC_BLOCK
+    assert row.steps == 2 * spec_steps(len(ANSWER))
+    assert row.tau == pytest.approx(counted / spec_steps(len(ANSWER)))
+    if kind == "llama.cpp":
+        templates = [body for path, body in server.requests  # (the engine's own probe at load says "hi")
+                     if path == "/apply-template" and body["messages"][0]["content"] == "one two"]
+        assert templates and all(b["chat_template_kwargs"] == {"enable_thinking": False} for b in templates)

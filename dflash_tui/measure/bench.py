@@ -329,8 +329,8 @@ def run_bench(engine, samples: list[dict], block_sizes: list[int], max_new_token
     add_speedups(rows)
     greedy = temperature <= 0
     if greedy:  # every pass is checked, not only the fastest one
-        for row in rows:
-            row.identical_to_block_1 = all(same_ids(one, reference) for one in passes[row.block_size])
+        for block, row in zip(block_sizes, rows):  # a row's block size may be what a server reported instead
+            row.identical_to_block_1 = all(same_ids(one, reference) for one in passes[block])
     framework_row = None
     if name:
         prompt_ids = [r.prompt_ids for r in reference]

@@ -114,6 +114,10 @@ class Run:
     peak_memory_kind: Optional[str]
     finish_reason: Optional[str]
     prompt_ids: list[int] = field(default_factory=list)
+    # what a server that speculates on its own reported in place of steps (vLLM, llama.cpp, SGLang): its tau and
+    # block size; None where unknown or where the steps themselves are known
+    server_tau: Optional[float] = None
+    server_block_size: Optional[int] = None
 
 
 def run(engine, request: GenerationRequest) -> Run:
@@ -127,7 +131,9 @@ def run(engine, request: GenerationRequest) -> Run:
                generated_tokens=s.generated_tokens,
                decode_s=s.decode_s, decode_tokens_per_s=s.decode_tokens_per_s, ttft_s=s.ttft_s,
                peak_memory_bytes=s.peak_memory_bytes, peak_memory_kind=s.peak_memory_kind,
-               finish_reason=s.finish_reason, prompt_ids=list(request.prompt_ids or []))
+               finish_reason=s.finish_reason, prompt_ids=list(request.prompt_ids or []),
+               server_tau=s.mean_acceptance_length if s.acceptance_lengths is None else None,
+               server_block_size=s.block_size if s.acceptance_lengths is None else None)
 
 
 def decode_rate(runs: list) -> float:
@@ -190,9 +196,18 @@ class Totals(Record):
         known = all(r.acceptance_lengths is not None for r in runs)
         lengths = [n for r in runs for n in r.acceptance_lengths or []]
         peaks = [r for r in runs if r.peak_memory_bytes is not None]
+        steps: Optional[int] = len(lengths) if known else None
+        tau: Optional[float] = (sum(lengths) / len(lengths) if lengths else 0.0) if known else None
+        served = {r.server_block_size for r in runs}
+        if not known and runs and all(r.server_tau for r in runs):
+            # a server that speculates on its own: its steps, from each request's tau (steps = tokens / tau)
+            counted = sum(max(r.generated_tokens - 1, 0) for r in runs)
+            steps = round(sum(max(r.generated_tokens - 1, 0) / r.server_tau for r in runs))
+            tau = counted / steps if steps else None
+            if len(served) == 1 and None not in served:
+                block_size = served.pop()
         return cls(block_size=block_size, generated_tokens=sum(r.generated_tokens for r in runs),
-                   steps=len(lengths) if known else None,
-                   tau=(sum(lengths) / len(lengths) if lengths else 0.0) if known else None,
+                   steps=steps, tau=tau,
                    histogram=acceptance_histogram(lengths, block_size) if known else None,
                    decode_tokens_per_s=decode_rate(runs), ttft_s=mean_ttft(runs),
                    peak_memory_bytes=max((r.peak_memory_bytes for r in peaks), default=0 if not runs else None),

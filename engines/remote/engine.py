@@ -10,7 +10,8 @@ server's text chunks, not verify steps:
   `/metrics` (labelled approximate when other requests ran meanwhile);
 - SGLang: its native `/generate` (raw prompt, so the chat template is applied here with the target's
   tokenizer from the local HF cache) returns `meta_info.spec_verify_ct`, which gives tau;
-- llama.cpp and mlx_lm.server: text and timings only.
+- llama.cpp: text, and tau and block size from the drafted and accepted counts in its response timings;
+- mlx_lm.server: text and timings only.
 
 Prompt ids (sessions record them, history trimming counts them, replay resends them) come from the
 server's tokenize route (ours, vLLM's `/tokenize`, llama.cpp's `/apply-template` + `/tokenize`) or the
@@ -131,6 +132,33 @@ def _delta_text(previous: str, now: str) -> tuple[str, str]:
 IDS_SERVERS = ("dflash", "vllm", "sglang", "llama.cpp")  # their completions take a prompt of token ids
 
 
+@dataclass
+class Speculation:
+    """What a foreign server said of its own speculative decoding for one request."""
+
+    tau: float  # mean tokens per verify step (the prefill's token is not a step)
+    block_size: Optional[int]  # drafted tokens per step + 1, where the server counts drafted tokens
+    shared: bool = False  # counted server-wide while other requests ran (vLLM's counters): approximate
+
+
+def speculation(before: Optional[dict], after: Optional[dict], timings: dict, generated: int) -> Optional[Speculation]:
+    """tau and block size from vLLM's spec-decode counters around one request (`before`/`after`, from
+    /metrics) or llama.cpp's response timings (`draft_n`, `draft_n_accepted`); None when neither speculated.
+    llama.cpp reports no step count: every step emits its accepted tokens plus one, after the prefill's
+    token, so steps = generated - 1 - accepted."""
+    if before and after and after["drafts"] > before["drafts"]:
+        steps = after["drafts"] - before["drafts"]
+        drafted = after["drafted"] - before["drafted"]
+        return Speculation(1 + (after["accepted"] - before["accepted"]) / steps,
+                           1 + round(drafted / steps) if drafted else None,
+                           after["generated"] - before["generated"] > generated + 1)
+    drafted, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
+    if not drafted or accepted is None:
+        return None
+    steps = max(generated - 1 - int(accepted), 1)
+    return Speculation((generated - 1) / steps, 1 + round(drafted / steps))
+
+
 def penalty_fields(request: GenerationRequest) -> dict:
     """The request's penalties and logit_bias as the OpenAI-compatible servers take them (JSON object
     keys are strings), only those set: a server that does not know a field never sees it unasked."""
@@ -196,7 +224,7 @@ class RemoteEngine:
         if self.kind != "dflash":
             self.unknown += ["drafted and rejected tokens (text shows as the target's)", "per-step acceptance",
                              "block size", "peak memory", "prompt cache reuse"]
-            if self.kind not in ("vllm", "sglang"):
+            if self.kind not in ("vllm", "sglang", "llama.cpp"):
                 self.unknown.append("tau (mean acceptance length)")
             self.warnings.append(f"{self.kind} server at {self.client.host}: unknown here: {'; '.join(self.unknown)}.")
         elif not max_len:
@@ -279,7 +307,8 @@ class RemoteEngine:
 
     def _tokenize_llamacpp(self, request: GenerationRequest) -> list[int]:
         if request.messages is not None:
-            text = self.client.post_json("/apply-template", {"messages": request.messages}, root=True)["prompt"]
+            text = self.client.post_json("/apply-template", {"messages": request.messages, "chat_template_kwargs":
+                                                              {"enable_thinking": request.thinking}}, root=True)["prompt"]
         else:
             text = request.prompt
         data = self.client.post_json("/tokenize", {"content": text, "add_special": False, "parse_special": True},
@@ -468,7 +497,7 @@ class RemoteEngine:
         raw = parse_prometheus(text)
         get = lambda name: raw.get(name + "_total", raw.get(name, 0.0))  # noqa: E731 - a one-line lookup
         return {"drafts": get("vllm:spec_decode_num_drafts"), "accepted": get("vllm:spec_decode_num_accepted_tokens"),
-                "generated": get("vllm:generation_tokens")}
+                "drafted": get("vllm:spec_decode_num_draft_tokens"), "generated": get("vllm:generation_tokens")}
 
     def _generate_openai(self, request: GenerationRequest) -> Iterator[StepEvent]:
         path, body = self._body(request)
@@ -479,10 +508,12 @@ class RemoteEngine:
         ids: list[int] = []
         text_parts: list[str] = []
         usage: dict = {}
+        timings: dict = {}
         finish = "cancelled"
         with self.client.stream(path, body) as chunks:
             for chunk in chunks:
                 usage = chunk.get("usage") or usage
+                timings = chunk.get("timings") or timings
                 for choice in chunk.get("choices") or []:
                     if "delta" in choice:
                         piece = joiner.add(choice.get("delta") or {})
@@ -504,19 +535,18 @@ class RemoteEngine:
                 if request.cancel.is_set() and finish == "cancelled":
                     break
         now = time.perf_counter()
-        tau = None
         after = self._vllm_counters() if before is not None else None
-        generated = usage.get("completion_tokens") or len(ids)
-        if before and after and after["drafts"] > before["drafts"]:
-            tau = 1 + (after["accepted"] - before["accepted"]) / (after["drafts"] - before["drafts"])
-            if after["generated"] - before["generated"] > generated + 1:
-                self.last_notes.append("tau is approximate: other requests ran on the server meanwhile "
-                                       "(vLLM's spec-decode counters are server-wide)")
-        elif self.kind != "dflash":
+        generated = usage.get("completion_tokens") or timings.get("predicted_n") or len(ids)
+        spec = speculation(before, after, timings, generated)
+        if spec is None:
             self.last_notes.append("tau unknown: the server does not report acceptance")
+        elif spec.shared:
+            self.last_notes.append("tau is approximate: other requests ran on the server meanwhile "
+                                   "(vLLM's spec-decode counters are server-wide)")
         self.last_summary = self._summary(
             usage.get("prompt_tokens") or len(self.prepare(request)), ids, "".join(text_parts),
-            (first_at or now) - started, now - (first_at or now), finish, generated, tau=tau)
+            (first_at or now) - started, now - (first_at or now), finish, generated,
+            tau=spec.tau if spec else None, block_size=spec.block_size if spec else None)
 
     def _generate_sglang(self, request: GenerationRequest) -> Iterator[StepEvent]:
         """SGLang's native /generate: prompt ids in, `meta_info.spec_verify_ct` out (tau)."""
