@@ -63,7 +63,9 @@ class EngineConfig:
     draft_window: Optional[int] = None  # the block attends to at most this many recent context positions
     target_layer_ids: Optional[list[int]] = None  # a profile's restatement; must equal the draft's own
     cuda_graphs: Optional[bool] = None  # CUDA engine on a GPU: replay captured decode steps; None: DFLASH_CUDA_GRAPHS=1
-    compile_steps: Optional[bool] = None  # CUDA engine on the CPU: decode steps compiled by inductor; None: DFLASH_COMPILE=1
+    # CUDA engine on the CPU: decode steps compiled by inductor; True: at load, "background": in a thread after the
+    # first answer (engines/cuda/background.py), False: never; None: as DFLASH_COMPILE says (1, background, 0)
+    compile_steps: Union[bool, str, None] = None
     max_new_tokens: Optional[int] = None  # the profile's answer length: load-time graph captures make room for it
     url: Optional[str] = None  # remote engine: the server's API root, http://HOST:PORT/v1
     model: Optional[str] = None  # remote engine: the served model (None: the first the server lists)

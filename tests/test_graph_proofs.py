@@ -299,3 +299,36 @@ def test_a_new_block_size_is_captured_between_turns_not_when_sent(engine, short_
     assert graphs.captures == captured  # the second turn captured nothing
     assert [t.summary.token_ids for t in conv.turns] == [t.summary.token_ids for t in eager.turns]
     engine.new_context()
+
+
+def test_steps_compiled_in_the_background_take_over_between_answers(pair, monkeypatch):
+    """compile_steps="background" (engines/cuda/background.py): the first answer runs eager and starts the
+    compile; an answer asked for while it compiles is served (eager, between two compiled functions); once it
+    is done the next answer replays the compiled steps; every answer has the eager ids. (Room for short prompts
+    only: one tier, the three step functions the test above compiles, so inductor's cache serves them.)"""
+    from dflash_tui.engines import EngineConfig, load_engine
+    from dflash_tui.engines.cuda import graphs as graphs_module
+
+    monkeypatch.setattr(graphs_module, "PROMPT_ROOM", TIER - NEW - 4)
+
+    target, draft = pair
+    engine = load_engine(EngineConfig(target=str(target), draft=str(draft), engine="cuda", device="cpu",
+                                      dtype="float32", block_size=4, max_new_tokens=NEW, compile_steps="background"))
+    assert engine.graphs is None and "background" in engine.graphs_note
+    request = GenerationRequest(messages=[{"role": "user", "content": QUESTIONS[0]}], max_new_tokens=NEW,
+                                temperature=0.0, block_size=4, stop_ids=[])
+
+    def answer():
+        engine.new_context()
+        ids = [t for e in engine.generate(request) for t in e.emitted]
+        return ids, engine.last_summary.graphs
+
+    first, replayed = answer()
+    assert not replayed and engine._background.started  # the compile starts after the first answer
+    during, replayed = answer()
+    assert during == first and not replayed
+    assert engine._background.wait(timeout=900)  # an event: the compile thread ended
+    after, replayed = answer()
+    assert after == first and replayed is True and engine.graphs is not None
+    assert engine.graphs.captures == 3 and engine.graphs.replays > 0 and engine.graphs_note.startswith("compiled steps")
+    engine.close()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from typing import Generator, Optional
 
 import torch
 
 from dflash_tui.engines.config import EngineConfig, GenerationRequest
+from dflash_tui.engines.cuda.background import BackgroundSteps, ModelGate
 from dflash_tui.engines.cuda.cache import CachePool, TurnCache
 from dflash_tui.engines.cuda.draft import DFlashDraft
 from dflash_tui.engines.cuda.graphs import StepGraphs, capture_for_request, inductor_cache, why_eager
@@ -22,6 +24,7 @@ from dflash_tui.engines.sampling import SamplingParams
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 STEP_PATHS = {"cuda": "CUDA graphs", "inductor": "Compiled steps"}  # the graph path's modes, as warnings name them
+BACKGROUND = "background"  # compile_steps / DFLASH_COMPILE: compiled in a thread after the first answer (background.py)
 
 
 def pick_device(name: str) -> torch.device:
@@ -68,6 +71,8 @@ class CudaEngine(Engine):
         self._gpus = sorted({p.device.index or 0 for p in self.target.model.parameters()}) if device.type == "cuda" else []
         self.pool = CachePool(self.target, self.draft)  # static caches, reused from request to request
         self.turn = TurnCache()  # what the last request left in them, for the next turn of a chat
+        self._background: Optional[BackgroundSteps] = None  # steps compiling in a thread (background.py)
+        self._use = nullcontext  # held by every use of the model from a request's thread
         self.graphs, self.graphs_note = self._graphs(config, device)
 
     def _graphs(self, config: EngineConfig, device: torch.device):
@@ -77,20 +82,30 @@ class CudaEngine(Engine):
         asked = {"cuda": config.cuda_graphs, "inductor": config.compile_steps}
         for mode, variable in (("cuda", "DFLASH_CUDA_GRAPHS"), ("inductor", "DFLASH_COMPILE")):
             if asked[mode] is None:
-                asked[mode] = os.environ.get(variable) == "1"
+                value = os.environ.get(variable)
+                asked[mode] = True if value == "1" else (BACKGROUND if value == BACKGROUND and mode == "inductor"
+                                                         else False)
         mode = "cuda" if device.type == "cuda" else "inductor"
         other = "inductor" if mode == "cuda" else "cuda"
-        if asked[other]:
+        if asked[other] is True:  # (a front end's quiet "background" does not count as asking)
             why = why_eager(self.target, device, other) or "on a GPU the decode steps replay as CUDA graphs instead"
             self.warnings.append(f"{STEP_PATHS[other]} off: {why}.")
         if not asked[mode]:
             return None, "eager"
         reason = why_eager(self.target, device, mode)
         if reason:
-            self.warnings.append(f"{STEP_PATHS[mode]} off: {reason}; decoding eager.")
+            if asked[mode] is True:
+                self.warnings.append(f"{STEP_PATHS[mode]} off: {reason}; decoding eager.")
             return None, f"eager ({reason})"
         if mode == "inductor":
             inductor_cache()
+        if asked[mode] == BACKGROUND:
+            gate = ModelGate()
+            self._use = gate.use
+            self._background = BackgroundSteps(
+                self.target, self.draft, gate, self.block_size if self.draft else 1,
+                config.max_new_tokens or GenerationRequest.max_new_tokens, config.draft_window)
+            return None, "eager (the decode steps compile in the background after the first answer)"
         graphs = StepGraphs(self.target, self.draft, mode)
         if not self._capture(graphs, self.block_size):
             self.warnings.append(f"{STEP_PATHS[mode]} off: {graphs.failed}; decoding eager.")
@@ -99,14 +114,37 @@ class CudaEngine(Engine):
 
     def prepare_steps(self, block_size: int) -> bool:
         """The graphs a request of the profile's size at `block_size` needs, captured now (between requests)."""
-        if self.graphs is None or self.graphs.failed:
-            return False
-        before = self.graphs.captures
-        self._capture(self.graphs, block_size)
-        if self.graphs.captures == before:
-            return False
-        self._forget_turns()  # the captures' warm-up passes overwrote what the caches kept
-        return True
+        with self._use():
+            self._adopt()
+            if self.graphs is None or self.graphs.failed:
+                return False
+            before = self.graphs.captures
+            self._capture(self.graphs, block_size)
+            if self.graphs.captures == before:
+                return False
+            self._forget_turns()  # the captures' warm-up passes overwrote what the caches kept
+            return True
+
+    def _adopt(self) -> None:
+        """Between requests: take the steps compiled in the background once they are all there."""
+        if self._background is None or not self._background.wait(0):
+            return
+        taken = self._background.take()
+        if taken is None:
+            if not self._background.taken:
+                self._background.taken = True
+                self.graphs_note = f"eager ({self._background.graphs.failed or 'the background compile failed'})"
+            return
+        self.graphs, self.pool = taken
+        self._forget_turns()  # the kept turns live in the eager caches, which go
+        self.graphs_note = (f"compiled steps ({self.graphs.captures} compiled in the background in "
+                            f"{self._background.seconds:.1f} s)")
+
+    def close(self) -> None:
+        """Stop a background compile (after the function it is compiling, so nothing is left half-written)."""
+        if self._background is not None:
+            self._background.stop()
+        super().close()
 
     def _capture(self, graphs: StepGraphs, block_size: int) -> bool:
         """What the profile's request needs at `block_size` (block 1 without a draft), on the pooled caches."""
@@ -128,9 +166,25 @@ class CudaEngine(Engine):
         return block1_step(self.target, self.turn, self.graphs)
 
     def _drive(self, *args) -> Generator[StepEvent, None, None]:
-        yield from super()._drive(*args)
-        if self.last_summary is not None and self.graphs is not None:
-            self.last_summary.graphs = self.graphs.replays > self._replays
+        with self._use():
+            self._adopt()
+            yield from super()._drive(*args)
+            if self.last_summary is not None and self.graphs is not None:
+                self.last_summary.graphs = self.graphs.replays > self._replays
+        if self._background is not None and not self._background.started:
+            self._background.start()  # after the first answer: never in a first answer's way
+
+    def measure_block1(self, steps: int = 4):
+        with self._use():
+            return super().measure_block1(steps)
+
+    def baseline_generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float):
+        with self._use():
+            return super().baseline_generate(prompt_ids, max_new_tokens, temperature)
+
+    def top2_margin(self, ids: list[int]):
+        with self._use():
+            return super().top2_margin(ids)
 
     def _reset_peak_memory(self) -> None:
         for index in self._gpus:

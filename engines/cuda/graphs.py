@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Optional
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Optional
 
 import torch
 from transformers.cache_utils import DynamicLayer
@@ -80,7 +81,7 @@ PROMPT_ROOM = 1008  # prompt tokens the load-time captures make room for (with t
 class StepGraphs:
     """Static buffers and captured graphs for one set of pooled caches (one bucket)."""
 
-    def __init__(self, target, draft, mode: str = "cuda"):
+    def __init__(self, target, draft, mode: str = "cuda", gate: Optional[Callable[[], ContextManager]] = None):
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {MODES}")
         self.target, self.draft, self.mode = target, draft, mode
@@ -97,6 +98,9 @@ class StepGraphs:
         self._static: dict[int, dict[str, torch.Tensor]] = {}
         self._capacity = self._reach = 0
         self._hooked = False  # mode "inductor": transformers' hidden-state hooks installed before any compile
+        # held around each use of the model while capturing (background.py: a compile in a thread waits there
+        # for the requests of the thread that decodes)
+        self._gate = gate or nullcontext
 
     # -- set-up, between requests --------------------------------------------------------------
     def ready(self, cache, draft_cache, block_size: int, first: int = 0, room: int = 0,
@@ -108,7 +112,8 @@ class StepGraphs:
         if self.failed:
             return None
         self.cache, self.draft_cache = cache, draft_cache
-        self._allocate(cache, draft_cache)
+        with self._gate():
+            self._allocate(cache, draft_cache)
         self._capacity = bucket_layers(cache)[0].capacity
         # a new bucket means new buffers: graphs that point at the old ones are dropped
         target_buffers = tuple(layer.k_buf.data_ptr() if layer.k_buf is not None else 0 for layer in bucket_layers(cache))
@@ -131,7 +136,8 @@ class StepGraphs:
                         announce = None
                     for kind in missing:
                         fn = self._draft_fn if kind == "draft" else self._verify_fn
-                        self._build((kind, block_size, reach), fn(block_size, reach))
+                        with self._gate():
+                            self._build((kind, block_size, reach), fn(block_size, reach))
         except Exception as exc:  # capture impossible here: eager from now on, and said so
             self.failed = f"capture failed ({type(exc).__name__}: {exc})"
             self.graphs.clear()
