@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from contextlib import nullcontext
-from typing import Generator, Optional
+from typing import Callable, ContextManager, Generator, Optional
 
 import torch
 
@@ -72,7 +72,7 @@ class CudaEngine(Engine):
         self.pool = CachePool(self.target, self.draft)  # static caches, reused from request to request
         self.turn = TurnCache()  # what the last request left in them, for the next turn of a chat
         self._background: Optional[BackgroundSteps] = None  # steps compiling in a thread (background.py)
-        self._use = nullcontext  # held by every use of the model from a request's thread
+        self._use: Callable[[], ContextManager] = nullcontext  # held by every use of the model from a request's thread
         self.graphs, self.graphs_note = self._graphs(config, device)
 
     def _graphs(self, config: EngineConfig, device: torch.device):
