@@ -17,15 +17,17 @@ import time
 
 
 def load(job: dict):
-    """The target and draft in float32 with sdpa attention, as z-lab's benchmark loads them (it uses bf16 on GPU)."""
+    """The target and draft at the job's precision (float32 or bfloat16) with sdpa attention, as z-lab's benchmark
+    loads them (it uses bf16 on GPU)."""
     import torch
     from dflash import model as zlab
     from transformers import AutoModelForCausalLM
 
     zlab._cuda_time = time.perf_counter  # the CPU has nothing to synchronize
     torch.set_num_threads(job["threads"])
-    target = AutoModelForCausalLM.from_pretrained(job["target"], dtype=torch.float32, attn_implementation="sdpa").eval()
-    draft = zlab.DFlashDraftModel.from_pretrained(job["draft"], dtype=torch.float32, attn_implementation="sdpa").eval()
+    dtype = getattr(torch, job.get("dtype", "float32"))
+    target = AutoModelForCausalLM.from_pretrained(job["target"], dtype=dtype, attn_implementation="sdpa").eval()
+    draft = zlab.DFlashDraftModel.from_pretrained(job["draft"], dtype=dtype, attn_implementation="sdpa").eval()
     return zlab, target, draft
 
 
