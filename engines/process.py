@@ -13,6 +13,7 @@ an `EngineLike` (engines/engine.py) like any other.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
 import sys
@@ -77,6 +78,10 @@ def _serve(config: EngineConfig, conn, cancel) -> None:
     from dflash_tui.engines import load_engine
 
     _leave_a_core_for_the_ui()
+    if config.compile_steps is None and "DFLASH_COMPILE" not in os.environ:
+        # a chat or a server lives long: on the CPU its decode steps compile in the background after the first
+        # answer (engines/cuda/background.py); elsewhere this asks nothing
+        config = dataclasses.replace(config, compile_steps="background")
     try:
         engine = load_engine(config, progress=lambda stage: conn.send(("progress", stage)))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent

@@ -7,6 +7,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One torch (OpenMP) thread per test process, and per process a test starts: the suite runs one worker per
 # core (pytest-xdist), and two threads per worker on shared cores ran up to 10x slower here.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# `dflash chat` and `dflash serve` compile the CPU's decode steps in the background after the first answer
+# (engines/cuda/background.py): tens of seconds of a core per engine. Tests that want it ask for it.
+os.environ.setdefault("DFLASH_COMPILE", "0")
 
 from tests import tiny  # noqa: E402 - after the importorskip above
 
