@@ -6,12 +6,13 @@ it (dflash_tui/core/terminal.py re-exports it). Framework-free, so it lives here
 from __future__ import annotations
 
 import math
+from typing import Union
 
 # C0 controls but tab and newline become their Unicode pictures (ESC shows as ␛), DEL as ␡, C1
 # controls (8-bit CSI and friends) and lone surrogates (undecodable input bytes) as the replacement
 # character: text from a model or a file can never move the cursor, retitle the window, write the
 # clipboard or ring the bell, and never stops a write with an encoding error.
-CONTROL: dict[int, object] = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
+CONTROL: dict[int, Union[int, str]] = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
 CONTROL[0x7F] = 0x2421
 CONTROL.update({c: 0xFFFD for c in range(0x80, 0xA0)})
 CONTROL.update({c: 0xFFFD for c in range(0xD800, 0xE000)})

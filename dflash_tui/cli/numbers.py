@@ -41,7 +41,7 @@ class FiniteFloatRange(click.FloatRange):
     """FloatRange without infinity and NaN."""
 
     def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
-        number = _finite(self, click.types.FloatParamType.convert(self, value, param, ctx), param, ctx)
+        number = _finite(self, click.FLOAT.convert(value, param, ctx), param, ctx)
         return super().convert(number, param, ctx)
 
 
