@@ -143,3 +143,27 @@ def test_completion_candidates_and_descriptions_never_carry_a_line_break(data_di
     out = complete("zsh", ["dflash", "sessions", "show", ""])
     assert len(out.strip("\n").splitlines()) == 3 and not raw_in(out)
     assert Path(sessions.resolve(writer.id)).exists()
+
+
+@pytest.mark.asyncio
+async def test_the_tuis_session_list_shows_titles_escaped_and_never_as_markup(data_dir):
+    from textual.app import App
+    from textual.widgets import DataTable
+
+    from dflash_tui.tui.screens import SessionsScreen
+
+    _hostile_session()
+    writer = sessions.SessionWriter({"profile": {"name": "[b]p"}}, session_id="20260101-120000-mark")
+    writer.append_turn({"index": 0, "status": "completed", "user": "[red]red[/red] [link=http://x]y[/link]",
+                        "answer": "a", "settings": {}, "prompt_ids": [1], "emitted_ids": [2], "steps": [],
+                        "summary": {}})
+    writer.close()
+    app = App()
+    async with app.run_test(size=(160, 30)) as pilot:
+        await app.push_screen(SessionsScreen())
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        cells = [str(getattr(cell, "plain", cell)) for row in range(table.row_count) for cell in table.get_row_at(row)]
+    shown = " ".join(cells)
+    assert not raw_in(shown) and "<U+202A>" in shown
+    assert "[red]red[/red]" in shown and "[b]p" in shown  # text, not markup
