@@ -28,6 +28,16 @@ def printable(text) -> str:
     return (text if isinstance(text, str) else str(text)).translate(CONTROL)
 
 
+_BIDI = frozenset(BIDI)
+
+
+def has_control(text: str) -> bool:
+    """Whether `text` holds a control character `printable` would escape (C0 but newline and tab, DEL, C1, a
+    lone surrogate); the bidirectional marks, which right-to-left text uses, do not count: printers escape
+    them, a reader need not refuse them."""
+    return any(ord(c) in CONTROL and ord(c) not in _BIDI for c in text)
+
+
 def one_line(text) -> str:
     """`printable` text on one line: newlines and tabs (and runs of spaces) become one space, for a field shown
     where a line break would break the format (a completion's description, a column of a listing)."""

@@ -167,3 +167,15 @@ async def test_the_tuis_session_list_shows_titles_escaped_and_never_as_markup(da
     shown = " ".join(cells)
     assert not raw_in(shown) and "<U+202A>" in shown
     assert "[red]red[/red]" in shown and "[b]p" in shown  # text, not markup
+
+
+def test_a_right_to_left_system_prompt_still_loads_and_shows_escaped(config_dir):
+    from dflash_tui.core.profiles import load_profile
+
+    path = config_dir / "rtl.toml"
+    config_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text('name = "rtl"\ndescription = "d"\n[model]\ntarget = "Qwen/Qwen3-8B"\n'
+                    '[generation]\nsystem_prompt = "\u200fمرحبا\u200f"\n', encoding="utf-8")
+    assert load_profile(str(path)).system_prompt == "\u200fمرحبا\u200f"  # the model gets the text as written
+    shown = CliRunner().invoke(main, ["profile", "show", str(path)]).output
+    assert "<U+200F>مرحبا<U+200F>" in shown and not raw_in(shown)
