@@ -179,3 +179,14 @@ def test_a_right_to_left_system_prompt_still_loads_and_shows_escaped(config_dir)
     assert load_profile(str(path)).system_prompt == "\u200fمرحبا\u200f"  # the model gets the text as written
     shown = CliRunner().invoke(main, ["profile", "show", str(path)]).output
     assert "<U+200F>مرحبا<U+200F>" in shown and not raw_in(shown)
+
+
+def test_a_session_whose_paths_have_bidirectional_marks_reads_back(data_dir):
+    writer = sessions.SessionWriter({"profile": {"name": "p"}, "engine": "cuda", "device": "cpu", "dtype": "float32",
+                                     "target": "/models/\u200fنموذج", "draft": "d"}, session_id="20260101-120000-rtlp")
+    writer.append_turn({"index": 0, "status": "completed", "user": "q", "answer": "a", "settings": {},
+                        "prompt_ids": [1], "emitted_ids": [2], "steps": [], "summary": {}})
+    writer.close()
+    assert sessions.load_session(writer.id).header["target"] == "/models/\u200fنموذج"  # dflash reads what it wrote
+    shown = CliRunner().invoke(main, ["sessions", "show", writer.id]).output
+    assert not raw_in(shown)
