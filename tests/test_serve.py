@@ -1064,6 +1064,16 @@ def test_only_host_names_that_name_the_server_are_answered(server):
             assert "--allowed-hosts" in error["message"] and "\n" not in error["message"]
 
 
+def test_host_rule_for_other_bound_addresses_and_allowed_entries():
+    from dflash_tui.serve.app import host_allowed
+
+    assert host_allowed("Example.com:9", "127.0.0.1", ("example.com:8000",))  # an entry's port and case are no part
+    assert host_allowed("[::1]:80", "::1") and host_allowed("myhost:80", "myhost") and host_allowed(None, "127.0.0.1")
+    assert host_allowed("10.0.0.5:80", "0.0.0.0") and host_allowed("[fe80::2]:80", "::")  # every interface: any IP
+    assert not host_allowed("evil.example:80", "0.0.0.0") and not host_allowed("evil", "::")  # but no other name
+    assert host_allowed("anything", "127.0.0.1", ("*",))
+
+
 def test_models_show_names_and_hub_ids_never_local_paths(server, profile):
     listing = httpx.get(server.base + "/models", timeout=30).json()
     card = httpx.get(server.base + "/models/tiny", timeout=30).json()

@@ -153,12 +153,12 @@ def host_allowed(header: Optional[str], bound: str, allowed: tuple = ()) -> bool
         return True
     name = host_name(header)
     ip = _ip(name)
-    bound_name = host_name(bound) if bound.startswith("[") else bound.strip().lower().rstrip(".")
+    bound_name = host_name(bound)
     if name == "localhost" or name.endswith(".localhost") or (ip is not None and ip.is_loopback):
         return True
     if name == bound_name or (ip is not None and bound_name in WILDCARDS):
         return True
-    return name in {host_name(a) if a.startswith("[") else a.strip().lower().rstrip(".") for a in allowed}
+    return name in {host_name(a) for a in allowed}  # an entry's port, brackets and case do not matter
 
 
 class HostCheck:
