@@ -30,8 +30,14 @@ def looks_like_hub_id(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
 
 
+# huggingface_hub's own reading (constants._is_true): only these words, any case, mean "on"; anything else
+# ("0", "off", "2", "false", "") means off. TRANSFORMERS_OFFLINE stands in when HF_HUB_OFFLINE is unset or empty.
+TRUE_WORDS = ("1", "ON", "YES", "TRUE")
+
+
 def offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no")
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+    return value is not None and value.upper() in TRUE_WORDS
 
 
 def cached(name: str) -> Optional[Path]:

@@ -17,6 +17,7 @@ import dataclasses
 import multiprocessing as mp
 import os
 import sys
+import threading
 import time
 from dataclasses import fields
 from typing import Generator, Iterator, Optional
@@ -69,8 +70,48 @@ def _leave_a_core_for_the_ui() -> None:
             pass
 
 
-def _serve(config: EngineConfig, conn, cancel) -> None:
-    """The child: load the engine, then answer generate requests until told to close (or orphaned)."""
+PARENT_POLL_S = 0.1  # how often the child looks for its parent where the kernel cannot tell it
+
+
+def die_with_parent(parent: int, kernel_signal: bool) -> None:
+    """End this process as soon as `parent` (the process that started it) is gone, even SIGKILLed, instead
+    of computing an answer nobody reads. On Linux the kernel sends SIGKILL when the parent dies
+    (PR_SET_PDEATHSIG) where the parent started us from its main thread (the signal follows the starting
+    thread, and a UI's loader thread ends long before the app); everywhere a daemon thread also watches the
+    parent id, which changes when the parent is gone."""
+    if kernel_signal and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # gone before the signal was armed
+        os._exit(0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="dflash-parent-watch", daemon=True).start()
+
+
+def _serve(config: EngineConfig, conn, cancel, parent: Optional[int] = None, kernel_signal: bool = False) -> None:
+    """The child: load the engine, then answer generate requests until told to close (or orphaned); then
+    leave at once. Everything it sent is in the pipe already, and a normal interpreter exit (the frameworks'
+    thread pools and finalizers) took seconds, which the parent's shutdown would wait for."""
+    if parent is not None:
+        die_with_parent(parent, kernel_signal)
+    try:
+        _answer(config, conn, cancel)
+    finally:
+        os._exit(0)
+
+
+def _answer(config: EngineConfig, conn, cancel) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)  # never write over the parent's screen
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -148,8 +189,9 @@ class ProcessEngine:
         with _real_stdio():
             self._cancel = ctx.Event()
             self._conn, child = ctx.Pipe()
-            self._proc = ctx.Process(target=_serve, args=(config, child, self._cancel), daemon=True,
-                                     name="dflash-engine")
+            on_main_thread = threading.current_thread() is threading.main_thread()
+            self._proc = ctx.Process(target=_serve, args=(config, child, self._cancel, os.getpid(), on_main_thread),
+                                     daemon=True, name="dflash-engine")
             self._proc.start()
         child.close()
         try:
@@ -271,16 +313,27 @@ class ProcessEngine:
             raise UserError(f"The engine process stopped (exit code {self._proc.exitcode}); reload it from the "
                             "command palette (ctrl+p, Engine: ...) or restart dflash chat.") from None
 
-    def close(self) -> None:
+    def close(self, timeout: float = 2.0) -> None:
+        """Ask the child to stop; after `timeout` seconds it is terminated, and killed if that is not enough."""
         try:
             self._conn.send(("close",))
         except (OSError, ValueError):
             pass
-        self._proc.join(2)
+        self._proc.join(timeout)
         if self._proc.is_alive():
             self._proc.terminate()
-            self._proc.join(2)
+            self._proc.join(min(timeout, 2.0))
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(1)
         self._conn.close()
+
+    def kill(self) -> None:
+        """Stop the child at once (SIGKILL): for a parent that must exit now."""
+        try:
+            self._proc.kill()
+        except (AttributeError, OSError, ValueError):
+            pass
 
     def __del__(self):
         try:

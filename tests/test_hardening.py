@@ -546,7 +546,8 @@ def test_generate_with_standard_input_closed_is_one_sentence(pairs):
 
 
 @pytest.mark.parametrize("flags, phrase", [
-    (["--lr", "inf"], "--lr inf"), (["--lr", "nan"], "--lr nan"), (["--lr", "0"], "--lr 0"),
+    (["--lr", "inf"], "'--lr': inf is not a finite number"), (["--lr", "nan"], "'--lr': nan is not a finite number"),
+    (["--lr", "0"], "--lr 0"),
     (["--lr", "-1e-3"], "--lr -0.001"), (["--max-new-tokens", "-5"], "--max-new-tokens -5"),
     (["--val-max-new", "0"], "--val-max-new 0"),
 ])
@@ -557,8 +558,9 @@ def test_train_draft_refuses_values_that_would_train_nothing(pairs, tmp_path, tr
 
 
 @pytest.mark.parametrize("flags, phrase", [
-    (["--seed", "99999999999999999999999"], "--seed 99999999999999999999999"), (["--seed", "-1"], "--seed -1"),
-    (["--gamma", "inf"], "--gamma inf"), (["--gamma", "nan"], "--gamma nan"),
+    (["--seed", "99999999999999999999999"], "'--seed': 99999999999999999999999 does not fit in a 64-bit integer"),
+    (["--seed", "-1"], "--seed -1"),
+    (["--gamma", "inf"], "'--gamma': inf is not a finite number"), (["--gamma", "nan"], "'--gamma': nan is not a finite number"),
 ])
 def test_train_draft_refuses_a_seed_or_gamma_torch_cannot_use(pairs, tmp_path, train_data, no_weights, flags, phrase):
     """Issue 34, class 17: a seed past 2**32 was an unexpected ValueError (Overflow); --gamma inf trained."""

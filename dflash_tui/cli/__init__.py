@@ -12,6 +12,7 @@ from dflash_tui.cli.chat import chat, sessions
 from dflash_tui.cli.doctor import doctor, print_version
 from dflash_tui.cli.generate import generate
 from dflash_tui.cli.measure import bench, replay, tune
+from dflash_tui.cli.numbers import checked
 from dflash_tui.cli.profile import profile
 from dflash_tui.cli.train import train_draft
 from dflash_tui.core.terminal import color_forced
@@ -164,3 +165,4 @@ main.add_command(replay)
 main.add_command(bench)
 main.add_command(tune)
 main.add_command(serve)
+checked(main)  # every numeric flag of every command: a finite value in its range, else exit 2 (cli/numbers.py)

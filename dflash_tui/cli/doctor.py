@@ -4,9 +4,11 @@ package's, and whether a profile's pair is here and fits, in a form to paste int
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import shutil
+import stat
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -18,6 +20,7 @@ from packaging.version import InvalidVersion, Version
 from dflash_tui.cli import complete
 from dflash_tui.cli.needs import target_needs
 from dflash_tui.core.profiles import tomllib
+from dflash_tui.core.terminal import printable
 from dflash_tui.engines import available_memory, describe_auto, hub
 from dflash_tui.engines.checkpoints import stored_bytes
 from dflash_tui.engines.errors import UserError
@@ -84,47 +87,77 @@ _LOAD_ENTRY_POINT = re.compile(r"load_entry_point\(\s*['\"]([^'\"=<>~! ]+)")
 OURS = "dflash_tui"
 
 
-def script_runs(path: Path) -> Optional[str]:
-    """`module:function` (or `distribution dist`) that the console script at `path` runs; None when it
-    cannot be told (a compiled launcher, an unreadable file)."""
+HEAD_BYTES = 65536  # a launcher says what it runs in its first lines; nothing past this is read
+
+
+def head(path: Path, limit: int = HEAD_BYTES) -> Optional[bytes]:
+    """The first `limit` bytes of the regular file at `path`; None for anything else (a FIFO, a device, a
+    folder, an unreadable file). Opened without blocking (a FIFO with no writer never hangs the open) and
+    checked on the open descriptor, so a file swapped after the check is not read either; never read whole."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     try:
-        head = path.read_bytes()[:65536].decode("utf-8", errors="replace")
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, flags)
     except OSError:
         return None
-    found = _FROM_IMPORT.search(head)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, size = [], 0
+        while size < limit:
+            chunk = os.read(fd, limit - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def script_runs(path: Path) -> Optional[str]:
+    """`module:function` (or `distribution dist`) that the console script at `path` runs; None when it
+    cannot be told (a compiled launcher, an unreadable file, anything but a regular file)."""
+    data = head(path)
+    if data is None:
+        return None
+    text = data.decode("utf-8", errors="replace")
+    found = _FROM_IMPORT.search(text)
     if found:
         return f"{found.group(1)}:{found.group(2)}"
-    found = _LOAD_ENTRY_POINT.search(head)
+    found = _LOAD_ENTRY_POINT.search(text)
     if found:
         return f"distribution {found.group(1)}"
-    return OURS if OURS in head else None
+    return OURS if OURS in text else None
 
 
 def command_check(command: str = "dflash") -> str:
     """One line on the `dflash` that PATH finds: this package's, another install of it, or not ours at all
-    (z-lab's `dflash` package installs a command of the same name; pip lets the last install win)."""
+    (z-lab's `dflash` package installs a command of the same name; pip lets the last install win). The path
+    is a folder on the user's PATH: it is shown escaped like any text from outside."""
     found = shutil.which(command)
     if found is None:
         return f"no `{command}` on PATH: activate the venv that installed dflash-tui, or run `python -m dflash_tui`"
     runs = script_runs(Path(found))
     if runs is None:
-        return f"{found}: cannot tell what it runs; if `{command} --version` does not say dflash-tui, run `dflash-tui`"
+        return printable(f"{found}: cannot tell what it runs; if `{command} --version` does not say dflash-tui, "
+                         "run `dflash-tui`")
     if runs.split(":")[0].split(".")[0] != OURS and runs != "distribution dflash-tui":
-        return (f"{found} is NOT this package's (it runs {runs}; z-lab's `dflash` package has a command of the "
-                f"same name): run `dflash-tui` instead, or install the two in separate venvs")
+        return printable(f"{found} is NOT this package's (it runs {runs}; z-lab's `dflash` package has a command of "
+                         f"the same name): run `dflash-tui` instead, or install the two in separate venvs")
     python = _shebang(Path(found))
     if python and Path(python).parent.parent.resolve() != Path(sys.prefix).resolve():
-        return f"{found}: dflash-tui, but another installation of it (its Python: {python})"
-    return f"{found}: this package's"
+        return printable(f"{found}: dflash-tui, but another installation of it (its Python: {python})")
+    return printable(f"{found}: this package's")
 
 
 def _shebang(path: Path) -> Optional[str]:
     """The Python a launcher names on its first line (None for `env python`, a shell wrapper, a binary)."""
-    try:
-        with path.open("rb") as f:
-            first = f.readline(4096).decode("utf-8", errors="replace")
-    except OSError:
-        return None
+    data = head(path, 4096)
+    first = (data or b"").split(b"\n", 1)[0].decode("utf-8", errors="replace")
     words = first[2:].split() if first.startswith("#!") else []
     return words[0] if words and Path(words[0]).name.startswith("python") else None
 
@@ -148,8 +181,8 @@ def doctor(profile: Optional[str]) -> None:
     --profile, whether that pair is here, what its target needs (framework, windows, sinks, MXFP4, rollback)
     and whether it fits."""
     for label, value in environment():
-        click.echo(f"{label:<16} {value}")
-    click.echo(f"{'dflash command':<16} {command_check()}")
+        click.echo(printable(f"{label:<16} {value}"))
+    click.echo(printable(f"{'dflash command':<16} {command_check()}"))
     if not profile:
         return
     from dflash_tui.core.profiles import load_profile
@@ -163,11 +196,11 @@ def doctor(profile: Optional[str]) -> None:
             unknown.append(role)
         need += size or 0
         shown = f" · {_size(size)}" if size is not None else ""
-        click.echo(f"{role:<16} {name or '-'} ({state}{shown})")
+        click.echo(printable(f"{role:<16} {name or '-'} ({state}{shown})"))
         if role == "target":
             needs = target_needs(folder) if folder else ["unknown until it is downloaded (read from its config.json)"]
             for line in needs:
-                click.echo(f"{'  needs':<16} {line}")
+                click.echo(printable(f"{'  needs':<16} {line}"))
     have, place = available_memory()
     verdict = ("cannot tell: the size of the " + " and ".join(unknown) + " is unknown offline" if unknown
                else "fits" if need <= have else "does NOT fit")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Optional
 
 import click
 
@@ -44,16 +45,28 @@ def engine_options(fn):
     return fn
 
 
-def read_stdin() -> str:
-    """The prompt piped in for PROMPT '-': one sentence when standard input is closed or is not UTF-8."""
+# The most PROMPT '-' reads from standard input: 8 bytes per token of a 1,048,576-token context, the longest
+# any target dflash runs takes (a token is about 4 bytes of text), so a prompt that could fit is never cut,
+# and an endless stream (`< /dev/zero`) costs at most this much memory before it is refused.
+STDIN_LIMIT = 8 * 2**20
+
+
+def read_stdin(limit: Optional[int] = None) -> str:
+    """The prompt piped in for PROMPT '-', at most `limit` bytes (STDIN_LIMIT): one sentence when standard input
+    is closed, longer than that, or not UTF-8. Never reads more than `limit` + 1 bytes."""
+    limit = STDIN_LIMIT if limit is None else limit
     stream = sys.stdin
     if stream is None:  # started with stdin closed (`<&-`)
         raise UserError("PROMPT is '-' but standard input is closed; pipe the prompt in, or pass it as an argument.")
+    source = getattr(stream, "buffer", stream)
     try:
-        data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read()
+        data = source.read(limit + 1)  # a buffered read: until limit + 1 bytes (characters) or the end
     except (OSError, ValueError) as exc:  # a closed or unreadable descriptor
         raise UserError(f"PROMPT is '-' but standard input cannot be read ({printable(exc)}); pipe the prompt in, "
                         "or pass it as an argument.") from None
+    if len(data) > limit:
+        raise UserError(f"Standard input holds more than {limit:,} bytes, the most a prompt may be (8 bytes per token "
+                        "of a million-token context); send a shorter prompt.")
     if isinstance(data, str):
         return data
     try:

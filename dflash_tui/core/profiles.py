@@ -28,6 +28,7 @@ from dflash_tui.core.terminal import printable
 from dflash_tui.engines import choose_engine
 from dflash_tui.engines.config import DTYPES, EFFORTS, ENGINES, MAX_BLOCK_SIZE, EngineConfig, Sampling
 from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.text import has_control
 from dflash_tui.measure.prompts import NAMES as PROMPT_SETS
 
 if sys.version_info >= (3, 11):
@@ -138,8 +139,9 @@ def _is_float(v: Any) -> bool:
 
 def _plain(v: Any) -> bool:
     """Text a terminal shows as written: no control character but newline and tab (an escape sequence in a
-    profile would otherwise reach the screen in every listing and message that names it)."""
-    return isinstance(v, str) and printable(v) == v
+    profile would otherwise reach the screen in every listing and message that names it). Bidirectional marks
+    are allowed (a right-to-left system prompt has them); every printer shows them escaped."""
+    return isinstance(v, str) and not has_control(v)
 
 
 def _text(v: Any) -> bool:

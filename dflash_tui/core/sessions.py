@@ -36,6 +36,7 @@ from dflash_tui.core.terminal import counted, printable
 from dflash_tui.engines.config import DTYPES, ENGINES, SAMPLING_FIELDS, GenerationRequest
 from dflash_tui.engines.errors import UserError, parse_json
 from dflash_tui.engines.text import finite_number as _number
+from dflash_tui.engines.text import has_control
 
 FORMAT_VERSION = 1
 SUFFIX = ".jsonl"
@@ -344,7 +345,7 @@ def _text(value) -> bool:
 def _name(value) -> bool:
     """A name dflash wrote (an engine, a device, a path, a profile's name): no control character, so a
     listing or a message that shows it never carries an escape sequence."""
-    return isinstance(value, str) and printable(value) == value and "\n" not in value and "\t" not in value
+    return isinstance(value, str) and not has_control(value) and "\n" not in value and "\t" not in value
 
 
 def _optional(check):

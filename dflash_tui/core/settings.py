@@ -8,6 +8,8 @@ from typing import Optional, Union
 
 from dflash_tui.core.profiles import DEFAULT_PROFILE, Profile, load_profile
 from dflash_tui.engines import EngineConfig, GenerationRequest, choose_engine
+from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.text import printable
 
 
 def load_settings(profile: Optional[str], engine: Optional[str] = None, target: Optional[str] = None,
@@ -18,6 +20,7 @@ def load_settings(profile: Optional[str], engine: Optional[str] = None, target: 
     the default profile. `flags` are EngineConfig fields; None means "not given".
     """
     base = with_pair(profile, target, draft)
+    refuse_model_without_url(base, flags.get("url"), flags.get("model"))
     chosen = choose_engine(engine or base.engine)
     resolved = base.resolved(chosen)
     return resolved, resolved.engine_config(chosen, **flags)
@@ -50,9 +53,18 @@ def generation_request(profile: Profile, **given) -> GenerationRequest:
     return GenerationRequest(**values)
 
 
+def refuse_model_without_url(profile: Profile, url: Optional[str], model: Optional[str]) -> None:
+    """`--model` names a model on a server: without a server to ask (neither --url nor the profile's remote
+    url) it would be silently dropped and the local pair would answer instead, so it is refused."""
+    if model is not None and not url and not profile.resolved("remote").url:
+        raise UserError(printable(f"--model {model!r} names a model on a server, but no server is given; add --url "
+                        "http://HOST:PORT/v1 (or a profile whose [engines.remote] has a url), or drop --model."))
+
+
 def with_remote(profile: Profile, url: Optional[str] = None, model: Optional[str] = None,
                 api_key: Optional[str] = None) -> Profile:
     """The profile with the remote engine's command-line flags (None: not given) over its [engines.remote]."""
+    refuse_model_without_url(profile, url, model)
     given = {k: v for k, v in (("url", url), ("model", model), ("api_key", api_key)) if v is not None}
     if not given:
         return profile

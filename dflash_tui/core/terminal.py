@@ -13,9 +13,9 @@ import sys
 from contextlib import contextmanager
 from typing import Optional
 
-from dflash_tui.engines.text import printable
+from dflash_tui.engines.text import BIDI, one_line, printable
 
-__all__ = ["color_enabled", "color_forced", "is_terminal", "json_text", "printable", "typing_hidden"]
+__all__ = ["color_enabled", "color_forced", "is_terminal", "json_text", "one_line", "printable", "typing_hidden"]
 
 
 def counted(n: int, noun: str) -> str:
@@ -50,8 +50,9 @@ def color_enabled(stream=None) -> bool:
 
 
 # What json.dumps(ensure_ascii=False) leaves raw that a terminal may act on (C0 controls it escapes
-# itself): DEL, the C1 controls and lone surrogates, as JSON \u escapes (they occur only inside strings).
-_JSON_RAW = {c: f"\\u{c:04x}" for c in [0x7F, *range(0x80, 0xA0), *range(0xD800, 0xE000)]}
+# itself): DEL, the C1 controls, lone surrogates and the bidirectional formatting characters, as JSON \u
+# escapes (they occur only inside strings, so the JSON reads back the same).
+_JSON_RAW = {c: f"\\u{c:04x}" for c in [0x7F, *range(0x80, 0xA0), *range(0xD800, 0xE000), *BIDI]}
 
 
 def json_text(value, **kwargs) -> str:

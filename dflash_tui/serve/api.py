@@ -9,9 +9,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dflash_tui.engines.config import EFFORTS, MAX_SEED, MAX_TOP_LOGPROBS
+from dflash_tui.engines.config import EFFORTS, MAX_BLOCK_SIZE, MAX_SEED, MAX_TOP_LOGPROBS
 from dflash_tui.engines.errors import UserError, parse_json
 from dflash_tui.engines.remote.wire import EXTENSION
+from dflash_tui.engines.text import finite_number
 
 
 class ApiError(Exception):
@@ -48,6 +49,8 @@ def _float(body: dict, key: str, low: float, high: float, low_open: bool = False
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(f"'{key}' must be a number, not {value!r}.", key)
+    if not finite_number(value):  # NaN, Infinity, or 1e400 (read as infinity): no comparison refuses them
+        raise _bad(f"'{key}' must be a finite number; got {str(value)[:40]}.", key)
     if value < low or value > high or (low_open and value == low):
         raise _bad(f"'{key}' must be {'above' if low_open else 'at least'} {low:g} and at most {high:g}; got {value}.", key)
     return float(value)
@@ -165,6 +168,8 @@ def parse(body: Any, names: list[str], chat: bool) -> Params:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise _bad("'stream_options' must be an object.", "stream_options")
+    if options and not p.stream:  # vLLM's rule, and its words
+        raise _bad("Stream options can only be defined when `stream=True`.", "stream_options")
     p.include_usage = bool(options.get("include_usage", False))
     max_tokens = _int(body, "max_completion_tokens") if body.get("max_completion_tokens") is not None \
         else _int(body, "max_tokens")
@@ -215,6 +220,9 @@ def parse(body: Any, names: list[str], chat: bool) -> Params:
         raise _bad(f"'{EXTENSION}' must be an object.", EXTENSION)
     p.extension = EXTENSION in body
     p.block_size = _int(ext, "block_size", 1)
+    if p.block_size is not None and p.block_size > MAX_BLOCK_SIZE:
+        raise _bad(f"'{EXTENSION}.block_size' must be from 1 to {MAX_BLOCK_SIZE}; got {str(p.block_size)[:40]}.",
+                   EXTENSION)
     p.draft_window = _int(ext, "draft_window", 1)
     p.clamp_max_tokens = bool(ext.get("clamp_max_tokens", False))
     if ext.get("reuse_cache") is not None:
@@ -376,12 +384,24 @@ def fresh_seed() -> int:
     return secrets.randbelow(MAX_SEED)
 
 
-def check_request(make) -> Any:
-    """Build a GenerationRequest; the engine's own checks (UserError) become 400s."""
+# The request field a GenerationRequest's own refusal is about, by the words it names (engines/config.py).
+_PARAM_WORDS = (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("min_p", "min_p"),
+                ("seed", "seed"), ("max_new_tokens", "max_tokens"), ("block size", EXTENSION),
+                ("draft window", EXTENSION), ("logit_bias", "logit_bias"), ("top_logprobs", "top_logprobs"),
+                ("presence_penalty", "presence_penalty"), ("frequency_penalty", "frequency_penalty"),
+                ("repetition_penalty", "repetition_penalty"), ("reasoning_effort", "reasoning_effort"))
+
+
+def check_request(make, param: str = "messages") -> Any:
+    """Build a GenerationRequest (or run a template); the engine's own checks (UserError) become 400s that
+    name the field they are about: the one their sentence names, else `param` (what the call reads)."""
     try:
         return make()
     except UserError as exc:
-        raise _bad(str(exc)) from None
+        text = str(exc)
+        said = text.lower()
+        named = next((field for words, field in _PARAM_WORDS if words in said), param)
+        raise _bad(text, named) from None
 
 
 def new_id(prefix: str) -> str:

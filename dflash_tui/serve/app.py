@@ -9,9 +9,11 @@ strings held back and cut, thinking split into `reasoning_content` / `reasoning`
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Optional
 
 import anyio
@@ -22,6 +24,7 @@ from starlette.routing import Route
 
 from dflash_tui.engines.config import GenerationRequest
 from dflash_tui.engines.errors import MAX_DEPTH, describe, too_deep
+from dflash_tui.engines.hub import looks_like_hub_id
 from dflash_tui.engines.prompting import chat_ids
 from dflash_tui.engines.reasoning import format_for, takes_effort
 from dflash_tui.engines.remote.sse import encode_event
@@ -52,6 +55,8 @@ class ServeState:
     max_body: int = MAX_BODY
     clamp_max_tokens: bool = False  # --clamp-max-tokens: cut max_tokens to the context instead of a 400
     allowed_origins: tuple = ()  # --allowed-origins: CORS (off when empty)
+    host: str = "127.0.0.1"  # --host: the address it listens on
+    allowed_hosts: tuple = ()  # --allowed-hosts: Host header values answered beyond the bound address and loopback
     prefix_reuse: bool = True  # --prefix-reuse: start from the caches the previous request left
 
     @property
@@ -60,13 +65,10 @@ class ServeState:
 
     def card(self, name: Optional[str] = None) -> dict:
         e = self.engine
-        target, draft = e.target_info, e.draft_info
         info = {
             "engine": e.name, "device": e.device, "dtype": e.dtype,
             "block_size": e.block_size, "trained_block_size": e.trained_block_size,
-            "target": e.config.target, "draft": e.config.draft,
-            "target_path": str(target.path) if target is not None else None,
-            "draft_path": str(draft.path) if draft is not None else None,
+            "target": public_name(e.config.target), "draft": public_name(e.config.draft),
             "max_model_len": self.max_positions, "stop_ids": list(e.stop_ids()),
             "draft_window": getattr(e.config, "draft_window", None),
             "generation_config": _jsonable(e.generation_config or {}),
@@ -74,6 +76,16 @@ class ServeState:
         return {"id": name or self.names[0], "object": "model", "created": self.created, "owned_by": "dflash",
                 "root": info["target"] or self.names[0], "parent": None, "max_model_len": self.max_positions,
                 EXTENSION: info}
+
+
+def public_name(checkpoint: Optional[str]) -> Optional[str]:
+    """What a client may see of a checkpoint: a hub id as it is, a local folder by its own name only (its
+    absolute path says who the user is and how the disk is laid out; the server's log has it)."""
+    if not checkpoint:
+        return None
+    if looks_like_hub_id(checkpoint) and not Path(checkpoint).expanduser().exists():
+        return checkpoint
+    return Path(checkpoint.rstrip("/\\")).name or checkpoint
 
 
 def _jsonable(value: dict) -> dict:
@@ -106,6 +118,69 @@ class BearerAuth:
             return await self.app(scope, receive, send)
         err = ApiError(401, "A valid API key is required: send 'Authorization: Bearer KEY'.", None,
                        "invalid_api_key", "authentication_error", {"WWW-Authenticate": "Bearer"})
+        await error_response(err)(scope, receive, send)
+
+
+# -- the Host header ----------------------------------------------------------------------------
+
+
+WILDCARDS = ("", "0.0.0.0", "::")  # a --host that listens on every interface
+
+
+def host_name(header: str) -> str:
+    """A Host header's name: without its port, brackets, case or trailing dot ('[::1]:8000' -> '::1')."""
+    value = header.strip().lower()
+    if value.startswith("["):
+        value = value[1:].partition("]")[0]
+    elif value.count(":") == 1:
+        value = value.partition(":")[0]
+    return value.rstrip(".")
+
+
+def _ip(name: str):
+    try:
+        return ipaddress.ip_address(name.split("%")[0])
+    except ValueError:
+        return None
+
+
+def host_allowed(header: Optional[str], bound: str, allowed: tuple = ()) -> bool:
+    """Whether a request's Host names this server: the address it listens on, a loopback name or address
+    (localhost, 127.0.0.0/8, ::1), or one of --allowed-hosts ('*' allows any). Bound to every interface, an
+    IP address is allowed too. Any other name is how DNS rebinding reaches a loopback server from a web page
+    (the page's own name, pointed at 127.0.0.1), so it is refused. No Host at all (HTTP/1.0) is no browser's."""
+    if header is None or "*" in allowed:
+        return True
+    name = host_name(header)
+    ip = _ip(name)
+    bound_name = host_name(bound)
+    if name == "localhost" or name.endswith(".localhost") or (ip is not None and ip.is_loopback):
+        return True
+    if name == bound_name or (ip is not None and bound_name in WILDCARDS):
+        return True
+    return name in {host_name(a) for a in allowed}  # an entry's port, brackets and case do not matter
+
+
+class HostCheck:
+    """Answers only requests whose Host header names this server (`host_allowed`); any other gets 403
+    with one sentence saying how to allow it (pure ASGI, outermost: before the key and CORS)."""
+
+    def __init__(self, app, bound: str, allowed: tuple = ()):
+        self.app, self.bound, self.allowed = app, bound, tuple(allowed)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        raw = dict(scope.get("headers") or []).get(b"host")
+        header = None if raw is None else raw.decode("latin-1")
+        if host_allowed(header, self.bound, self.allowed):
+            return await self.app(scope, receive, send)
+        name = host_name(header or "")[:80]
+        log.warning("dflash serve: refused a request for Host %r (start it with --allowed-hosts %s to answer it)",
+                    name, name)
+        err = ApiError(403, f"This server does not answer to the host name {name!r} (a web page may be reaching it "
+                       f"through DNS rebinding); if it should, start dflash serve with --allowed-hosts {name}.",
+                       "Host", "host_not_allowed", "permission_error")
         await error_response(err)(scope, receive, send)
 
 
@@ -300,7 +375,8 @@ def _generation_request(state: ServeState, params: Params, ids: list[int], think
         thinking=thinking, stop_ids=stop_ids, presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
         logit_bias=params.logit_bias, logprobs=params.logprobs, top_logprobs=params.top_logprobs,
-        reuse_cache=params.reuse_cache if params.reuse_cache is not None else state.prefix_reuse))
+        reuse_cache=params.reuse_cache if params.reuse_cache is not None else state.prefix_reuse),
+        "messages" if params.messages is not None else "prompt")
 
 
 @dataclass
@@ -349,11 +425,11 @@ def _render(state: ServeState, params: Params, thinking: bool) -> Prepared:
             probe = check_request(lambda: GenerationRequest(messages=params.messages, thinking=thinking,
                                                             reasoning_effort=_effort(state, params)))
         elif isinstance(params.prompt, str):
-            probe = check_request(lambda: GenerationRequest(prompt=params.prompt))
+            probe = check_request(lambda: GenerationRequest(prompt=params.prompt), "prompt")
         else:
             check_ids(state, list(params.prompt), "prompt")
-            probe = check_request(lambda: GenerationRequest(prompt_ids=list(params.prompt)))
-        prepared.ids = check_request(lambda: engine.prepare(probe))
+            probe = check_request(lambda: GenerationRequest(prompt_ids=list(params.prompt)), "prompt")
+        prepared.ids = check_request(lambda: engine.prepare(probe), "messages" if params.messages is not None else "prompt")
     return prepared
 
 
@@ -379,18 +455,19 @@ def _decode_json(raw: bytes) -> Any:
     return value
 
 
-def _is_json(content_type: str) -> bool:
-    kind = content_type.split(";", 1)[0].strip().lower()
-    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+def _is_json(content_type: Optional[str]) -> bool:
+    return content_type is not None and content_type.split(";", 1)[0].strip().lower() == "application/json"
 
 
 async def _body(request: Request, state: ServeState) -> Any:
-    """The JSON body: JSON content types only (415), at most --max-body bytes (413, read no further),
-    parsed off the event loop."""
+    """The JSON body: `Content-Type: application/json` only (415 for any other type and for none: a web page
+    can send a POST without one, or as text/plain, cross-site without asking first; application/json it
+    cannot), at most --max-body bytes (413, read no further), parsed off the event loop."""
     content_type = request.headers.get("content-type")
-    if content_type is not None and not _is_json(content_type):
-        raise ApiError(415, f"Send the body as application/json, not {content_type.split(';')[0].strip()!r}.",
-                       None, "unsupported_media_type")
+    if not _is_json(content_type):
+        got = "none" if content_type is None else repr(content_type.split(";")[0].strip()[:60])
+        raise ApiError(415, f"Send the body with Content-Type: application/json (got {got}).",
+                       "Content-Type", "unsupported_media_type")
     limit = state.max_body
     too_big = ApiError(413, f"The request body is larger than this server's limit of {limit} bytes "
                        "(dflash serve --max-body).", None, "request_too_large")
@@ -554,13 +631,13 @@ def build_app(state: ServeState):
                                        else "method_not_allowed", kind="invalid_request_error"))
 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
-    guarded_app = BearerAuth(app, state.api_key)
+    guarded_app: Any = BearerAuth(app, state.api_key)
     if state.allowed_origins:  # off by default: a browser page may not call this server unless allowed
         from starlette.middleware.cors import CORSMiddleware
 
-        return CORSMiddleware(guarded_app, allow_origins=list(state.allowed_origins), allow_methods=["GET", "POST"],
-                              allow_headers=["*"])
-    return guarded_app
+        guarded_app = CORSMiddleware(guarded_app, allow_origins=list(state.allowed_origins),
+                                     allow_methods=["GET", "POST"], allow_headers=["*"])
+    return HostCheck(guarded_app, state.host, state.allowed_hosts)
 
 
 def anyio_loop():

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import math
-from typing import Optional
+import re
+from typing import Any, Optional
 
 import click
 
@@ -23,18 +23,26 @@ def require_serve_extra() -> None:
                         "pip install 'dflash-tui[serve]'") from None
 
 
-def parse_size(text: str) -> int:
-    """'8MB', '512KB', '1000000' -> bytes (KB and MB are 1024-based, as MiB)."""
-    value = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(value[-1:], 1)
-    number = value[:-1] if scale > 1 else value
-    try:
-        size = int(float(number) * scale)
-    except ValueError:
-        size = 0
-    if size < 1:
-        raise UserError(f"--max-body {text!r} is not a size; pass bytes or a size such as 8MB.")
-    return size
+class ByteSize(click.ParamType):
+    """--max-body: '8MB', '512KB', '1.5G', '1000000' bytes (K, M and G are 1024-based; a trailing B or iB is
+    optional), from 1 byte to 1 GB. Plain decimal digits only: no exponent, no inf or nan, no overflow."""
+
+    name = "size"
+    PATTERN = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)(?:I?B)?\s*", re.I)
+    SCALE = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+    LOW, HIGH = 1, 2**30
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            size: float = value
+        else:
+            found = self.PATTERN.fullmatch(str(value))
+            if found is None:
+                self.fail(f"{str(value)[:40]!r} is not a size; pass bytes or a size such as 8MB.", param, ctx)
+            size = float(found.group(1)) * self.SCALE[found.group(2).upper()]  # 400 digits: inf, refused below
+        if not self.LOW <= size <= self.HIGH:
+            self.fail(f"{str(value)[:40]!r} is not a size from 1 byte to 1 GB.", param, ctx)
+        return int(size)
 
 
 def _settings(profile: Optional[str], engine: Optional[str], block_size: Optional[int]):
@@ -53,25 +61,29 @@ def _settings(profile: Optional[str], engine: Optional[str], block_size: Optiona
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--api-key", envvar="DFLASH_API_KEY", default=None,
               help="Require 'Authorization: Bearer KEY' on every route but /health (env: DFLASH_API_KEY).")
-@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(min=1),
+@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(1, 100_000),
               help="Requests that may wait for the engine; one more gets HTTP 429 with Retry-After.")
 @click.option("--reasoning-split/--no-reasoning-split", default=True, show_default=True,
               help="Thinking in reasoning_content and reasoning (split), or inline <think> text in content.")
 @click.option("--served-model-name", "names", multiple=True, metavar="NAME",
               help="Model name(s) clients send (default: the profile's name, and its target).")
-@click.option("--max-body", default="8MB", show_default=True, metavar="SIZE",
-              help="The largest request body (bytes, or with KB/MB); a larger one gets HTTP 413.")
+@click.option("--max-body", default="8MB", show_default=True, metavar="SIZE", type=ByteSize(),
+              help="The largest request body (bytes, or with KB/MB/GB; at most 1 GB); a larger one gets HTTP 413.")
 @click.option("--clamp-max-tokens", is_flag=True,
               help="Cut a max_tokens beyond the context to what fits, instead of vLLM's 400.")
 @click.option("--allowed-origins", default=None, metavar="ORIGINS",
               help="Comma-separated origins browsers may call from (CORS; off by default), or '*'.")
-@click.option("--shutdown-grace", default=3.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--allowed-hosts", default=None, metavar="HOSTS",
+              help="Comma-separated host names clients may reach this server by, beyond the --host address and "
+                   "loopback (localhost, 127.0.0.1, ::1), or '*' for any; a request for another Host gets HTTP 403 "
+                   "(a web page reaching a loopback server through DNS rebinding).")
+@click.option("--shutdown-grace", default=3.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds running answers may go on after SIGTERM before they end with an error.")
 @click.option("--prefix-reuse/--no-prefix-reuse", default=True, show_default=True,
               help="Start each request from the caches the previous one left, where its ids share a prefix "
                    "(one prefix is kept: the most recent request's).")
 def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning_split, names, max_body,
-          clamp_max_tokens, allowed_origins, shutdown_grace, prefix_reuse) -> None:
+          clamp_max_tokens, allowed_origins, allowed_hosts, shutdown_grace, prefix_reuse) -> None:
     """Serve a profile's pair over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models,
     /tokenize, /metrics and /health.
 
@@ -84,13 +96,12 @@ def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning
     standard clients ignore; `dflash chat --engine remote --url http://HOST:PORT/v1` shows it all.
     """
     require_serve_extra()
-    body_limit = parse_size(max_body)
-    if not math.isfinite(shutdown_grace):
-        raise UserError(f"--shutdown-grace {shutdown_grace} is not a number of seconds; pass one such as 3.")
+    body_limit = max_body  # bytes: ByteSize read it
     if any(not n.strip() for n in names):
         raise UserError("--served-model-name '' is empty; give each name clients send, such as demo.")
     origins = tuple(o.strip() for o in (allowed_origins or "").split(",") if o.strip())
-    from .run import check_host, check_port
+    hosts = tuple(h.strip() for h in (allowed_hosts or "").split(",") if h.strip())
+    from .run import check_host, check_port, exit_now
     from .run import serve as run_server
 
     check_host(host, api_key)  # both before any weight loads
@@ -101,11 +112,16 @@ def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning
     ensure_local(config)  # a pair not yet downloaded: its size and a question at a terminal, else one sentence
     defaults = {k: getattr(settings, k) for k in ("max_new_tokens", "temperature", "top_p", "top_k", "min_p",
                                                     "thinking", "reasoning_effort")}
-    served = list(names) or list(dict.fromkeys([settings.name, settings.target]))
+    from .app import public_name
+
+    # a local target is served under its folder's name, never its path (/v1/models and every 404 list these)
+    served = list(names) or list(dict.fromkeys(n for n in (settings.name, public_name(settings.target)) if n))
     run_server(config, served, defaults, host=host, port=port, api_key=api_key, max_queue=max_queue,
                reasoning_split=reasoning_split, say=lambda text: click.echo(printable(text), err=True),
                max_body=body_limit, clamp_max_tokens=clamp_max_tokens, allowed_origins=origins,
-               shutdown_grace=shutdown_grace, prefix_reuse=prefix_reuse)
+               shutdown_grace=shutdown_grace, prefix_reuse=prefix_reuse, allowed_hosts=hosts)
+    exit_now()  # stopped (SIGTERM, ctrl+c), its engine process gone: no slow interpreter teardown
+
 
 
 @click.command("serve-command")

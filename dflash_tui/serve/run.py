@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import ipaddress
-import math
+import os
 import signal
 import socket
 import sys
-from typing import Optional
+import threading
+import time
+from typing import Any, Optional
 
 from dflash_tui.core.terminal import color_enabled
 from dflash_tui.engines.errors import UserError
@@ -67,14 +70,52 @@ def check_port(host: str, port: int) -> None:
 SHUTDOWN_GRACE_S = 3.0  # --shutdown-grace: how long running answers may go on after SIGTERM
 
 
+STOP_SLACK_S = 0.9  # after the grace: the longest the stop itself may take (the promise is grace + 1 s)
+SETTLE_S = 0.5  # of which uvicorn's wait for the answers that were cut at the grace to send their last chunk
+
+
+def exit_now() -> None:
+    """Exit at once, once the server has stopped and its engine process is gone: a normal interpreter exit
+    tears down torch and the tokenizer for a second or more, which would break the promise that SIGTERM
+    ends the server within --shutdown-grace plus one second."""
+    try:  # what multiprocessing's atexit hook does: its semaphores unlinked, not reported as leaked
+        from multiprocessing import util
+
+        util._exit_function()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - leaving anyway
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    os._exit(0)
+
+
+def _leave(engine) -> None:
+    """The backstop when stopping overruns grace + STOP_SLACK_S (an engine step that does not end, a client
+    that does not read): the engine process is killed and this process exits at once."""
+    kill = getattr(engine, "kill", None)
+    if kill is not None:
+        kill()
+    exit_now()
+
+
 def draining_server(uvicorn, config, state: ServeState, grace: float):
     """uvicorn's server, told about SIGTERM first: the worker stops taking requests and fails the queued
     ones (503), the running answer may go on for `grace` seconds and then ends with an error chunk and
-    [DONE]; uvicorn's own wait is longer, so it never cuts a stream mid-way."""
+    [DONE]; uvicorn waits SETTLE_S more for those last chunks. The process is gone within grace +
+    STOP_SLACK_S whatever happens: a timer started with the signal ends it if the stop has not."""
 
     class DrainingServer(uvicorn.Server):
+        stop_by: Optional[float] = None  # time.monotonic() by which the stop must be done
+
         def handle_exit(self, sig, frame) -> None:
             if not self.should_exit:
+                self.stop_by = time.monotonic() + grace + STOP_SLACK_S
+                backstop = threading.Timer(grace + STOP_SLACK_S, _leave, (state.engine,))
+                backstop.daemon = True
+                backstop.start()
                 try:
                     loop = asyncio.get_running_loop()
                 except RuntimeError:
@@ -93,7 +134,7 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
           api_key: Optional[str] = None, max_queue: int = 64, reasoning_split: bool = True,
           in_process: bool = False, say=lambda text: print(text, file=sys.stderr, flush=True),
           max_body: int = MAX_BODY, clamp_max_tokens: bool = False, allowed_origins: tuple = (),
-          shutdown_grace: float = SHUTDOWN_GRACE_S, prefix_reuse: bool = True) -> None:
+          shutdown_grace: float = SHUTDOWN_GRACE_S, prefix_reuse: bool = True, allowed_hosts: tuple = ()) -> None:
     """Load the engine (in the engine process unless `in_process`), then serve until interrupted."""
     check_host(host, api_key)
     check_port(host, port)
@@ -112,7 +153,7 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
     state = ServeState(engine=engine, worker=worker, metrics=metrics, names=names, defaults=defaults,
                        reasoning_split=reasoning_split, api_key=api_key, max_body=max_body,
                        clamp_max_tokens=clamp_max_tokens, allowed_origins=tuple(allowed_origins),
-                       prefix_reuse=prefix_reuse)
+                       prefix_reuse=prefix_reuse, host=host, allowed_hosts=tuple(allowed_hosts))
     app = build_app(state)
     for warning in engine.warnings:
         say(f"note: {warning}")
@@ -120,8 +161,11 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
     say(f"dflash serve: {names[0]} on the {engine.name} engine ({engine.device}, {engine.dtype}, block "
         f"{engine.block_size}) at http://{shown}:{port}/v1" + (" · API key required" if api_key else "")
         + " · ctrl+c stops")
+    # where the checkpoints are on this disk: in the server's own log only (/v1/models names them)
+    say(f"checkpoints: target {engine.target_info.path}" +
+        (f", draft {engine.draft_info.path}" if engine.draft_info is not None else ""))
     server = draining_server(uvicorn, uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
-                                                     timeout_graceful_shutdown=math.ceil(shutdown_grace) + 30,
+                                                     timeout_graceful_shutdown=shutdown_grace + SETTLE_S,  # type: ignore[arg-type]
                                                      access_log=False,
                                                      use_colors=color_enabled(sys.stderr)),
                              state, shutdown_grace)
@@ -136,8 +180,13 @@ def serve(config, names: list[str], defaults: dict, host: str = "127.0.0.1", por
         raise UserError(f"Port {port} on {host} cannot be used (another server may hold it); pick another with --port.") \
             from None
     finally:
-        worker.close()
-        engine.close()
+        left = STOP_SLACK_S if server.stop_by is None else max(0.05, server.stop_by - time.monotonic())
+        worker.close(left)
+        close: Any = engine.close
+        if "timeout" in inspect.signature(close).parameters:  # the engine process: bounded by what is left
+            close(timeout=max(0.05, server.stop_by - time.monotonic()) if server.stop_by is not None else 2.0)
+        else:
+            close()
         signal.signal(signal.SIGTERM, previous)
     if not server.started:
         raise UserError(f"Port {port} on {host} cannot be used (another server may hold it); pick another with --port.")

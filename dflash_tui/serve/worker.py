@@ -125,7 +125,8 @@ class EngineWorker:
                 job.put("error", ShuttingDown("The server is shutting down; this answer was cut off."))
                 job.request.cancel.set()
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop: queued jobs fail (503), the running one is cancelled; waits up to `timeout` s for the thread."""
         with self._lock:
             self._closed = True
             for job in self._pending:
@@ -135,7 +136,7 @@ class EngineWorker:
             if self.running is not None:
                 self.running.request.cancel.set()
             self._lock.notify_all()
-        self._thread.join(10)
+        self._thread.join(timeout)
 
     def _gauge(self) -> None:
         if self.metrics:

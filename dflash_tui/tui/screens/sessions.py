@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -14,7 +15,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
 from dflash_tui.core import sessions
-from dflash_tui.core.terminal import counted
+from dflash_tui.core.terminal import counted, one_line
 from dflash_tui.engines.errors import UserError
 
 if TYPE_CHECKING:
@@ -162,9 +163,10 @@ class SessionsScreen(ModalScreen[str | None]):
         # the title gets the width the other columns leave in the box (90% of the screen, up to 150)
         width = max(40, min(int(self.app.size.width * 0.9), 150) - 6 - 58)
         for s in found:
-            title = s.title if len(s.title) <= width else s.title[:width - 1] + "…"
+            shown = one_line(s.title)  # a first prompt or a title: escaped (core/terminal.py), never markup
+            title = shown if len(shown) <= width else shown[:width - 1] + "…"
             table.add_row(("● " if s.id == self.open_id else "") + s.id, s.created[:16].replace("T", " "),
-                          s.profile_name or "?", str(len(s.turns)), title, key=s.id)
+                          Text(one_line(s.profile_name or "?")), str(len(s.turns)), Text(title), key=s.id)
         count = counted(len(found), "session")
         if self.query_text:
             count += f" of {len(self.every)} " + (f"hold {self.query_text!r}" if found else
