@@ -203,8 +203,8 @@ def check_output(path: Union[str, Path], *, option: str, stream_ok: bool = False
     path = Path(path).expanduser()
     kept = _kept_by_dflash(path, protected)
     if kept is not None:
-        raise Refused(printable(f"{option} {path} is {kind_of(kept)} (in, or linked from, {kept}); write the "
-                                "output somewhere else."))
+        raise Refused(printable(f"{option} {path} is {kind_of(kept)} (in, or linked from, the {Path(kept).name} "
+                                f"folder {kept}); write the output somewhere else."))
     try:
         st: Optional[os.stat_result] = os.stat(path)
     except OSError:
@@ -228,8 +228,8 @@ def check_output(path: Union[str, Path], *, option: str, stream_ok: bool = False
     folder = path.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         why = "does not exist" if not folder.is_dir() else "is not writable"
-        raise Refused(printable(f"{option} {path}: the folder {folder} {why}; choose a folder that exists and that "
-                                "you can write."))
+        raise Refused(printable(f"Cannot write {option} {path}: the folder {folder} {why}; choose a folder that "
+                                "exists and that you can write."))
     return False
 
 

@@ -253,6 +253,7 @@ def test_preferences_replace_a_link(config_dir, victim, kind):
 
     path = config_dir / "preferences.json"
     plant(path, kind, victim)
+    plant(config_dir / "preferences.tmp", "symlink", victim)  # the fixed temporary name an earlier version used
     assert save_preferences(Preferences(theme="nord")) is None
     untouched(victim)
     assert load_preferences()[0].theme == "nord" and not path.is_symlink()
