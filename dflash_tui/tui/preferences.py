@@ -30,6 +30,8 @@ def preferences_path() -> Path:
 def load_preferences(path: Optional[Path] = None) -> tuple[Preferences, Optional[str]]:
     """The saved preferences (defaults when there are none) and a warning when the file is unusable."""
     path = path or preferences_path()
+    if path.exists() and not path.is_file():  # a FIFO would block the read, a device never end it
+        return Preferences(), f"Ignored {path} (not a regular file); the theme is not remembered."
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
