@@ -186,6 +186,13 @@ def _kept_by_dflash(path: Path, protected: Iterable[Path]) -> Optional[Path]:
     return None
 
 
+def standard_stream(path: Path) -> bool:
+    """Whether `path` names one of the process's own descriptors (/dev/stdout, /dev/fd/1, /proc/self/fd/1):
+    written as it is, since renaming a file over such a name would replace the name, not write the stream."""
+    text = os.path.normpath(str(path))
+    return text in ("/dev/stdout", "/dev/stderr") or text.startswith(("/dev/fd/", "/proc/self/fd/"))
+
+
 KINDS = {"sessions": "a session file", "profiles": "a profile"}
 
 
@@ -201,6 +208,11 @@ def check_output(path: Union[str, Path], *, option: str, stream_ok: bool = False
     `protected` folders, and a FIFO or a device unless `stream_ok` (then a FIFO needs a reader now).
     Returns whether the output is a stream (a pipe or a device), written as it is."""
     path = Path(path).expanduser()
+    if standard_stream(path):  # the user's own stdout or stderr, whatever it is (a terminal, a pipe, a file)
+        if not stream_ok:
+            raise Refused(printable(f"{option} {path} is a standard stream; this output is written as a file, so "
+                                    "name a regular file."))
+        return True
     kept = _kept_by_dflash(path, protected)
     if kept is not None:
         raise Refused(printable(f"{option} {path} is {kind_of(kept)} (in, or linked from, the {Path(kept).name} "
@@ -242,9 +254,10 @@ def write_output(path: Union[str, Path], data: bytes, *, option: str, stream_ok:
     stream = check_output(path, option=option, stream_ok=stream_ok, protected=protected)
     try:
         if stream:
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
             try:
-                if not (stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISCHR(os.fstat(fd).st_mode)):
+                held = os.fstat(fd).st_mode
+                if not (stat.S_ISFIFO(held) or stat.S_ISCHR(held) or standard_stream(path)):
                     raise OSError(errno.EINVAL, "not a pipe or a terminal")  # swapped since the check
                 os.set_blocking(fd, True)
                 view = memoryview(data)

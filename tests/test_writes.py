@@ -165,6 +165,11 @@ def test_an_export_streams_to_a_fifo_with_a_reader_and_refuses_one_without(data_
         os.close(fd)
     assert result.exit_code == 0, result.output
     assert b"q1" in reader.communicate(timeout=60)[0]
+    with open(tmp_path / "redirected.md", "wb") as out:  # /dev/stdout that is a file: written, never renamed over
+        done = subprocess.run([sys.executable, "-m", "dflash_tui", "sessions", "export", "abcd", "-o", "/dev/stdout"],
+                              stdout=out, stderr=subprocess.PIPE, cwd=ROOT, env=os.environ.copy(), timeout=120)
+    assert done.returncode == 0 and b"q1" in (tmp_path / "redirected.md").read_bytes(), done.stderr
+    assert not any(name.startswith(".stdout") for name in os.listdir("/dev"))  # no temporary file beside it
 
 
 def test_the_pickers_export_is_private_and_replaces_a_link(data_dir, victim):

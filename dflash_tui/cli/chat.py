@@ -85,8 +85,6 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
     if session is not None:
         # the lock first, before any weight loads (a `sessions delete` meanwhile is refused), then the file read
         # again under it; a file that is not one of dflash's own is copied in and the copy continued
-        if store.SessionLock.held_here(session.path):
-            store.refuse_if_open(session, "resuming")
         session, note = store.open_to_resume(session)
         if note:
             click.echo(printable(f"note: {note}"), err=True)
