@@ -320,6 +320,10 @@ def test_train_draft_state_and_cache_never_follow_a_link(pairs, tmp_path, victim
     with pytest.raises(UserError, match="hard links"):
         responses._write([], {}, folder / RESPONSES_FILE)
     untouched(victim)
+    (folder / RESPONSES_FILE).unlink()
+    os.mkfifo(folder / RESPONSES_FILE)  # nothing reads it: refused at once, never waited on
+    with pytest.raises(UserError, match="cannot be written"):
+        responses._write([], {}, folder / RESPONSES_FILE)
 
 
 # -- the rule itself --------------------------------------------------------------------------------------

@@ -98,9 +98,13 @@ class Responses:
         self.progress("target writes responses", 0, total)
         done = 0
         group = max(1, self.gen_batch)
-        if not os.path.lexists(cache_file):  # made fresh, then appended to as train-draft's own file
-            files.write_file(cache_file, b"", mode=None, replace=False)
-        fd = files.open_own(cache_file, os.O_WRONLY | os.O_APPEND, self.work, what="Response cache")
+        try:
+            if not os.path.lexists(cache_file):  # made fresh, then appended to as train-draft's own file
+                files.write_file(cache_file, b"", mode=None, replace=False)
+            fd = files.open_own(cache_file, os.O_WRONLY | os.O_APPEND, self.work, what="Response cache")
+        except OSError as exc:  # a FIFO nothing reads, a read-only folder
+            raise UserError(f"The response cache {cache_file} cannot be written ({exc.strerror or type(exc).__name__}); "
+                            "remove what is in its place, or pass another --work-dir.") from None
         with os.fdopen(fd, "w") as fh:
             for g in range(0, len(todo), group):
                 chunk = todo[g: g + group]
