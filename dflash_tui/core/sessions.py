@@ -8,9 +8,16 @@ drafted and accepted counts and the Summary; a turn that continues a stopped one
 keeps its line; a later `{"type": "retract", "index": i}` line says the chat dropped it, so readers leave
 it out (a dflash that predates retractions skips a line of a type it does not know). A `{"type": "title",
 "title": t}` line names the session (the last one counts; "" clears it); older readers skip it the same way.
-Each line is written
-whole, flushed and fsynced; files are mode 0600. A torn last line (the process died while writing it) is
-skipped with a warning. Nothing is rewritten in place: resuming a session appends to the same file.
+Before its answer starts, each turn's prompt is written as a `{"type": "prompt", ...}` line (the turn's
+fields known then); its turn line settles it, as does `{"type": "unanswered", "index": i}` for a turn that
+failed before any token. A prompt line left unsettled (the process was killed mid-answer) reads as an
+interrupted turn: stopped, with no answer, continued from its prompt ids.
+Each line is written whole, flushed and fsynced; files are mode 0600. A torn last line (the process died
+while writing it) is skipped with a warning; a run of NUL bytes separates lines as a newline does (a crash
+can turn a newline into zeros). Nothing is rewritten in place: resuming a session appends to the same
+file, after cutting only a last record truly cut short (repair_tail). Files are written through
+engines/files.py: a session that is not dflash's own file (outside the sessions folder, a link, a hard
+link) is only read, and resuming it continues a copy (copy_in).
 
 Location: `platformdirs.user_data_dir("dflash")/sessions`, or `$DFLASH_DATA_DIR/sessions`.
 """
