@@ -8,6 +8,7 @@ Streaming text is coloured by origin unless NO_COLOR is set or stdout is not a t
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from typing import Optional, TextIO
@@ -24,7 +25,7 @@ from dflash_tui.core.conversation import (
 from dflash_tui.core.figures import UNKNOWN, fixed, known
 from dflash_tui.core.settings import loading_line, profile_for
 from dflash_tui.core.terminal import color_enabled, counted, printable, typing_hidden
-from dflash_tui.engines import load_engine
+from dflash_tui.engines import files, load_engine
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.process import quiet_loaders
 
@@ -210,13 +211,44 @@ class Repl:
             if self.quit:
                 break
 
+    def history(self, path):
+        """The ↑ history: prompt_toolkit's file history in dflash's data folder, each prompt appended to that
+        file as dflash's own (engines/files.py: no link followed, one link, in the folder) and fsynced before it
+        is sent. A file that is not dflash's own is only read, and this run's prompts are kept in memory."""
+        import datetime
+
+        from prompt_toolkit.history import FileHistory, InMemoryHistory
+
+        folder = path.parent
+        try:
+            if not os.path.lexists(path):
+                files.write_file(path, b"", mode=0o600, replace=False)
+            os.close(files.open_own(path, os.O_WRONLY | os.O_APPEND, folder, what="The history file"))
+        except (OSError, UserError) as exc:
+            self.info(f"{exc if isinstance(exc, UserError) else f'{path}: {exc.strerror}'} "
+                      "(this run's prompts are not saved for ↑)")
+            return InMemoryHistory()
+
+        class OwnHistory(FileHistory):
+            def store_string(self, string: str) -> None:
+                lines = [f"\n# {datetime.datetime.now()}\n", *(f"+{line}\n" for line in string.split("\n"))]
+                try:
+                    fd = files.open_own(path, os.O_WRONLY | os.O_APPEND, folder, what="The history file")
+                    try:
+                        os.write(fd, "".join(lines).encode("utf-8", errors="surrogateescape"))
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                except (OSError, UserError):
+                    pass  # a convenience: the session file has the prompt
+
+        return OwnHistory(str(path))
+
     def run_interactive(self) -> None:
         from prompt_toolkit import PromptSession
-        from prompt_toolkit.history import FileHistory
         from prompt_toolkit.key_binding import KeyBindings
 
-        path = sessions.private_dir(sessions.data_dir()) / "repl_history"
-        path.touch(mode=0o600, exist_ok=True)
+        history = self.history(sessions.private_dir(sessions.data_dir()) / "repl_history")
         kb = KeyBindings()
 
         @kb.add("c-t")
@@ -231,7 +263,7 @@ class Repl:
         def _(event):
             event.current_buffer.insert_text("\n")
 
-        session: PromptSession[str] = PromptSession(history=FileHistory(str(path)), key_bindings=kb, multiline=False,
+        session: PromptSession[str] = PromptSession(history=history, key_bindings=kb, multiline=False,
                                 bottom_toolbar=lambda: f" {self.status()} · ctrl+t thinking · ctrl+j newline · /help ",
                                 prompt_continuation="… ")
         self.info(f"dflash · {self.conv.engine_name} on {self.conv.engine.device} · /help for commands · ctrl+d quits")

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from dflash_tui.engines import files
 from dflash_tui.engines.errors import UserError
 
 MARKER = "training.json"  # written beside every draft train-draft publishes
@@ -127,17 +128,10 @@ def claim_output_dir(out: Path, *, option: str) -> None:
     A folder that cannot be created or written is a UserError, raised before any weight loads."""
     made = {"written_by": WRITTEN_BY, "claimed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "note": "train-draft took this folder; it writes its draft and work files here, and a rerun resumes here."}
-    tmp = None
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=CLAIM + ".", suffix=".tmp", dir=out)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(made, indent=2) + "\n")
-        os.replace(tmp, out / CLAIM)
+        files.write_file(out / CLAIM, (json.dumps(made, indent=2) + "\n").encode(), mode=None)  # engines/files.py
     except OSError as exc:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                Path(tmp).unlink(missing_ok=True)
         raise UserError(f"{option} {out} cannot be written ({_reason(exc)}); name a folder you can write to, on a "
                         "disk with free space.") from None
 

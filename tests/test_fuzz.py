@@ -290,7 +290,8 @@ def _recorded_then_edited(tiny, tmp_path, monkeypatch, max_new_tokens: int, edit
     profile = write_profile(tmp_path / "p.toml", target, draft, max_new_tokens=max_new_tokens)
     assert run("chat", "--plain", "--profile", profile, input="hello\n").exit_code == 0
     (path,) = (tmp_path / "data" / "sessions").glob("*.jsonl")
-    header, turn = path.read_text().splitlines()
+    header, prompt, turn = path.read_text().splitlines()  # the prompt record, written before the answer: dropped
+    assert json.loads(prompt)["type"] == "prompt"
     record = json.loads(turn)
     edit(record)
     path.write_text(header + "\n" + json.dumps(record) + "\n")

@@ -193,7 +193,8 @@ def test_history_sends_the_answer_and_a_resumed_session_renders_the_same(gemma, 
     text = gemma.tokenizer.decode(next_ids)
     assert f"<|turn>user\nWhat is 48 + 75?<turn|>\n<|turn>model\n{ANSWER}<turn|>\n<|turn>user\nAnd 1 + 1?" in text
     assert THOUGHT not in text and text.endswith("<|turn>user\nThanks<turn|>\n<|turn>model\n")
-    lines = conv.writer.path.read_text().splitlines()
+    lines = [line for line in conv.writer.path.read_text().splitlines()  # the turns (each prompt record left out)
+             if json.loads(line)["type"] != "prompt"]
     conv.close()
 
     first = json.loads(lines[1])

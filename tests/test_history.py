@@ -90,7 +90,7 @@ def test_a_cancelled_turn_is_kept_but_never_sent(engine, data_dir):
     assert after.turn.summary.reused_prompt_tokens > len(first.prompt_ids) // 2
     same = fresh(engine, "Say hello.")
     assert after.prompt_ids == same.prompt_ids and after.emitted == same.emitted
-    records = [json.loads(line) for line in conv.writer.path.read_text().splitlines()[1:]]
+    records = [r for r in map(json.loads, conv.writer.path.read_text().splitlines()[1:]) if r["type"] == "turn"]
     assert [r["status"] for r in records] == ["completed", "cancelled", "completed"]
     assert records[1]["answer"] == stopped.turn.answer
 
@@ -134,7 +134,7 @@ def test_continue_picks_up_where_the_answer_stopped(engine, data_dir):
     assert [t.status for t in conv.turns] == ["cancelled", "completed"]
     later = conv.begin("And 12 * 3?")
     assert [m["content"] for m in later.messages] == [QUESTION, whole.turn.answer, "And 12 * 3?"]  # once
-    records = [json.loads(line) for line in conv.writer.path.read_text().splitlines()[1:]]
+    records = [r for r in map(json.loads, conv.writer.path.read_text().splitlines()[1:]) if r["type"] == "turn"]
     assert records[1]["continues"] == 0 and records[1]["answer"] == whole.turn.answer
     assert "(continues turn 1)" in sessions.to_markdown(sessions.load_session(conv.session_id))
     with pytest.raises(UserError, match="no stopped answer"):

@@ -339,7 +339,7 @@ def test_rename_titles_the_open_session_in_order_with_its_turns_and_alone_clears
     session = sessions.load_session(conv.session_id)
     assert session.title == "Sums ␛ and carries" and [t["user"] for t in session.turns] == ["first", "second"]
     types = [json.loads(line)["type"] for line in session.path.read_text().splitlines()]
-    assert types == ["header", "turn", "title", "turn"]
+    assert types == ["header", "prompt", "turn", "title", "prompt", "turn"]  # each prompt on disk before its answer
     again = Conversation(engine, ChatSettings(max_new_tokens=4, thinking=False))
     again.restore(session)
     Repl(again, out=io.StringIO(), err=err, colour=False).run_piped(io.StringIO("/rename\n"))

@@ -69,9 +69,11 @@ def data_dir(recorded, monkeypatch):
 
 
 def copy_session(data_dir: Path, session_id: str, name: str, edit=None, tail: str = "") -> str:
-    """A copy of the recorded session under a new id, its records passed through `edit`, plus `tail`."""
+    """A copy of the recorded session under a new id, its records passed through `edit`, plus `tail` (the
+    header and the turns: the prompt record written before each answer is settled by its turn, so left out)."""
     source = sessions.resolve(session_id)
-    lines = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+    lines = [r for r in (json.loads(line) for line in source.read_text().splitlines() if line.strip())
+             if r["type"] != "prompt"]
     lines[0]["id"] = name
     lines[0]["created"] = "2000-01-01T00:00:00+00:00"  # older than the recording, which stays the newest
     if edit:

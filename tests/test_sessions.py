@@ -190,7 +190,6 @@ def test_sigkill_mid_answer_loses_at_most_that_answer(pairs, tmp_path, data_dir)
         proc.stdin.flush()
         chunk = out_q.get(timeout=waiting.limit())  # text of the second answer (up to 450 tokens) is streaming
         assert chunk
-        time.sleep(0.2)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -200,9 +199,21 @@ def test_sigkill_mid_answer_loses_at_most_that_answer(pairs, tmp_path, data_dir)
     assert len(files) == 1
     session = sessions.read_session(files[0])
     assert session.warnings == []
-    assert [t["user"] for t in session.turns] == ["first question"]
+    # the prompt was on disk before its answer began: it is an interrupted turn, not lost
+    assert [t["user"] for t in session.turns] == ["first question", "second question that will be cut"]
     assert session.turns[0]["status"] == "completed" and session.turns[0]["emitted_ids"]
+    cut = session.turns[1]
+    assert cut["status"] == "cancelled" and cut["interrupted"] and cut["prompt_ids"] and cut["emitted_ids"] == []
     assert stat.S_IMODE(files[0].stat().st_mode) == 0o600
+    # resumed (by the id's last 4 characters), /continue picks the interrupted turn up
+    resumed = subprocess.run([sys.executable, "-m", "dflash_tui", "chat", "--plain", "--profile", str(profile),
+                              "--block-size", "1", "--max-new-tokens", "8", "--resume", session.id[-4:]],
+                             input=b"/continue\n", capture_output=True, cwd=ROOT, env=env, timeout=waiting.limit())
+    assert resumed.returncode == 0, resumed.stderr.decode(errors="replace")
+    assert b"resumed session" in resumed.stderr and b"/continue picks it up" not in resumed.stderr
+    after = sessions.read_session(files[0])
+    assert [t.get("continues") for t in after.turns] == [None, None, 1]
+    assert after.turns[2]["user"] == "second question that will be cut" and after.turns[2]["status"] == "completed"
 
 
 # -- faults: a full disk, a second writer, a hostile umask -----------------------------------------

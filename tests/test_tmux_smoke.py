@@ -73,8 +73,9 @@ def test_dflash_chat_in_tmux(pairs, tmp_path):
         files = list((data / "sessions").glob("*.jsonl"))
         assert len(files) == 1 and files[0].stem in screen.replace("\n", "")
         lines = [json.loads(x) for x in files[0].read_text().splitlines()]
-        assert lines[0]["type"] == "header" and lines[1]["user"] == "hello from tmux"
-        assert lines[1]["status"] == "completed" and len(lines[1]["emitted_ids"]) == 32
+        assert [line["type"] for line in lines] == ["header", "prompt", "turn"]  # the prompt kept before its answer
+        assert lines[2]["user"] == "hello from tmux"
+        assert lines[2]["status"] == "completed" and len(lines[2]["emitted_ids"]) == 32
     finally:
         subprocess.run([TMUX, "-S", tmux.socket, "kill-server"], capture_output=True)
         if os.path.exists(tmux.socket):

@@ -533,8 +533,8 @@ def test_a_full_disk_while_saving_the_state_is_one_sentence_and_leaves_no_tmp(co
     ([enforce fail …]) with train_state.tmp left behind. The fake writes part of the file, then fails."""
     from dflash_tui.engines.errors import UserError
 
-    def full_disk(obj, path, *args, **kwargs):
-        Path(path).write_bytes(b"PK\x03\x04 part of a zip")
+    def full_disk(obj, fh, *args, **kwargs):  # torch.save is given the open new file (engines/files.py)
+        fh.write(b"PK\x03\x04 part of a zip")
         raise failure
 
     work = tmp_path / "work"
@@ -544,7 +544,7 @@ def test_a_full_disk_while_saving_the_state_is_one_sentence_and_leaves_no_tmp(co
         trainer.save_state(1, torch.optim.AdamW(trainer.draft.parameters()), [])
     message = str(info.value)
     assert f"--work-dir {work}" in message and "train_state.pt" in message and "\n" not in message, message
-    assert not list(work.glob("*.tmp")) and not (work / "train_state.pt").exists()
+    assert not [p for p in work.iterdir() if p.name.endswith(".tmp")] and not (work / "train_state.pt").exists()
 
 
 @pytest.mark.parametrize("which", ["draft", "empty"])

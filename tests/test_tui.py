@@ -658,9 +658,11 @@ async def test_a_turn_the_disk_could_not_take_says_so_and_is_saved_with_the_next
     calls = {"n": 0}
 
     def first_write_fails(self, records):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise OSError(28, "No space left on device")
+        records = list(records)
+        if any(r.get("type") == "turn" for r in records):  # the turn's own write (its prompt record went before)
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise OSError(28, "No space left on device")
         return real_append(self, records)
 
     monkeypatch.setattr(sessions.SessionWriter, "_append", first_write_fails)

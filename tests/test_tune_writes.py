@@ -169,7 +169,7 @@ def test_a_read_only_profile_is_left_as_it_was(tmp_path):
     assert path.read_bytes() == before and oct(path.stat().st_mode & 0o777) == oct(0o444)
 
 
-@pytest.mark.parametrize("failing", ["tempfile.mkstemp", "os.replace"])
+@pytest.mark.parametrize("failing", ["os.open", "os.replace"])
 def test_a_folder_that_cannot_be_written_is_one_sentence_and_no_half_file(tmp_path, monkeypatch, failing):
     """The folder went read-only during the sweep (or the disk filled up): one sentence with the value to set,
     the profile whole, no temporary file left beside it."""

@@ -83,7 +83,11 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
     else:
         session = store.load_session(resume_id) if resume_id is not None else None
     if session is not None:
-        store.refuse_if_open(session, "resuming")  # before any weight loads; the chat takes the lock itself
+        # the lock first, before any weight loads (a `sessions delete` meanwhile is refused), then the file read
+        # again under it; a file that is not one of dflash's own is copied in and the copy continued
+        session, note = store.open_to_resume(session)
+        if note:
+            click.echo(printable(f"note: {note}"), err=True)
         if profile is None:
             profile = profile_from_session(session)
         recorded = session.header.get("profile") or {}

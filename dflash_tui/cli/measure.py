@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -13,7 +12,7 @@ from dflash_tui.cli.generate import engine_options
 from dflash_tui.cli.style import color_enabled, console
 from dflash_tui.core import sessions as store
 from dflash_tui.core.terminal import json_text, printable
-from dflash_tui.engines import UserError, load_engine
+from dflash_tui.engines import UserError, files, load_engine
 from dflash_tui.engines.prompting import preflight
 from dflash_tui.measure import bench as bench_mod
 from dflash_tui.measure import replay as replay_mod
@@ -199,14 +198,10 @@ def _setup(flags: dict, dataset: Optional[str], block_sizes: Optional[str], max_
 
 
 def check_output(output: Optional[str]) -> None:
-    """Refuse an --output the results could not be written to before the run, not after it."""
-    if not output:
-        return
-    folder = Path(output).expanduser().parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        why = "does not exist" if not folder.is_dir() else "is not writable"
-        raise UserError(printable(f"--output {output}: the folder {folder} {why}; choose a folder that exists and "
-                                  "that you can write."))
+    """Refuse an --output the results could not or must not be written to before the run, not after it: a
+    missing or read-only folder, a FIFO or a device (/dev/full), a session file (engines/files.py)."""
+    if output:
+        files.check_output(Path(output), option="--output", protected=[store.sessions_dir()])
 
 
 @click.command(epilog=bench_mod.JSON_SCHEMA_HELP)
@@ -227,9 +222,9 @@ def bench(dataset, block_sizes, repeats, max_samples, max_new_tokens, thinking, 
     baseline, mean acceptance length (tau) and the acceptance histogram, as the public DFlash benchmark
     does. Progress goes to stderr.
     """
+    check_output(output)  # before anything else: the run's results must have a place to go
     settings, config, samples, dataset_name, sizes = _setup(flags, dataset, block_sizes, max_samples, repeats)
     max_new = bench_mod.max_new_for(max_new_tokens, settings)  # every flag is checked before the weights load
-    check_output(output)
     no_framework = no_framework or config.engine == "remote"  # the weights stay on the server
     result = _with_progress(bench_mod.run_bench, _load(config), samples, sizes, max_new_tokens=max_new,
                             temperature=temperature,
@@ -237,8 +232,9 @@ def bench(dataset, block_sizes, repeats, max_samples, max_new_tokens, thinking, 
                             dataset=dataset_name, profile=settings.name, repeats=repeats)
     text = json_text(result.to_dict(), indent=1)
     click.echo(text if as_json else bench_mod.format_result(result, color_enabled()))
-    if output:  # as an export: a new file then os.replace, a FIFO nothing reads refused, errors in one sentence
-        store.write_export(Path(output), text + "\n")
+    if output:  # a new file renamed into place (engines/files.py); a failure is one sentence after the table
+        files.write_output(Path(output), (text + "\n").encode("utf-8"), option="--output",
+                           protected=[store.sessions_dir()], mode=0o600)
         click.echo(printable(f"wrote {output}"), err=True)
 
 

@@ -12,7 +12,7 @@ import click
 from dflash_tui.cli.style import styled
 from dflash_tui.core import profiles
 from dflash_tui.core.terminal import printable
-from dflash_tui.engines import hub
+from dflash_tui.engines import files, hub
 from dflash_tui.engines.errors import UserError
 
 
@@ -81,11 +81,15 @@ def new(name: str, source: Optional[str], force: bool) -> None:
     """Write a commented template (or a copy of --from) for profile NAME to your profile directory."""
     text = profiles.copied_profile_text(name, source) if source else profiles.new_profile_text(name)
     target = profiles.user_profile_dir() / f"{name}.toml"
-    if target.exists() and not force:
-        raise UserError(printable(f"Profile {target} already exists; edit it, or pass --force to overwrite it."))
+    exists = UserError(printable(f"Profile {target} already exists; edit it, or pass --force to overwrite it."))
+    if os.path.lexists(target) and not force:  # a dangling link too: it is never written through
+        raise exists
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+        # a new file renamed into place: --force over a link replaces the link, never what it points at
+        files.write_file(target, text.encode("utf-8"), mode=None, replace=force)
+    except FileExistsError:  # made meanwhile
+        raise exists from None
     except OSError as exc:  # a read-only or full config folder
         raise UserError(printable(f"Profile {target} cannot be written ({exc.strerror or type(exc).__name__}); make "
                                   f"{target.parent} writable or free some space, or set DFLASH_CONFIG_DIR.")) from None

@@ -115,7 +115,8 @@ class Turn:
 
     @property
     def can_continue(self) -> bool:
-        return self.status in ("cancelled", "error") and bool(self.prompt_ids) and bool(self.emitted_ids)
+        # (no ids emitted: a turn interrupted before its first token goes on from its prompt)
+        return self.status in ("cancelled", "error") and bool(self.prompt_ids)
 
 
 def split_thinking(text: str, thinking: bool = True, fmt=THINK) -> tuple[Optional[str], str, bool]:
@@ -412,6 +413,7 @@ class Conversation:
         """Run the turn on the engine; the turn is recorded when the stream ends, however it ends
         (finished, cancelled, or abandoned by the consumer: recorded as cancelled)."""
         error: Optional[BaseException] = None
+        self._record_prompt(active)  # on disk before the engine starts: a killed process keeps the prompt
         with self._engine_use:  # waits out a block-1 probe in flight (a few single-token forwards)
             self._running = True
         try:
@@ -434,6 +436,26 @@ class Conversation:
             self._running = False
             if error is None or active.emitted:
                 self._finish(active, error)
+            elif self.record and self.writer is not None and not active.recorded:
+                active.recorded = True  # failed before any token: not a turn, and its prompt record says so
+                self.writer.append_unanswered(len(self.turns))
+
+    def _settings_record(self, active: ActiveTurn) -> dict:
+        return {**self.settings.to_dict(), "block_size": active.block_size, "thinking": active.request.thinking,
+                "reasoning_effort": active.request.reasoning_effort, "engine": self.engine_name,
+                "device": self.engine.device, "dtype": self.engine.dtype}
+
+    def _record_prompt(self, active: ActiveTurn) -> None:
+        """The turn's prompt record, fsynced before generation: its turn record settles it when the turn ends;
+        if the process dies first, a resumed chat shows it as an interrupted turn to continue."""
+        if not self.record or active.recorded:
+            return
+        continues = {} if active.continues is None else {"continues": active.continues}
+        self._writer().append_prompt({
+            "index": len(self.turns), **continues, "time": sessions.now_iso(), "user": active.user,
+            "answer": active.earlier, "messages": active.messages, "dropped_turns": active.dropped,
+            "settings": self._settings_record(active), "prompt_ids": active.prompt_ids,
+        })
 
     def _finish(self, active: ActiveTurn, error: Optional[BaseException]) -> None:
         if active.recorded:
@@ -460,10 +482,7 @@ class Conversation:
             saved = writer.append_turn({
                 "index": len(self.turns) - 1, **continues, "status": status, "time": sessions.now_iso(),
                 "user": active.user, "answer": text, "messages": active.messages, "dropped_turns": active.dropped,
-                "settings": {**self.settings.to_dict(), "block_size": active.block_size,
-                             "thinking": active.request.thinking,
-                             "reasoning_effort": active.request.reasoning_effort, "engine": self.engine_name,
-                             "device": self.engine.device, "dtype": self.engine.dtype},
+                "settings": self._settings_record(active),
                 "prompt_ids": active.prompt_ids, "emitted_ids": active.emitted, "steps": active.steps,
                 "finish_reason": active.finish_reason or status, "summary": summary_dict,
             })
@@ -531,13 +550,12 @@ class Conversation:
         The session's lock is taken first and the file read again under it: a second dflash that read the
         file before the first one appended would otherwise continue a stale history and number its turns
         twice. A session open elsewhere is refused (UserError) with nothing changed here."""
-        writer = sessions.SessionWriter.resume(session) if self.record else None
-        if writer is not None:
-            try:
-                session = sessions.read_session(session.path)
-            except UserError:
-                writer.close()
-                raise
+        writer = None
+        if self.record:  # locked first, then read again under the lock; a file not dflash's own: a copy of it
+            session, note = sessions.open_to_resume(session)
+            writer = sessions.SessionWriter.resume(session)
+            if note:
+                self.notice(note)
         self.turns = [Turn(user=t["user"], answer=t["answer"], status=t["status"], thinking=t.get("thinking"),
                            summary=Summary.from_dict(t["summary"]) if t.get("summary") else None,
                            prompt_ids=t["prompt_ids"], emitted_ids=t["emitted_ids"], continues=t.get("continues"))

@@ -8,16 +8,22 @@ drafted and accepted counts and the Summary; a turn that continues a stopped one
 keeps its line; a later `{"type": "retract", "index": i}` line says the chat dropped it, so readers leave
 it out (a dflash that predates retractions skips a line of a type it does not know). A `{"type": "title",
 "title": t}` line names the session (the last one counts; "" clears it); older readers skip it the same way.
-Each line is written
-whole, flushed and fsynced; files are mode 0600. A torn last line (the process died while writing it) is
-skipped with a warning. Nothing is rewritten in place: resuming a session appends to the same file.
+Before its answer starts, each turn's prompt is written as a `{"type": "prompt", ...}` line (the turn's
+fields known then); its turn line settles it, as does `{"type": "unanswered", "index": i}` for a turn that
+failed before any token. A prompt line left unsettled (the process was killed mid-answer) reads as an
+interrupted turn: stopped, with no answer, continued from its prompt ids.
+Each line is written whole, flushed and fsynced; files are mode 0600. A torn last line (the process died
+while writing it) is skipped with a warning; a run of NUL bytes separates lines as a newline does (a crash
+can turn a newline into zeros). Nothing is rewritten in place: resuming a session appends to the same
+file, after cutting only a last record truly cut short (repair_tail). Files are written through
+engines/files.py: a session that is not dflash's own file (outside the sessions folder, a link, a hard
+link) is only read, and resuming it continues a copy (copy_in).
 
 Location: `platformdirs.user_data_dir("dflash")/sessions`, or `$DFLASH_DATA_DIR/sessions`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import hashlib
@@ -33,6 +39,7 @@ from typing import Iterable, Optional
 
 from dflash_tui.core.figures import fixed, known
 from dflash_tui.core.terminal import counted, printable
+from dflash_tui.engines import files
 from dflash_tui.engines.config import DTYPES, ENGINES, SAMPLING_FIELDS, GenerationRequest
 from dflash_tui.engines.errors import UserError, parse_json
 from dflash_tui.engines.text import finite_number as _number
@@ -130,7 +137,7 @@ class SessionLock:
         lock = cls(session_path)
         try:
             private_dir(path.parent)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600)  # never blocks, even on a FIFO
+            fd = files.open_lock(path, sessions_dir(), what="Session lock")  # no link followed, never replaced
         except OSError:
             return lock  # nothing can be written there: no session file will exist to guard
         try:
@@ -161,7 +168,7 @@ class SessionLock:
         if path in cls._held:
             return str(os.getpid())
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO named like a lock never blocks this
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | files.NOFOLLOW)  # a FIFO never blocks this
         except OSError:
             return None
         try:
@@ -177,7 +184,10 @@ class SessionLock:
             return
         self._held.pop(self.path, None)
         try:
-            self.path.unlink(missing_ok=True)
+            if files.same_file(self.path, self.fd):  # only our own lock file, never a name put there since
+                self.path.unlink(missing_ok=True)
+        except OSError:
+            pass
         finally:
             os.close(self.fd)
             self.fd = None
@@ -205,6 +215,9 @@ class SessionWriter:
 
     @classmethod
     def resume(cls, session: "Session") -> "SessionWriter":
+        """A writer appending to `session`'s own file; a file that is not one (outside the sessions folder, a
+        link, a hard link) is refused before anything is locked or written (`copy_in` makes it one)."""
+        refuse_unless_own(session.path)
         writer = cls(session.header, session.id, session.path, existing=True)
         writer.header = session.header
         return writer
@@ -227,9 +240,16 @@ class SessionWriter:
     def _append(self, records: Iterable[dict]) -> None:
         data = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records).encode()
         private_dir(self.path.parent)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        if not self._exists:  # a new file: made whole under a fresh name, then linked in (never over a name)
+            try:
+                files.write_file(self.path, data, mode=0o600, replace=False)
+                return
+            except FileExistsError:
+                raise files.Refused(printable(f"Session file {self.path} exists already; dflash does not write "
+                                              "over it.")) from None
+        fd = files.open_own(self.path, os.O_RDWR | os.O_APPEND, sessions_dir(), what="Session file")
         try:
-            self._cut_torn_tail(fd)
+            repair_tail(fd)
             written = 0
             while written < len(data):  # os.write may write less than asked (a full disk, a signal)
                 n = os.write(fd, data[written:])
@@ -240,27 +260,14 @@ class SessionWriter:
         finally:
             os.close(fd)
 
-    @staticmethod
-    def _cut_torn_tail(fd: int) -> None:
-        """Make the file end at a line break before appending. A last line without its newline is a
-        complete record when it parses (an editor that strips the final newline): it gets its newline.
-        Otherwise it is a partial line (a killed process, a failed write), cut back to the last newline."""
-        size = os.fstat(fd).st_size
-        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
-            return
-        keep, chunk = size, 65536
-        while keep > 0:
-            start = max(0, keep - chunk)
-            block = os.pread(fd, keep - start, start)
-            cut = block.rfind(b"\n")
-            if cut >= 0:
-                break
-            keep = start
-        line_start = start + cut + 1 if keep > 0 else 0
-        if _record(os.pread(fd, size - line_start, line_start)) is not None:
-            os.write(fd, b"\n")  # O_APPEND: lands at the end
-        else:
-            os.ftruncate(fd, line_start)
+    def append_prompt(self, record: dict) -> bool:
+        """Record a turn's prompt before it is generated (fsynced), so a process killed mid-answer keeps it:
+        the turn record that follows settles it; without one, readers show it as an interrupted turn."""
+        return self._write({"type": "prompt", **record})
+
+    def append_unanswered(self, index: int) -> bool:
+        """Settle the prompt record `index` whose turn is not kept (it failed before any token)."""
+        return self._write({"type": "unanswered", "index": index})
 
     def append_turn(self, turn: dict) -> bool:
         """Write the turn (and any record a failed write left pending); False if it could not be saved."""
@@ -276,13 +283,16 @@ class SessionWriter:
 
     def _write(self, record: dict) -> bool:
         self.pending.append(record)
-        if self._exists and not self.path.exists():  # deleted while in use: start the file again, header first
+        if self._exists and not os.path.lexists(self.path):  # deleted while in use: start it again, header first
             self._exists = False
         records = self.pending if self._exists else [self.header, *self.pending]
         try:
             self._append(records)
         except OSError as exc:
             self.error = "disk full" if exc.errno == errno.ENOSPC else (exc.strerror or type(exc).__name__)
+            return False
+        except files.Refused as exc:
+            self.error = str(exc)
             return False
         self._exists = True
         self.pending = []
@@ -505,22 +515,99 @@ def read_regular(path: Path) -> bytes:
         os.close(fd)
 
 
+def _torn(piece: bytes) -> bool:
+    """Whether a last line is a record cut short: it does not parse as JSON. Whole JSON (even a value dflash
+    would not read, or one nested too deep to parse here) is not torn and is never cut."""
+    try:
+        json.loads(piece)
+    except RecursionError:
+        return False
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return True
+    except ValueError:  # an integer past Python's digit limit: whole JSON all the same
+        return False
+    return False
+
+
+def _line_start(fd: int, size: int) -> int:
+    """Where the file's last line begins (after its last newline; 0 when it has none)."""
+    keep, chunk = size, 65536
+    while keep > 0:
+        start = max(0, keep - chunk)
+        cut = os.pread(fd, keep - start, start).rfind(b"\n")
+        if cut >= 0:
+            return start + cut + 1
+        keep = start
+    return 0
+
+
+def repair_tail(fd: int) -> None:
+    """Make a session file (open O_APPEND) end at a line break before appending, dropping nothing but a
+    record truly cut short. A run of NUL bytes separates records as a newline does (a crash can leave a
+    newline, and what followed it, as zeros; a record never holds a raw NUL). The last piece is:
+    - whole JSON (its newline missing, or turned to NULs): kept, the NULs after it cut, its newline added;
+    - a record cut short (the process died while writing it): cut back to where it began, once; what is
+      before it is then kept whole, as above."""
+    dropped = False
+    while True:
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return
+        start = _line_start(fd, size)
+        body = os.pread(fd, size - start, start).rstrip(b"\0")
+        if not body:  # only NULs after the last newline
+            os.ftruncate(fd, start)
+            return
+        begins = body.rfind(b"\0") + 1
+        if dropped or not _torn(body[begins:]):
+            os.ftruncate(fd, start + len(body))
+            os.write(fd, b"\n")  # O_APPEND: lands at the (new) end
+            return
+        os.ftruncate(fd, start + len(body[:begins].rstrip(b"\0")))
+        dropped = True
+
+
+def _pieces(raw: bytes) -> list[tuple[int, bytes, bool]]:
+    """(line number, text, is the file's last piece) of every non-blank piece: lines split at newlines and
+    at runs of NUL bytes."""
+    found = []
+    for number, line in enumerate(raw.split(b"\n"), 1):
+        for piece in line.split(b"\0"):
+            if piece.strip():
+                found.append((number, piece))
+    return [(number, piece, n == len(found) - 1) for n, (number, piece) in enumerate(found)]
+
+
+def _interrupted(prompt: dict) -> dict:
+    """The turn a prompt record stands for when no turn record settled it: the process stopped mid-answer
+    (killed, a power cut). It shows as stopped, with the answer it had so far (a continuation's earlier
+    part), and can be continued from its prompt ids."""
+    turn = {"type": "turn", "status": "cancelled", "answer": "", "settings": {}, "prompt_ids": [], "steps": [],
+            **{k: v for k, v in prompt.items() if k != "type"}}
+    turn.update(emitted_ids=[], summary=None, finish_reason="interrupted", interrupted=True)
+    return turn
+
+
 def read_session(path: Path) -> Session:
     path = Path(path)
     try:
         raw = read_regular(path)
     except OSError as exc:
         raise UserError(printable(f"Session file {path} cannot be read ({exc.strerror}).")) from None
-    lines = raw.split(b"\n")
     torn_tail = not raw.endswith(b"\n")
     header: Optional[dict] = None
     turns: list[dict] = []
     name = ""
     warnings: list[str] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
+    pending: Optional[dict] = None  # a prompt record no turn record has settled yet
+
+    def settle() -> None:
+        nonlocal pending
+        if pending is not None:
+            turns.append(_interrupted(pending))
+            pending = None
+
+    for number, line, last in _pieces(raw):
         record = _record(line)
         if record is None:
             if last and torn_tail:
@@ -528,17 +615,27 @@ def read_session(path: Path) -> Session:
             else:
                 warnings.append(f"{path.name}: line {number} is not valid JSON; skipped.")
             continue
-        if record.get("type") == "header" and header is None:
+        kind = record.get("type")
+        if kind == "header" and header is None:
             header = _checked(record, HEADER_FIELDS, path, number)
-        elif record.get("type") == "turn":
+        elif kind == "prompt":
+            settle()
+            pending = _checked({"user": None, **record}, TURN_FIELDS, path, number)
+        elif kind == "turn":
+            pending = None
             turns.append(_turn(record, header, path, number))
-        elif record.get("type") == "retract":
+        elif kind == "unanswered":
+            if pending is not None and pending.get("index") == record.get("index"):
+                pending = None
+        elif kind == "retract":
+            settle()
             if _checked(record, RETRACT_FIELDS, path, number).get("index") == len(turns) - 1:
                 turns.pop()
             else:  # dflash only ever takes back the last turn
                 warnings.append(f"{path.name}: line {number} takes back a turn that is not the last one; ignored.")
-        elif record.get("type") == "title":  # a title line without its title is as damaged as a wrong one
+        elif kind == "title":  # a title line without its title is as damaged as a wrong one
             name = _checked({"title": None, **record}, TITLE_FIELDS, path, number)["title"]
+    settle()
     if header is None:
         raise UserError(printable(f"Session file {path} has no header line; it is not a dflash session."))
     if header.get("format", 1) > FORMAT_VERSION:
@@ -579,8 +676,11 @@ def by_last_use(found: list[Session]) -> list[Session]:
     return sorted(found, key=lambda s: (used(s), s.created), reverse=True)
 
 
+
 def resolve(session_id: str) -> Path:
-    """The file of a session id (or an unambiguous prefix of one, or a path to a session file)."""
+    """The file of a session id, of a unique prefix or suffix of one (at least MIN_PREFIX characters), or
+    of a path to a session file; an unknown or ambiguous id is one sentence (an ambiguous one lists its
+    candidates)."""
     given = Path(session_id).expanduser()
     try:
         if session_id.endswith(SUFFIX) and given.is_file():
@@ -591,12 +691,90 @@ def resolve(session_id: str) -> Path:
     exact = [p for p in paths if p.stem == session_id]
     if exact:
         return exact[0]
-    matches = [p for p in paths if p.stem.startswith(session_id)] if session_id else []
+    if session_id and len(session_id) < MIN_PREFIX:
+        raise UserError(f"Session id {session_id!r} is too short; give at least {MIN_PREFIX} characters of its start "
+                        "or its end (`dflash sessions list`).")
+    matches = [p for p in paths if p.stem.startswith(session_id) or p.stem.endswith(session_id)] if session_id else []
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
-        raise UserError(f"Session id {session_id!r} matches {len(matches)} sessions; give more of the id (`dflash sessions list`).")
-    raise UserError(f"No session {session_id!r} in {sessions_dir()}; `dflash sessions list` shows the ids.")
+        names = ", ".join(printable(p.stem) for p in matches[:8]) + (f" and {len(matches) - 8} more"
+                                                                        if len(matches) > 8 else "")
+        raise UserError(printable(f"Session id {session_id!r} matches {len(matches)} sessions ({names}); give more "
+                                  "of the id."))
+    raise UserError(printable(f"No session {session_id!r} in {sessions_dir()}; `dflash sessions list` shows the ids."))
+
+
+def own_problem(path: Path) -> Optional[str]:
+    """Why `path` is not a session file dflash may write (None when it is): it must be a regular file with
+    one link, directly in the sessions folder (the folder itself may be reached through links)."""
+    path = Path(path).expanduser()
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return exc.strerror or "it cannot be read"
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    if st.st_nlink != 1:
+        return f"it has {st.st_nlink} hard links"
+    if os.path.realpath(path.parent) != os.path.realpath(sessions_dir()):
+        return f"it is not in the sessions folder {sessions_dir()}"
+    return None
+
+
+def refuse_unless_own(path: Path) -> None:
+    """One sentence unless `path` is a session file dflash may write (own_problem)."""
+    problem = own_problem(path)
+    if problem:
+        raise files.Refused(printable(f"Session file {path} is not one of dflash's own ({problem}); dflash never "
+                                      "changes it (`dflash chat --resume` continues a copy of it)."))
+
+
+def copy_in(session: Session) -> Session:
+    """A copy of a session that is not dflash's own file (outside the sessions folder, a link, a hard link)
+    as a new file in the sessions folder, under the session's id when that is free, else a new one. The
+    original is only read."""
+    folder = private_dir(sessions_dir())
+    wanted = session.id
+    if not (wanted and all(c.isalnum() or c in "-_." for c in wanted) and not wanted.startswith(".")
+            and len(wanted) <= 100):
+        wanted = new_session_id()
+    header = {**session.header, "id": wanted}
+    for _ in range(20):
+        path = folder / f"{header['id']}{SUFFIX}"
+        records = [header, *({**t, "type": "turn"} for t in session.turns)]
+        if session.name:
+            records.append({"type": "title", "title": session.name})
+        data = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records).encode()
+        try:
+            files.write_file(path, data, mode=0o600, replace=False)
+        except FileExistsError:
+            header["id"] = new_session_id()
+            continue
+        except OSError as exc:
+            raise UserError(printable(f"Session {session.id} cannot be copied into {folder} ({exc.strerror}); "
+                                      "free space there or make it writable.")) from None
+        return read_session(path)
+    raise UserError(printable(f"Session {session.id} cannot be copied into {folder}: no free name."))
+
+
+def open_to_resume(session: Session) -> tuple[Session, Optional[str]]:
+    """The session to continue, its lock taken before anything else, then read again under it; and a note
+    when it is a copy (a file that is not dflash's own is copied in, never written). A session open in
+    another dflash is one sentence."""
+    note = None
+    if own_problem(session.path):
+        original = session.path
+        session = copy_in(session)
+        note = f"{original} is not one of dflash's own session files; continuing a copy: session {session.id}."
+    lock = SessionLock.acquire(session.path, session.id)
+    try:
+        return read_session(session.path), note
+    except UserError:
+        lock.release()
+        raise
 
 
 def load_session(session_id: str) -> Session:
@@ -658,6 +836,7 @@ def rename_session(session: Session, text: str) -> str:
     line is appended under the session's lock, like a turn; a session open anywhere (here too: the chat
     renames through `rename_open`) is refused in one sentence."""
     title = title_from(text)
+    refuse_unless_own(session.path)  # a file elsewhere, or a link, is only ever read
     refuse_if_open(session, "renaming")
     writer = SessionWriter.resume(session)
     try:
@@ -720,46 +899,13 @@ def delete_session(session: Session) -> list[Path]:
 # -- export ----------------------------------------------------------------------------------------
 
 
-def _is_a_session_file(path: Path) -> bool:
-    """Whether `path` is (a link to, or another hard link of) a file in the sessions folder."""
-    folder = sessions_dir()
-    if path.resolve().parent == folder.resolve() or folder.resolve() in path.resolve().parents:
-        return True
-    try:
-        st = path.stat()
-    except OSError:
-        return False
-    if st.st_nlink < 2 or not folder.is_dir():
-        return False
-    return any(os.path.samefile(p, path) for p in folder.iterdir() if p.is_file())
-
-
 def write_export(output: Path, text: str) -> None:
-    """Write an export for the user (mode 0600: it holds the conversation), never over a session file.
-
-    The text goes to a new file that then replaces `output` (os.replace): a file the name pointed at is
-    never truncated in place, so even a hard link of a session elsewhere keeps the session whole. A pipe or
-    a device (/dev/stdout, a FIFO a reader holds open) is written as it is; a FIFO that nothing reads is
-    refused at once instead of waiting for a reader forever."""
-    output = output.expanduser()
-    if _is_a_session_file(output):
-        raise UserError(f"{output} is a session file (in or linked from the sessions folder {sessions_dir()}); "
-                        "write the export somewhere else.")
-    special = output.exists() and not output.is_file()  # /dev/stdout, a FIFO: written as they are
-    tmp = output if special else output.with_name(f".{output.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | (os.O_NONBLOCK if special else os.O_CREAT | os.O_EXCL), 0o600)
-        os.set_blocking(fd, True)  # opened without waiting (a FIFO with no reader: ENXIO); written as usual
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        if not special:
-            os.replace(tmp, output)
-    except OSError as exc:
-        if not special:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-        why = "a pipe that nothing reads" if exc.errno == errno.ENXIO else exc.strerror
-        raise UserError(f"Cannot write {output} ({why}); choose a folder that exists and that you can write.") from None
+    """Write an export for the user (mode 0600: it holds the conversation), never over a session file
+    (one in, or linked from, the sessions folder). A regular file is written fresh and renamed into place
+    (engines/files.py), so a file the name pointed at is never written; /dev/stdout or a FIFO a reader holds
+    open is written as it is, and a FIFO that nothing reads is refused at once instead of waited on."""
+    files.write_output(Path(output), text.encode("utf-8"), option="Export", stream_ok=True,
+                       protected=[sessions_dir()], mode=0o600)
 
 
 def to_json(session: Session) -> dict:

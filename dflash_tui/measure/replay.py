@@ -50,7 +50,6 @@ The comparison is saved next to the session as `<session>.replay-<YYYYmmdd-HHMMS
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import time
@@ -61,6 +60,7 @@ from typing import Any, Optional
 from dflash_tui.core import sessions
 from dflash_tui.core.figures import fixed
 from dflash_tui.core.terminal import counted, printable
+from dflash_tui.engines import files
 from dflash_tui.engines.config import MAX_BLOCK_SIZE, SAMPLING_FIELDS, EngineConfig, GenerationRequest
 from dflash_tui.engines.errors import UserError
 from dflash_tui.measure.report import CHECK, CROSS, format_bytes, histogram_text, millis, repeats_note, spread_cell, table, times
@@ -384,34 +384,39 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
     )
 
 
+def comparison_folder(session_path: Path) -> Path:
+    """Where a session's comparisons go: beside it when it is one of dflash's own session files, else (a file
+    elsewhere, or a link) in the data folder's `replays/`: dflash never writes beside a file it does not own."""
+    if sessions.own_problem(session_path) is None:
+        return session_path.parent
+    return sessions.data_dir() / "replays"
+
+
 def save_comparison(comparison: ReplayResult, session_path: Optional[Path] = None) -> Path:
-    """Write the comparison next to its session file (never touching the session itself). A folder that
-    cannot take it (read-only, full) is one sentence naming the file, and no partial file stays."""
+    """Write the comparison into dflash's own folders (comparison_folder; never touching the session itself),
+    as a new file (engines/files.py). A folder that cannot take it (read-only, full) is one sentence naming the
+    file, and no partial file stays."""
     session_path = Path(session_path or comparison["session_path"])
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = session_path.with_suffix("")
-    path = base.parent / f"{base.name}.replay-{stamp}.json"
+    base = session_path.with_suffix("").name
+    folder = sessions.private_dir(comparison_folder(session_path))
+    data = (json.dumps(comparison.to_dict(), ensure_ascii=False, indent=1) + "\n").encode("utf-8")
     n = 1
-    while path.exists():
-        n += 1
-        path = base.parent / f"{base.name}.replay-{stamp}-{n}.json"
-    created = False
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        created = True
-        with os.fdopen(fd, "w") as f:
-            json.dump(comparison.to_dict(), f, ensure_ascii=False, indent=1)
-            f.write("\n")
-    except OSError as exc:
-        if created:
-            path.unlink(missing_ok=True)
-        raise UserError(printable(f"The comparison cannot be saved to {path} ({exc.strerror}); free space or make "
-                                  "the sessions folder writable, or pass --no-save (--json prints it).")) from None
-    return path
+    while True:
+        path = folder / f"{base}.replay-{stamp}{f'-{n}' if n > 1 else ''}.json"
+        try:
+            files.write_file(path, data, mode=0o600, replace=False)
+            return path
+        except FileExistsError:
+            n += 1
+        except OSError as exc:
+            raise UserError(printable(f"The comparison cannot be saved to {path} ({exc.strerror}); free space or "
+                                      "make the sessions folder writable, or pass --no-save (--json prints it)."))\
+                from None
 
 
 def saved_comparisons(session_path: Path) -> list[Path]:
-    return sessions.companion_files(session_path)
+    return sessions.companion_files(comparison_folder(Path(session_path)) / Path(session_path).name)
 
 
 # -- presenting ------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ import tomlkit.items
 from dflash_tui.core.figures import fixed
 from dflash_tui.core.profiles import _line_of
 from dflash_tui.core.terminal import counted, printable
+from dflash_tui.engines import files
 from dflash_tui.engines.errors import UserError
 from dflash_tui.measure.bench import labelled, run_block
 from dflash_tui.measure.replay import DEFAULT_REPEATS
@@ -215,15 +216,21 @@ def format_sweep(result: Sweep) -> str:
 
 
 def user_copy_path(profile) -> Path:
-    """The one file tune may write: the profile it was given, a user profile or a TOML file named by path,
-    edited where it is; for a built-in profile, a new copy in the user folder under the built-in's file
-    name. Never another file that merely shares the profile's `name`."""
+    """The one file tune may write: the profile it was given, a user profile (a link or hard link in the profile
+    folder becomes a file of its own) or a TOML file named by path, edited where it is; for a built-in
+    profile, a new copy in the user folder under the built-in's file name. Never another file that merely
+    shares the profile's `name`."""
     from dflash_tui.core.profiles import check_name, user_profile_dir
 
     if profile.path is None:
         raise UserError("Tune writes its result into a profile; give one with --profile (a name or a TOML file).")
     if profile.origin != "built-in":
-        return Path(profile.path).resolve()  # a link's file: replacing the link would cut it from the profile
+        given = Path(profile.path).absolute()
+        if files.inside(given, user_profile_dir()):
+            # in dflash's profile folder: a link or a hard link there is replaced by the edited copy, never
+            # written through, so a file elsewhere that it named stays as it was
+            return given
+        return given.resolve()  # a file the user named by path (a dotfiles link: the file it names), edited there
     stem = Path(profile.path).stem
     check_name(stem)
     copy = user_profile_dir() / f"{stem}.toml"
@@ -417,28 +424,17 @@ def _read_only(path: Path) -> bool:
 
 
 def _replace(target: Path, text: str) -> None:
-    """`text` as the new content of `target`, written to a temporary file that no other file had the name of
-    (mkstemp), synced, then renamed over it: readers never see half a profile, not even after a crash, and a
-    file or link that happened to have a fixed temporary name is never written. The file keeps its
-    permissions (a new one: the umask's)."""
+    """`text` as the new content of `target`, written fresh and renamed over it (engines/files.py): readers
+    never see half a profile, not even after a crash, and a link or a hard link in its place is replaced as a
+    name, never written through. The file keeps its permissions (a new one, or one that was a link: the
+    umask's)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        mode = stat.S_IMODE(os.stat(target).st_mode)
+        st = os.lstat(target)
+        mode: Optional[int] = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
     except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.fchmod(fh.fileno(), mode)
-            fh.write(text.encode("utf-8"))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        mode = None
+    files.write_file(target, text.encode("utf-8"), mode=mode)
 
 
 def _engine_of(profile) -> Optional[str]:

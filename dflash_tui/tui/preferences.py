@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from dflash_tui.core.profiles import config_dir
+from dflash_tui.engines import files
 
 FILE_NAME = "preferences.json"
 
@@ -29,6 +30,8 @@ def preferences_path() -> Path:
 def load_preferences(path: Optional[Path] = None) -> tuple[Preferences, Optional[str]]:
     """The saved preferences (defaults when there are none) and a warning when the file is unusable."""
     path = path or preferences_path()
+    if path.exists() and not path.is_file():  # a FIFO would block the read, a device never end it
+        return Preferences(), f"Ignored {path} (not a regular file); the theme is not remembered."
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -46,13 +49,11 @@ def load_preferences(path: Optional[Path] = None) -> tuple[Preferences, Optional
 
 
 def save_preferences(prefs: Preferences, path: Optional[Path] = None) -> Optional[str]:
-    """Write `prefs` whole (a temporary file renamed over the old one); a warning when that failed."""
+    """Write `prefs` whole (a new file renamed over the old one, engines/files.py); a warning when that failed."""
     path = path or preferences_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".tmp")
-        partial.write_text(json.dumps(asdict(prefs), indent=2) + "\n", encoding="utf-8")
-        partial.replace(path)
+        files.write_file(path, (json.dumps(asdict(prefs), indent=2) + "\n").encode("utf-8"), mode=None)
     except OSError as exc:
         return f"Could not save preferences to {path} ({exc.strerror or exc}); the theme lasts for this run only."
     return None

@@ -685,7 +685,11 @@ class ChatScreen(Screen):
             return
         for warning in session.warnings:
             self.notify(warning, severity="warning", timeout=8)
-        resume(self.conversation, session, self.app.flags)
+        try:  # open in another dflash, or its lock file is not one dflash may use: one sentence, the chat stays
+            resume(self.conversation, session, self.app.flags)
+        except UserError as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            return
         prompt = self._prompt
         for turn in self.conversation.turns:  # up recalls the session's prompts too
             prompt.remember(turn.user)

@@ -15,7 +15,8 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
 from dflash_tui.core import sessions
-from dflash_tui.core.terminal import counted, one_line
+from dflash_tui.core.terminal import counted, one_line, printable
+from dflash_tui.engines import files
 from dflash_tui.engines.errors import UserError
 
 if TYPE_CHECKING:
@@ -244,12 +245,15 @@ class SessionsScreen(ModalScreen[str | None]):
         if not chosen:
             return
         session = sessions.load_session(chosen)
-        folder = sessions.data_dir() / "exports"
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{chosen}.{fmt}"
+        path = sessions.private_dir(sessions.data_dir() / "exports") / f"{chosen}.{fmt}"
         text = sessions.to_markdown(session) if fmt == "md" else json.dumps(sessions.to_json(session), indent=2)
-        path.write_text(text, encoding="utf-8")
-        self.query_one("#sessions-status", Static).update(f"Exported to {path}")
+        status = self.query_one("#sessions-status", Static)
+        try:  # mode 0600 like every export: it holds the conversation; a link in its place is replaced, not followed
+            files.write_file(path, text.encode("utf-8"), mode=0o600)
+        except OSError as exc:
+            status.update(printable(f"Cannot export to {path} ({exc.strerror or type(exc).__name__})."))
+            return
+        status.update(f"Exported to {path}")
 
     def action_export(self) -> None:
         self._export("md")

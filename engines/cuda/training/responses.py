@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
+from dflash_tui.engines import files
 from dflash_tui.engines.cuda.loop import Sampler, speculative_decode
 from dflash_tui.engines.cuda.training.data import Conversation, Sample, fit, given_response_ids
 from dflash_tui.engines.errors import UserError
@@ -96,7 +98,14 @@ class Responses:
         self.progress("target writes responses", 0, total)
         done = 0
         group = max(1, self.gen_batch)
-        with open(cache_file, "a") as fh:
+        try:
+            if not os.path.lexists(cache_file):  # made fresh, then appended to as train-draft's own file
+                files.write_file(cache_file, b"", mode=None, replace=False)
+            fd = files.open_own(cache_file, os.O_WRONLY | os.O_APPEND, self.work, what="Response cache")
+        except OSError as exc:  # a FIFO nothing reads, a read-only folder
+            raise UserError(f"The response cache {cache_file} cannot be written ({exc.strerror or type(exc).__name__}); "
+                            "remove what is in its place, or pass another --work-dir.") from None
+        with os.fdopen(fd, "w") as fh:
             for g in range(0, len(todo), group):
                 chunk = todo[g: g + group]
                 talks = [self._dialogue(conv) for conv, _ in chunk]

@@ -15,6 +15,7 @@ from typing import Callable, Optional
 
 import torch
 
+from dflash_tui.engines import files
 from dflash_tui.engines.checkpoints import (
     DFLASH2_ARCH,
     Dflash2Dims,
@@ -364,13 +365,11 @@ class Trainer:
     def save_state(self, step: int, optimizer, taus: list[float]) -> Path:
         self.work.mkdir(parents=True, exist_ok=True)
         path = self.work / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        try:
-            torch.save({"version": 1, "key": self.key(), "step": step, "taus": taus,
-                        "model": self.draft.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
-            tmp.replace(path)
+        state = {"version": 1, "key": self.key(), "step": step, "taus": taus,
+                 "model": self.draft.state_dict(), "optimizer": optimizer.state_dict()}
+        try:  # a new file under an unpredictable name, renamed into place: no link is ever written through
+            files.write_file(path, lambda fh: torch.save(state, fh), mode=None)
         except (OSError, RuntimeError) as exc:  # a full disk is torch's RuntimeError "[enforce fail …]"
-            tmp.unlink(missing_ok=True)
             option = "--work-dir" if self.cfg.work_dir else "--out"
             raise UserError(printable(f"{path} cannot be written ({describe(exc)}); free space in {option} "
                                       f"{self.work} or pass another --work-dir, and rerun to resume from the last "
