@@ -136,7 +136,8 @@ Environment:
   DFLASH_API_KEY      the remote engine's key for its server (--api-key and a profile's api_key win),
                       else OPENAI_API_KEY; for `dflash serve`, the key it requires of clients
   DFLASH_CUDA_GRAPHS  1: the cuda engine on a GPU replays captured CUDA graphs
-  DFLASH_COMPILE      1: the cuda engine on the CPU runs decode steps compiled by inductor
+  DFLASH_COMPILE      1: the cuda engine on the CPU compiles its decode steps (inductor) at load;
+                      background: after the first answer (chat's and serve's default); 0: never
   NO_COLOR            set and not empty: no colour anywhere
   FORCE_COLOR         set and not 0: colour where the output is no terminal (NO_COLOR wins)"""
 
