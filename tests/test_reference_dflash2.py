@@ -97,7 +97,8 @@ def test_visibility_tables():
     ({}, [False, False]),
     ({"layer_types": ["sliding_attention", "full_attention"]}, [True, False]),
     ({"is_causal": False, "layer_types": ["sliding_attention", "full_attention"]}, [False, False]),
-    ({"dflash_config": {"is_causal": True, "causal": False}}, [True, True]),
+    ({"dflash_config": {"is_causal": True, "causal": False}}, [False, False]),  # vLLM never reads dflash_config.is_causal
+    ({"dflash_config": {"is_causal": True}}, [False, False]),
     ({"dflash_config": {"causal": True}}, [True, True]),
     ({"is_causal": False, "dflash_config": {"is_causal": True}}, [False, False]),
 ])
