@@ -427,15 +427,12 @@ class DraftInfo:
                 "pass a DFlash draft checkpoint such as z-lab/Qwen3-8B-DFlash-b16 as the draft."
             ))
         where = printable(f"The draft {path}/config.json")
-        ids = dflash.get("target_layer_ids")
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise CheckpointError(f"{where} has no dflash_config.target_layer_ids list; re-export the draft.")
-        if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
-            raise CheckpointError(f"{where} has dflash_config.target_layer_ids {ids}, not distinct layer numbers of 0 "
-                                  "or more; re-export the draft.")
-        mask = dflash.get("mask_token_id")
+        ids, mask = draft_layer_ids(config, where), dflash.get("mask_token_id", config.get("mask_token_id"))
         if isinstance(mask, bool) or not isinstance(mask, int) or mask < 0:
             raise CheckpointError(f"{where} has no dflash_config.mask_token_id (a token id); re-export the draft.")
+        # what the engines build from: the values read, where vLLM reads them, kept in dflash_config
+        config = {**config, "dflash_config": {**dflash, "target_layer_ids": ids, "mask_token_id": mask}}
+        dflash = config["dflash_config"]
         _check_shape_fields(config, where)
         _check_rope_and_norm(config, where)
         names = config.get("architectures")
@@ -501,6 +498,23 @@ class Dflash2Dims:
 DFLASH2_ARCH = "DFlash2DraftModel"
 SELECTOR = ("candidate_selector.hidden_projection.weight", "candidate_selector.predecessor_codebook",
             "candidate_selector.successor_codebook")
+
+
+def draft_layer_ids(config: dict, where: str) -> list[int]:
+    """The target layers the draft reads, in vLLM's order (`get_eagle3_aux_layers_from_config`): a non-empty
+    top-level `eagle_aux_hidden_state_layer_ids` (hidden-state indices: layer id + 1), else
+    dflash_config.target_layer_ids. Distinct layer numbers of 0 or more."""
+    eagle = config.get("eagle_aux_hidden_state_layer_ids")
+    name = "eagle_aux_hidden_state_layer_ids" if eagle else "dflash_config.target_layer_ids"
+    ids = eagle if eagle else (config.get("dflash_config") or {}).get("target_layer_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise CheckpointError(f"{where} has no {name} list; re-export the draft.")
+    ids = [i - 1 for i in ids] if eagle else list(ids)
+    if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        shown = [i + 1 for i in ids] if eagle else ids
+        raise CheckpointError(f"{where} has {name} {shown}, not distinct layer numbers of "
+                              f"{1 if eagle else 0} or more; re-export the draft.")
+    return ids
 
 
 def head_settings(config: dict, where: str = "The draft's config.json") -> tuple[float, float, Optional[float]]:

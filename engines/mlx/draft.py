@@ -22,8 +22,7 @@ from typing import Optional, cast
 import mlx.core as mx
 import mlx.nn as nn
 
-from dflash_tui.engines.checkpoints import (Dflash2Dims, DraftInfo, attention_window, head_settings, layer_windows,
-                                            resolve_causal)
+from dflash_tui.engines.checkpoints import Dflash2Dims, DraftInfo, attention_window, head_settings, layer_windows, resolve_causal
 from dflash_tui.engines.errors import CheckpointError
 
 
