@@ -448,6 +448,7 @@ class DraftInfo:
             raise CheckpointError(f"{where} has layer_types {types!r}, not one full_attention or sliding_attention "
                                   f"per layer ({layers}); re-export the draft.")
         check_window_keys(config, where)
+        check_runnable(config, where)
         check_weight_format(path, "draft")
         entries = safetensors_headers(path, "draft", floats_only=True)  # int, bool or unknown dtypes: refused here
         shapes = {k.removeprefix("model."): v["shape"] for k, v in entries.items()}
@@ -455,6 +456,12 @@ class DraftInfo:
         if fc is None or len(fc) != 2:
             raise CheckpointError(printable(f"The draft '{name}' has no 2-D fc.weight in its safetensors files; it is "
                                             "incomplete or not a DFlash draft."))
+        declared = _int_field(config, "target_hidden_size", where, required=False)  # vLLM sizes the fc by it
+        if declared is not None and declared * len(ids) != fc[1]:
+            raise CheckpointError(printable(
+                f"The draft {path} has fc.weight of shape {list(fc)} but its target_hidden_size {declared} x "
+                f"{len(ids)} target layers implies {declared * len(ids)} columns; the config and the weights "
+                "disagree, re-export the draft."))
         info = cls(
             path=path,
             hidden_size=hidden,
@@ -586,11 +593,19 @@ def check_window_keys(config: dict, where: str) -> None:
     if any(sliding for sliding in _sliding_layers(config)) and _window(config) is None:
         raise CheckpointError(f"{where} has sliding-attention layers but no window (dflash_config.swa_window_size or "
                               "sliding_window); re-export the draft.")
-    for key, what in (("is_neox_style", True), ("use_aux_hidden_state", True)):
-        value = dflash.get(key, config.get(key, what)) if key == "use_aux_hidden_state" else config.get(key, what)
-        if value is not what:
-            raise CheckpointError(f"{where} has {key} {json.dumps(value)[:40]}; dflash runs drafts with "
-                                  f"{key} {json.dumps(what)} only.")
+
+
+def check_runnable(config: dict, where: str) -> None:
+    """Keys vLLM reads that would make it run the draft differently from dflash's one way (neox rotary, the
+    fc over target features, SiLU MLPs, no attention sinks): anything else is refused, never ignored."""
+    dflash = config.get("dflash_config") or {}
+    for key, value, what in (("is_neox_style", config.get("is_neox_style", True), True),
+                             ("use_aux_hidden_state",
+                              dflash.get("use_aux_hidden_state", config.get("use_aux_hidden_state", True)), True),
+                             ("hidden_act", config.get("hidden_act", "silu"), "silu")):
+        if value != what or isinstance(value, bool) != isinstance(what, bool):
+            raise CheckpointError(printable(f"{where} has {key} {json.dumps(value)[:40]}; dflash runs drafts with "
+                                            f"{key} {json.dumps(what)} only."))
     sink = dflash.get("attention_sink_bias", config.get("add_swa_attention_sink_bias", False))
     if sink:
         raise CheckpointError(f"{where} asks for attention sink biases (attention_sink_bias), which dflash's draft "
@@ -890,6 +905,12 @@ def validate_pair(target: TargetInfo, draft: DraftInfo, profile_layer_ids: Optio
         raise CheckpointError(
             f"The {where} has vocab size {draft.vocab_size} but the target has {target.vocab_size}; "
             "use the draft trained for this target."
+        )
+    own = draft.config.get("draft_vocab_size")
+    if own is not None and own != target.vocab_size:  # vLLM would map a smaller draft vocabulary (d2t); we do not
+        raise CheckpointError(
+            f"The {where} declares draft_vocab_size {json.dumps(own)[:20]} but the target has {target.vocab_size} "
+            "tokens; dflash runs drafts over the target's whole vocabulary, use one trained that way."
         )
     if draft.num_target_layers and draft.num_target_layers != target.num_layers:
         raise CheckpointError(

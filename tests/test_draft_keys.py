@@ -271,6 +271,10 @@ def test_layer_ids_and_mask_id_are_read_in_vllms_order(bases, tmp_path):
     (set_in("dflash_config.final_logit_softcapping", -1.0), "dflash_config.final_logit_softcapping -1.0"),
     (set_in("is_neox_style", False), "is_neox_style false"),
     (set_in("dflash_config.attention_sink_bias", True), "attention sink biases"),
+    (set_in("dflash_config.use_aux_hidden_state", False), "use_aux_hidden_state false"),
+    (set_in("hidden_act", "gelu"), "hidden_act \"gelu\""),
+    (set_in("target_hidden_size", 32), "target_hidden_size 32 x 2 target layers implies 64 columns"),
+    (set_in("draft_vocab_size", 100), "draft_vocab_size 100"),
 ])
 def test_draft_keys_that_cannot_be_read_are_refused(bases, tmp_path, edit, needle):
     target, drafts, _ = bases

@@ -269,8 +269,10 @@ class Trainer:
         ones this run trains, else the weights mean something else."""
         info = DraftInfo.read(folder)
         fields = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-                  "num_key_value_heads", "head_dim", "vocab_size", "block_size")
+                  "num_key_value_heads", "head_dim", "vocab_size")
         differ = [f for f in fields if info.config.get(f) != self.draft_config.get(f)]
+        if info.block_size != self.draft_config["block_size"]:  # (read from either place: checkpoints)
+            differ.append("block_size")
         if info.target_layer_ids != self.layer_ids:
             differ.append("target_layer_ids")
         if info.config.get("dflash_config", {}).get("mask_token_id") != self.mask_id:
