@@ -134,8 +134,9 @@ def visibility(n: int, block: int, causal: bool, window: Optional[int], draft_wi
                 continue  # the user's draft window: only the last draft_window context rows
             if j >= n and causal and j > query:
                 continue  # causal inside the block
-            if window is not None and not (query - window < j):
-                continue  # a sliding layer: keys window or more positions back are out
+            if window is not None and not (abs(query - j) < window):
+                continue  # a sliding layer: keys window or more positions away are out (both ways: vLLM's
+                #           window is symmetric when the layer is not causal)
             seen[i, j] = True
     return seen
 

@@ -164,6 +164,23 @@ def test_use_swa_makes_every_layer_sliding_but_not_causal(bases, engine, arch):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_a_bidirectional_sliding_layer_sees_its_window_both_ways(bases, engine):
+    """A non-causal sliding layer of window w (here 3, under the block of 8) sees block rows less than w
+    positions ahead as well as back: vLLM's attention makes the window symmetric when a layer is not causal.
+    The block equals the reference oracle's, which reads it that way."""
+    from tests.reference_dflash2 import ReferenceDraft
+
+    target, drafts, root = bases
+    swa = variant(drafts["dflash2"], root / f"symmetric-{engine}",
+                  edits(set_in("dflash_config.use_swa", True), set_in("dflash_config.swa_window_size", 3)))
+    ids, hidden = block(engine, target, swa)
+    features = np.random.default_rng(0).standard_normal((CONTEXT, 2 * 64))
+    want = ReferenceDraft(swa, target).draft_block(torch.from_numpy(features), 5, SIZE)
+    np.testing.assert_allclose(hidden, want.hidden.numpy(), atol=2e-4, rtol=1e-4)
+    assert ids == want.ids
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_swa_window_size_comes_before_sliding_window(bases, engine):
     target, drafts, root = bases
     types = set_in("layer_types", ["sliding_attention", "full_attention"])

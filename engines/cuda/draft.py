@@ -360,10 +360,11 @@ class DFlashDraft(nn.Module):
 def visible(queries: torch.Tensor, keys: torch.Tensor, start, causal: bool, window: Optional[int]) -> torch.Tensor:
     """Which keys (absolute positions [..., m]) each block query (absolute positions [..., n]) sees, for a
     block starting at `start`: every context row (< start) and, unless the layer is causal, every block row;
-    a sliding layer of window w only rows less than w positions back (docs/dflash2.md)."""
+    a sliding layer of window w only rows less than w positions away: back, and for a bidirectional layer
+    ahead too, as vLLM's symmetric window for non-causal attention (docs/dflash2.md)."""
     q, k = queries[..., :, None], keys[..., None, :]
     ok = (k < start) | (k <= q) if causal else torch.ones_like(q > k)
-    return ok & (q - k < window) if window else ok
+    return ok & ((q - k).abs() < window) if window else ok
 
 
 class Span:

@@ -86,13 +86,14 @@ class DraftAttention(nn.Module):
 def visible(first: int, start: int, n: int, causal: bool, window: Optional[int]) -> Optional[mx.array]:
     """[n, start - first + n] booleans: which keys (context positions first..start-1, then the block at
     start..start+n-1) each block query (positions start..start+n-1) sees; None when it sees all of them.
-    Causal: block rows up to its own; a sliding window w: keys less than w positions back."""
+    Causal: block rows up to its own; a sliding window w: keys less than w positions away (back, and for a
+    bidirectional layer ahead too, as vLLM's symmetric window)."""
     if not causal and not window:
         return None
     queries = mx.arange(start, start + n)[:, None]
     keys = mx.arange(first, start + n)[None, :]
     ok = (keys < start) | (keys <= queries) if causal else mx.ones((n, keys.shape[1]), dtype=mx.bool_)
-    return ok & (queries - keys < window) if window else ok
+    return ok & (mx.abs(queries - keys) < window) if window else ok
 
 
 class DynamicConv(nn.Module):
