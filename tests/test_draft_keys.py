@@ -308,3 +308,26 @@ def test_dflash_config_block_size_alone_is_read(bases, tmp_path):
         config["dflash_config"]["block_size"] = 8
 
     assert read_pair(target, variant(drafts["dflash1"], tmp_path / "d", edit)).block_size == 8
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_new_readings_stay_lossless(bases, engine):
+    """A DFlash 2 draft read the new ways at once (every layer sliding and bidirectional under a window shorter
+    than the block, a saturating softcap after the top-K, a multiplier, an input scale): at temperature 0 the
+    ids are the target's own greedy ids for every block size."""
+    from dflash_tui.engines import GenerationRequest
+    from tests.oracles import mlx_lm_greedy, run, transformers_greedy
+
+    target, drafts, root = bases
+    draft = variant(drafts["dflash2"], root / f"lossless-{engine}", edits(
+        set_in("dflash_config.use_swa", True), set_in("dflash_config.swa_window_size", 3),
+        set_in("dflash_config.final_logit_softcapping", 1e-4), set_in("dflash_config.output_multiplier", 2.0),
+        set_in("dflash_config.input_embedding_scale", 1.5)))
+    engine_ = engine_for(engine, target, draft)
+    layers = engine_.draft.layers
+    assert [layer.self_attn.window for layer in layers] == [3, 3] and not any(layer.causal for layer in layers)
+    ids = engine_.prepare(GenerationRequest(prompt="What is 48 + 75?"))
+    expected = (transformers_greedy if engine == "cuda" else mlx_lm_greedy)(target, ids, 20)
+    for size in (1, 3, 8, 16):
+        summary = run(engine_, prompt_ids=ids, max_new_tokens=20, temperature=0, block_size=size, stop_ids=[])[1]
+        assert summary.token_ids == expected, f"block {size}"
