@@ -365,7 +365,9 @@ class TargetInfo:
             config=config,
         )
         check_weight_format(path, "target")
+        check_target_config(info, where)
         entries = safetensors_headers(path, "target")  # a torn or hostile header is refused before any loader reads it
+        check_target_dtypes(info, entries)
         check_target_weights(info, entries)
         return info
 
@@ -411,8 +413,8 @@ class DraftInfo:
     conv_taps: Optional[int] = None
     conv_groups: Optional[int] = None
     selector_dim: Optional[int] = None
-    logit_multiplier: float = 1.0  # output_multiplier / final_logit_softcapping of the selector's target-head
-    logit_softcap: Optional[float] = None  # logits (the draft's config first, then the target's: `with_target`)
+    logit_multiplier: float = 1.0  # dflash_config.output_multiplier / final_logit_softcapping: applied to the
+    logit_softcap: Optional[float] = None  # selector's top-K values of the raw target-head logits (vLLM's order)
 
     @classmethod
     def read(cls, name: str) -> "DraftInfo":
@@ -425,15 +427,12 @@ class DraftInfo:
                 "pass a DFlash draft checkpoint such as z-lab/Qwen3-8B-DFlash-b16 as the draft."
             ))
         where = printable(f"The draft {path}/config.json")
-        ids = dflash.get("target_layer_ids")
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise CheckpointError(f"{where} has no dflash_config.target_layer_ids list; re-export the draft.")
-        if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
-            raise CheckpointError(f"{where} has dflash_config.target_layer_ids {ids}, not distinct layer numbers of 0 "
-                                  "or more; re-export the draft.")
-        mask = dflash.get("mask_token_id")
+        ids, mask = draft_layer_ids(config, where), dflash.get("mask_token_id", config.get("mask_token_id"))
         if isinstance(mask, bool) or not isinstance(mask, int) or mask < 0:
             raise CheckpointError(f"{where} has no dflash_config.mask_token_id (a token id); re-export the draft.")
+        # what the engines build from: the values read, where vLLM reads them, kept in dflash_config
+        config = {**config, "dflash_config": {**dflash, "target_layer_ids": ids, "mask_token_id": mask}}
+        dflash = config["dflash_config"]
         _check_shape_fields(config, where)
         _check_rope_and_norm(config, where)
         names = config.get("architectures")
@@ -448,8 +447,8 @@ class DraftInfo:
                                   or not all(t in ("full_attention", "sliding_attention") for t in types)):
             raise CheckpointError(f"{where} has layer_types {types!r}, not one full_attention or sliding_attention "
                                   f"per layer ({layers}); re-export the draft.")
-        if types and "sliding_attention" in types:
-            _int_field(config, "sliding_window", where)
+        check_window_keys(config, where)
+        check_runnable(config, where)
         check_weight_format(path, "draft")
         entries = safetensors_headers(path, "draft", floats_only=True)  # int, bool or unknown dtypes: refused here
         shapes = {k.removeprefix("model."): v["shape"] for k, v in entries.items()}
@@ -457,12 +456,18 @@ class DraftInfo:
         if fc is None or len(fc) != 2:
             raise CheckpointError(printable(f"The draft '{name}' has no 2-D fc.weight in its safetensors files; it is "
                                             "incomplete or not a DFlash draft."))
+        declared = _int_field(config, "target_hidden_size", where, required=False)  # vLLM sizes the fc by it
+        if declared is not None and declared * len(ids) != fc[1]:
+            raise CheckpointError(printable(
+                f"The draft {path} has fc.weight of shape {list(fc)} but its target_hidden_size {declared} x "
+                f"{len(ids)} target layers implies {declared * len(ids)} columns; the config and the weights "
+                "disagree, re-export the draft."))
         info = cls(
             path=path,
             hidden_size=hidden,
             num_layers=layers,
             vocab_size=_int_field(config, "vocab_size", where, required=False) or 0,
-            block_size=_int_field(config, "block_size", where, required=False) or 16,
+            block_size=draft_block_size(config, where),
             num_target_layers=_int_field(config, "num_target_layers", where, required=False),
             target_layer_ids=list(ids),
             mask_token_id=int(dflash["mask_token_id"]),
@@ -470,23 +475,13 @@ class DraftInfo:
             config=config,
             weight_shapes=shapes,
             causal=resolve_causal(config, where),
-            embedding_scale=_scale(config, dflash, "input_embedding_scale", where) or 1.0,
-            logit_multiplier=_scale(config, dflash, "output_multiplier", where) or 1.0,
-            logit_softcap=_scale(config, dflash, "final_logit_softcapping", where),
         )
+        info.embedding_scale, info.logit_multiplier, info.logit_softcap = head_settings(config, where)
         _read_dflash2(info, dflash, where)
+        if info.arch != "dflash2":
+            info.embedding_scale = 1.0  # vLLM's DFlash 1 model never reads input_embedding_scale
+        check_draft_tensor_names(info)
         return info
-
-    def with_target(self, target_config: dict) -> "DraftInfo":
-        """The target's output_multiplier / final_logit_softcapping where the draft's config names none:
-        the selector reads the target's head as the target itself would."""
-        text = text_config(target_config)
-        where = f"The target's config.json (read for the draft {self.path})"
-        if "output_multiplier" not in self.config and "output_multiplier" not in self.config["dflash_config"]:
-            self.logit_multiplier = _scale(text, {}, "output_multiplier", where) or 1.0
-        if self.logit_softcap is None:
-            self.logit_softcap = _scale(text, {}, "final_logit_softcapping", where)
-        return self
 
 
     @property
@@ -512,37 +507,117 @@ SELECTOR = ("candidate_selector.hidden_projection.weight", "candidate_selector.p
             "candidate_selector.successor_codebook")
 
 
-def _scale(config: dict, dflash: dict, key: str, where: str) -> Optional[float]:
-    """A positive number read at the top level, else in dflash_config (None when neither has it)."""
-    value = config.get(key, dflash.get(key))
-    if value is None:
-        return None
-    if not (_number(value) and value > 0):
-        raise CheckpointError(f"{where} has {key} {json.dumps(value)[:40]}, not a positive number; re-export the draft.")
-    return float(value)
+def draft_layer_ids(config: dict, where: str) -> list[int]:
+    """The target layers the draft reads, in vLLM's order (`get_eagle3_aux_layers_from_config`): a non-empty
+    top-level `eagle_aux_hidden_state_layer_ids` (hidden-state indices: layer id + 1), else
+    dflash_config.target_layer_ids. Distinct layer numbers of 0 or more."""
+    eagle = config.get("eagle_aux_hidden_state_layer_ids")
+    name = "eagle_aux_hidden_state_layer_ids" if eagle else "dflash_config.target_layer_ids"
+    ids = eagle if eagle else (config.get("dflash_config") or {}).get("target_layer_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise CheckpointError(f"{where} has no {name} list; re-export the draft.")
+    ids = [i - 1 for i in ids] if eagle else list(ids)
+    if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        shown = [i + 1 for i in ids] if eagle else ids
+        raise CheckpointError(f"{where} has {name} {shown}, not distinct layer numbers of "
+                              f"{1 if eagle else 0} or more; re-export the draft.")
+    return ids
+
+
+def head_settings(config: dict, where: str = "The draft's config.json") -> tuple[float, float, Optional[float]]:
+    """(input_embedding_scale, output_multiplier, final_logit_softcapping) read as vLLM's DFlash 2 model reads
+    them: from dflash_config only (a top-level key of the same name is not read, and the target's values are
+    never borrowed); a softcap of 0 or null means none. Scales must be positive numbers."""
+    dflash = config.get("dflash_config") or {}
+    values: list[Optional[float]] = []
+    for key in ("input_embedding_scale", "output_multiplier", "final_logit_softcapping"):
+        value = dflash.get(key)
+        if value is None or (key == "final_logit_softcapping" and _number(value) and value == 0):
+            values.append(None)
+            continue
+        if not (_number(value) and value > 0):
+            raise CheckpointError(f"{where} has dflash_config.{key} {json.dumps(value)[:40]}, not a positive number; "
+                                  "re-export the draft.")
+        values.append(float(value))
+    return values[0] or 1.0, values[1] or 1.0, values[2]
 
 
 def resolve_causal(config: dict, where: str = "The draft's config.json") -> list[bool]:
-    """Whether each draft layer is causal inside the block, resolved as vLLM does: a top-level `is_causal`,
-    then `dflash_config.is_causal`, then `dflash_config.causal`; otherwise sliding-window layers are causal
-    and full-attention layers are not (docs/dflash2.md)."""
+    """Whether each draft layer is causal inside the block, resolved as vLLM's `_dflash_layer_causal`: a
+    top-level `is_causal`, then `dflash_config.causal`; otherwise a layer is causal when `layer_types` names
+    it sliding_attention (`dflash_config.use_swa` does not make a layer causal, and `dflash_config.is_causal`
+    is not read). docs/dflash2.md."""
     dflash = config.get("dflash_config") or {}
-    for holder, key, name in ((config, "is_causal", "is_causal"), (dflash, "is_causal", "dflash_config.is_causal"),
-                              (dflash, "causal", "dflash_config.causal")):
+    for holder, key, name in ((config, "is_causal", "is_causal"), (dflash, "causal", "dflash_config.causal")):
         value = holder.get(key)
         if value is None:
             continue
         if not isinstance(value, bool):
             raise CheckpointError(f"{where} has {name} {json.dumps(value)[:40]}, not true or false; re-export the draft.")
         return [value] * config["num_hidden_layers"]
-    return [w is not None for w in layer_windows(config)]
+    types = config.get("layer_types")
+    return [bool(types) and t == "sliding_attention" for t in (types or [None] * config["num_hidden_layers"])]
+
+
+def draft_block_size(config: dict, where: str) -> int:
+    """The draft's trained block size: top-level `block_size` (z-lab's loader and SGLang), else
+    `dflash_config.block_size` (which llama.cpp and z-lab read first); 16 when neither is set. Both set and
+    different, null, or below 2 is refused: a block of one token drafts nothing."""
+    dflash = config.get("dflash_config") or {}
+    found = [(name, holder[key]) for name, holder, key in (("block_size", config, "block_size"),
+                                                              ("dflash_config.block_size", dflash, "block_size"))
+             if key in holder]
+    for name, value in found:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+            raise CheckpointError(f"{where} has {name} {json.dumps(value)[:40]}, not a whole number of at least 2 "
+                                  "(the mask slots plus the anchor); re-export the draft.")
+    if len({v for _, v in found}) > 1:
+        raise CheckpointError(f"{where} has block_size {found[0][1]} but dflash_config.block_size {found[1][1]}, "
+                              "which public readers would each take; set both to the trained block size.")
+    return found[0][1] if found else 16
+
+
+def check_window_keys(config: dict, where: str) -> None:
+    """`sliding_window` and `dflash_config.swa_window_size`, when set, are positive integers; `use_swa` is true
+    or false; a layer that layer_windows makes sliding has a window (vLLM's `_resolve_layer_attention`)."""
+    dflash = config.get("dflash_config") or {}
+    for name, holder, key in (("sliding_window", config, "sliding_window"),
+                              ("dflash_config.swa_window_size", dflash, "swa_window_size")):
+        value = holder.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise CheckpointError(f"{where} has {name} {json.dumps(value)[:40]}, not a positive number of positions; "
+                                  "re-export the draft.")
+    if not isinstance(dflash.get("use_swa", False), bool):
+        raise CheckpointError(f"{where} has dflash_config.use_swa {json.dumps(dflash['use_swa'])[:40]}, not true or "
+                              "false; re-export the draft.")
+    if any(sliding for sliding in _sliding_layers(config)) and _window(config) is None:
+        raise CheckpointError(f"{where} has sliding-attention layers but no window (dflash_config.swa_window_size or "
+                              "sliding_window); re-export the draft.")
+
+
+def check_runnable(config: dict, where: str) -> None:
+    """Keys vLLM reads that would make it run the draft differently from dflash's one way (neox rotary, the
+    fc over target features, SiLU MLPs, no attention sinks): anything else is refused, never ignored."""
+    dflash = config.get("dflash_config") or {}
+    for key, value, what in (("is_neox_style", config.get("is_neox_style", True), True),
+                             ("use_aux_hidden_state",
+                              dflash.get("use_aux_hidden_state", config.get("use_aux_hidden_state", True)), True),
+                             ("hidden_act", config.get("hidden_act", "silu"), "silu")):
+        if value != what or isinstance(value, bool) != isinstance(what, bool):
+            raise CheckpointError(printable(f"{where} has {key} {json.dumps(value)[:40]}; dflash runs drafts with "
+                                            f"{key} {json.dumps(what)} only."))
+    sink = dflash.get("attention_sink_bias", config.get("add_swa_attention_sink_bias", False))
+    if sink:
+        raise CheckpointError(f"{where} asks for attention sink biases (attention_sink_bias), which dflash's draft "
+                              "layers do not have; use a draft without them.")
 
 
 def _read_dflash2(info: DraftInfo, dflash: dict, where: str) -> None:
     """DFlash 2 is declared by the architecture or by `selector_top_k`, and carried by the selector and the
     convolution tensors: either without the other is refused, so a DFlash 2 head never runs as DFlash 1."""
     config, shapes = info.config, info.weight_shapes
-    declared = DFLASH2_ARCH in (config.get("architectures") or []) or "selector_top_k" in dflash
+    declared = (DFLASH2_ARCH in (config.get("architectures") or []) or "selector_top_k" in dflash
+                or "conv_kernel_size" in dflash)  # (llama.cpp's converter takes the latter as the mark)
     carried = [k for k in shapes if k.startswith("candidate_selector.") or ".attention_conv." in k or ".mlp_conv." in k]
     if not declared:
         if carried:
@@ -562,16 +637,41 @@ def _read_dflash2(info: DraftInfo, dflash: dict, where: str) -> None:
             raise CheckpointError(printable(
                 f"The draft {info.path} declares a DFlash 2 draft but has no tensor {name}; the checkpoint is "
                 "incomplete or not a DFlash 2 draft, re-download it."))
-    kernel, proj = shapes["layers.0.attention_conv.base_kernel"], shapes["layers.0.attention_conv.kernel_projection.weight"]
-    if len(kernel) != 3 or kernel[0] != 2 or len(proj) != 2 or proj[0] % (2 * kernel[1]):
-        raise CheckpointError(printable(
-            f"The draft {info.path} has a base_kernel of shape {kernel} and a kernel_projection of shape {proj}, "
-            "not [2, taps, hidden] and [2 x taps x groups, hidden]; re-export the draft."))
-    info.conv_taps, info.conv_groups = kernel[1], proj[0] // (2 * kernel[1])
-    if info.hidden_size % info.conv_groups:
-        raise CheckpointError(f"The draft {info.path} has {info.conv_groups} convolution groups, which do not divide "
-                              f"its hidden size {info.hidden_size}; re-export the draft.")
-    info.selector_dim = shapes[SELECTOR[0]][0]
+    sizes = {}
+    for key in DFLASH2_SIZES:  # vLLM, llama.cpp and z-lab index all four: a draft without one loads nowhere else
+        value = dflash.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise CheckpointError(f"{where} declares a DFlash 2 draft but has dflash_config.{key} "
+                                  f"{json.dumps(value)[:40]}, not a positive integer; add it (the size its tensors "
+                                  "have) or re-export the draft.")
+        sizes[key] = value
+    taps, group_size, rank = sizes["conv_kernel_size"], sizes["conv_group_size"], sizes["selector_rank"]
+    if info.hidden_size % group_size:
+        raise CheckpointError(f"{where} has dflash_config.conv_group_size {group_size}, which does not divide its "
+                              f"hidden size {info.hidden_size}; re-export the draft.")
+    groups = info.hidden_size // group_size
+    for name, expected, key in (
+            ("layers.0.attention_conv.base_kernel", [2, taps, info.hidden_size], "conv_kernel_size"),
+            ("layers.0.attention_conv.kernel_projection.weight", [2 * taps * groups, info.hidden_size],
+             "conv_kernel_size and conv_group_size"),
+            (SELECTOR[0], [rank, info.hidden_size], "selector_rank")):
+        if list(shapes[name]) != expected:
+            raise CheckpointError(printable(
+                f"The draft {info.path} has {name} of shape {list(shapes[name])} but its dflash_config.{key} "
+                f"implies {expected}; the config and the weights disagree, re-export the draft."))
+    info.conv_taps, info.conv_groups, info.selector_dim = taps, groups, rank
+
+
+DFLASH2_SIZES = ("selector_top_k", "conv_kernel_size", "conv_group_size", "selector_rank")
+
+
+def dflash2_config(config: dict, dims: "Dflash2Dims") -> dict:
+    """`config` (a DFlash 1 draft config from draft_config) as a DFlash 2 draft's: the architecture and every
+    size the public readers index (vLLM, llama.cpp's converter and z-lab's loader read all four)."""
+    config = {**config, "architectures": [DFLASH2_ARCH], "dflash_config": {**config["dflash_config"]}}
+    config["dflash_config"].update(selector_top_k=dims.top_k, conv_kernel_size=dims.taps,
+                                   conv_group_size=config["hidden_size"] // dims.groups, selector_rank=dims.selector_dim)
+    return config
 
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
@@ -582,12 +682,16 @@ ROPE_NUMBERS = ("factor", "beta_fast", "beta_slow", "low_freq_factor", "high_fre
                 "mscale", "mscale_all_dim", "partial_rotary_factor", "rope_theta")
 
 
-def _check_rope_and_norm(config: dict, where: str) -> None:
-    """The draft's rope and norm settings are what the rotary embedding and RMSNorm take: positive numbers,
-    a known rope type, an integer original context. One sentence naming the key, never a loader's
-    ValueError or KeyError."""
+TARGET_ROPE_TYPES = (*ROPE_TYPES, "proportional", "mrope")  # transformers' rope functions (+ the old mrope name)
+
+
+def _check_rope_and_norm(config: dict, where: str, fix: str = "re-export the draft",
+                         types: tuple[str, ...] = ROPE_TYPES) -> None:
+    """Rope and norm settings are what the rotary embedding and RMSNorm take: positive finite numbers, a known
+    rope type, an integer original context. One sentence naming the key, never a loader's ValueError or
+    KeyError (or its load report). A target's rope_parameters may hold one section per layer type."""
     def fail(key: str, value, what: str) -> CheckpointError:
-        return CheckpointError(f"{where} has {key} {json.dumps(value)[:40]}, not {what}; re-export the draft.")
+        return CheckpointError(f"{where} has {key} {json.dumps(value)[:40]}, not {what}; {fix}.")
 
     for key in ("rope_theta", "rms_norm_eps"):
         value = config.get(key)
@@ -602,29 +706,102 @@ def _check_rope_and_norm(config: dict, where: str) -> None:
             continue
         if not isinstance(scaling, dict):
             raise fail(section, scaling, "an object")
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind not in ROPE_TYPES:
-            raise fail(f"{section}.rope_type", kind, f"one of {', '.join(ROPE_TYPES)}")
-        for key in ROPE_NUMBERS:
-            value = scaling.get(key)
-            if value is not None and not (_number(value) and value > 0):
-                raise fail(f"{section}.{key}", value, "a positive number")
-        original = scaling.get("original_max_position_embeddings")
-        if original is not None and (isinstance(original, bool) or not isinstance(original, int) or original <= 0):
-            raise fail(f"{section}.original_max_position_embeddings", original, "a positive integer")
-        for key in ("short_factor", "long_factor"):
-            value = scaling.get(key)
-            if value is not None and not (isinstance(value, list) and all(_number(v) for v in value)):
-                raise fail(f"{section}.{key}", value, "a list of numbers")
-        for key in ROPE_NEEDS.get(kind, ()):
-            if scaling.get(key) is None:
-                raise fail(f"{section}.{key}", None, f"set (rope type {kind} needs it)")
+        nested = [(f"{section}.{k}", v) for k, v in scaling.items() if k in ("full_attention", "sliding_attention",
+                                                                               "linear_attention", "chunked_attention")]
+        for name, part in nested or [(section, scaling)]:
+            if not isinstance(part, dict):
+                raise fail(name, part, "an object")
+            _check_rope_section(part, name, fail, types)
+
+
+def _check_rope_section(scaling: dict, section: str, fail, types: tuple[str, ...]) -> None:
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in types:
+        raise fail(f"{section}.rope_type", kind, f"one of {', '.join(types)}")
+    for key in ROPE_NUMBERS:
+        value = scaling.get(key)
+        if value is not None and not (_number(value) and value > 0):
+            raise fail(f"{section}.{key}", value, "a positive number")
+    original = scaling.get("original_max_position_embeddings")
+    if original is not None and (isinstance(original, bool) or not isinstance(original, int) or original <= 0):
+        raise fail(f"{section}.original_max_position_embeddings", original, "a positive integer")
+    for key in ("short_factor", "long_factor"):
+        value = scaling.get(key)
+        if value is not None and not (isinstance(value, list) and all(_number(v) for v in value)):
+            raise fail(f"{section}.{key}", value, "a list of numbers")
+    for key in ROPE_NEEDS.get(kind, ()):
+        if scaling.get(key) is None:
+            raise fail(f"{section}.{key}", None, f"set (rope type {kind} needs it)")
+
+
+# quantization_config.quant_method values transformers has a quantizer for (5.x); anything else is refused
+QUANT_METHODS = ("aqlm", "auto-round", "awq", "bitnet", "bitsandbytes", "bitsandbytes_4bit", "bitsandbytes_8bit",
+                 "compressed-tensors", "eetq", "fbgemm_fp8", "fouroversix", "fp8", "fp_quant", "gemma", "gguf", "gptq",
+                 "higgs", "hqq", "metal", "mxfp4", "mxfp8", "nvfp4", "quanto", "quark", "sinq", "spqr", "torchao", "vptq")
+NEVER_WEIGHT_DTYPES = ("C64", "I16", "U16", "U64", "BOOL")  # no model family or quantizer stores weights so
+
+
+def check_target_config(info: "TargetInfo", where: str) -> None:
+    """What transformers and mlx-lm would otherwise refuse only while loading (under their load report), or
+    run wrongly: rope and norm settings, eos ids inside the vocabulary, a known quantization method."""
+    config, text = info.config, text_config(info.config)
+    fix = "fix the value or re-download the checkpoint"
+    _check_rope_and_norm(text, where, fix, TARGET_ROPE_TYPES)
+    for source, name in ((text, "eos_token_id"), (info.generation_config(), "generation_config.json eos_token_id")):
+        eos = source.get("eos_token_id")
+        ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        bad = [i for i in ids if isinstance(i, int) and not 0 <= i < info.vocab_size]
+        if bad:
+            raise CheckpointError(f"{where} has {name} {bad[0]}, outside the vocabulary of {info.vocab_size} tokens; "
+                                  f"{fix}.")
+    for quant in (config.get("quantization_config"), text.get("quantization_config")):
+        if quant is None:
+            continue
+        method = quant.get("quant_method") if isinstance(quant, dict) else quant
+        if isinstance(quant, dict) and method is None:
+            continue  # (mlx-community's configs: bits and group_size, read by mlx-lm)
+        if method not in QUANT_METHODS:
+            raise CheckpointError(printable(f"{where} has quantization_config.quant_method {json.dumps(method)[:40]}, "
+                                            "which no loader dflash uses knows; use an unquantized or a "
+                                            "transformers-quantized build of the model."))
+
+
+def check_target_dtypes(info: "TargetInfo", entries: dict[str, dict]) -> None:
+    """Weights are floating point unless the config names a quantization (its packed integers); complex and
+    16-bit integer dtypes never hold weights. From the safetensors headers, before any loader reads them."""
+    config, text = info.config, text_config(info.config)
+    quantized = bool(config.get("quantization") or config.get("quantization_config")
+                     or text.get("quantization_config"))
+    for name, entry in entries.items():
+        dtype = entry.get("dtype")
+        if dtype in NEVER_WEIGHT_DTYPES or (not quantized and dtype not in FLOAT_DTYPES):
+            raise CheckpointError(printable(
+                f"The target {info.path} has tensor {name[:80]!r} stored as {dtype}, which "
+                + ("no model weight is" if dtype in NEVER_WEIGHT_DTYPES else "an unquantized model's weights are not")
+                + "; re-download the checkpoint."))
+
+
+def _sliding_layers(cfg: dict) -> list[bool]:
+    """Which draft layers use sliding-window attention, as vLLM's `_resolve_layer_attention`: with no
+    `layer_types`, or with `dflash_config.use_swa` and no sliding layer in them, every layer is sliding exactly
+    when use_swa is true; otherwise the layers `layer_types` names sliding_attention."""
+    dflash = cfg.get("dflash_config") or {}
+    types, use_swa = cfg.get("layer_types"), dflash.get("use_swa", False) is True
+    if types is None or (use_swa and "sliding_attention" not in types):
+        return [use_swa] * cfg["num_hidden_layers"]
+    return [t == "sliding_attention" for t in types]
+
+
+def _window(cfg: dict) -> Optional[int]:
+    """A sliding layer's window: dflash_config.swa_window_size when the key is there, else sliding_window."""
+    dflash = cfg.get("dflash_config") or {}
+    return dflash["swa_window_size"] if "swa_window_size" in dflash else cfg.get("sliding_window")
 
 
 def layer_windows(cfg: dict) -> list[Optional[int]]:
-    """The trained sliding window of each draft layer (None for full attention)."""
-    types = cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"]
-    return [cfg.get("sliding_window") if t == "sliding_attention" else None for t in types]
+    """The trained sliding window of each draft layer (None for full attention), resolved as vLLM does."""
+    window = _window(cfg)
+    return [window if sliding else None for sliding in _sliding_layers(cfg)]
 
 
 def attention_window(draft_window: Optional[int], trained: Optional[int]) -> Optional[int]:
@@ -668,6 +845,29 @@ def dflash2_weight_shapes(info: DraftInfo, vocab: int) -> dict[str, list[int]]:
     return shapes
 
 
+# Tensors a public draft may carry that dflash does not read: the draft shares the target's embeddings and head.
+UNREAD_DRAFT_TENSORS = ("embed_tokens.weight", "lm_head.weight")
+
+
+def check_draft_tensor_names(info: "DraftInfo") -> None:
+    """Every tensor of the draft is one its config implies (or one of UNREAD_DRAFT_TENSORS): an extra or unknown
+    tensor, zero-sized or not, is refused from the safetensors headers, before any weight is read."""
+    config = info.config
+    expected = set(draft_weight_shapes(config, info.fc_in_features)) | set(UNREAD_DRAFT_TENSORS)
+    if info.arch == "dflash2":
+        expected |= set(SELECTOR)
+        expected |= {f"layers.{n}.{side}.{part}" for n in range(info.num_layers) for side in ("attention_conv", "mlp_conv")
+                     for part in ("base_kernel", "kernel_projection.weight")}
+    if config.get("attention_bias"):
+        expected |= {f"layers.{n}.self_attn.{p}_proj.bias" for n in range(info.num_layers) for p in "qkvo"}
+    unknown = [name for name in info.weight_shapes if name not in expected]
+    if unknown:
+        raise CheckpointError(printable(
+            f"The draft {info.path} has {len(unknown)} tensor{'s' if len(unknown) > 1 else ''} its config.json does "
+            f"not describe (such as {sorted(unknown)[0][:80]!r}); it is not a {'DFlash 2' if info.arch == 'dflash2' else 'DFlash 1'}"
+            " draft of this shape, re-export it."))
+
+
 def check_draft_weights(config: dict, shapes: dict[str, list[int]], fc_in: int, path: Path,
                         extra: Optional[dict[str, list[int]]] = None) -> None:
     """The draft's tensors match its config.json (extra tensors are ignored), named in one sentence."""
@@ -706,6 +906,12 @@ def validate_pair(target: TargetInfo, draft: DraftInfo, profile_layer_ids: Optio
             f"The {where} has vocab size {draft.vocab_size} but the target has {target.vocab_size}; "
             "use the draft trained for this target."
         )
+    own = draft.config.get("draft_vocab_size")
+    if own is not None and own != target.vocab_size:  # vLLM would map a smaller draft vocabulary (d2t); we do not
+        raise CheckpointError(
+            f"The {where} declares draft_vocab_size {json.dumps(own)[:20]} but the target has {target.vocab_size} "
+            "tokens; dflash runs drafts over the target's whole vocabulary, use one trained that way."
+        )
     if draft.num_target_layers and draft.num_target_layers != target.num_layers:
         raise CheckpointError(
             f"The {where} was trained on a {draft.num_target_layers}-layer target but this target has "
@@ -733,9 +939,12 @@ def validate_pair(target: TargetInfo, draft: DraftInfo, profile_layer_ids: Optio
             f"The {where} uses mask token id {draft.mask_token_id}, outside the target's {target.vocab_size} "
             "embedding rows; use the draft trained for this target."
         )
+    if draft.selector_top_k is not None and draft.selector_top_k > target.vocab_size:
+        raise CheckpointError(
+            f"The {where} has dflash_config.selector_top_k {draft.selector_top_k}, more candidates than the "
+            f"target's {target.vocab_size} tokens; re-export the draft with a smaller selector_top_k.")
     check_draft_weights(draft.config, draft.weight_shapes, draft.fc_in_features, draft.path,
                         dflash2_weight_shapes(draft, target.vocab_size) if draft.arch == "dflash2" else None)
-    draft.with_target(target.config)
 
 
 def default_target_layer_ids(num_target_layers: int, num_ids: int) -> list[int]:
@@ -784,7 +993,8 @@ def draft_config(target_config: dict, num_layers: int, target_layer_ids: list[in
         "vocab_size": text["vocab_size"],
         "block_size": block_size,
         "num_target_layers": text["num_hidden_layers"],
-        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(target_layer_ids)},
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(target_layer_ids),
+                          "block_size": block_size},
         "layer_types": ["full_attention"] * num_layers,
         "torch_dtype": "float32",
     }

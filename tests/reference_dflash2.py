@@ -97,20 +97,30 @@ def softcap(logits: torch.Tensor, cap: Optional[float]) -> torch.Tensor:
 
 
 def causal_per_layer(config: dict) -> list[bool]:
-    """docs/dflash2.md: the first of top-level is_causal, dflash_config.is_causal, dflash_config.causal that
-    is set decides for every layer; else sliding layers are causal and full-attention layers are not."""
+    """vLLM's `_dflash_layer_causal`: a top-level is_causal, else dflash_config.causal, decides for every
+    layer; else a layer is causal when layer_types names it sliding_attention (no layer_types: none is)."""
     layers = config["num_hidden_layers"]
     dflash = config.get("dflash_config") or {}
-    for value in (config.get("is_causal"), dflash.get("is_causal"), dflash.get("causal")):
+    for value in (config.get("is_causal"), dflash.get("causal")):
         if value is not None:
             return [bool(value)] * layers
-    types = config.get("layer_types") or ["full_attention"] * layers
+    types = config.get("layer_types")
+    if not types:
+        return [False] * layers
     return [t == "sliding_attention" for t in types]
 
 
 def sliding_per_layer(config: dict) -> list[Optional[int]]:
-    types = config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
-    return [config.get("sliding_window") if t == "sliding_attention" else None for t in types]
+    """vLLM's `_resolve_layer_attention`: dflash_config.use_swa makes every layer sliding when layer_types is
+    absent or names no sliding layer; the window is dflash_config.swa_window_size, else sliding_window."""
+    dflash = config.get("dflash_config") or {}
+    layers, use_swa, types = config["num_hidden_layers"], bool(dflash.get("use_swa", False)), config.get("layer_types")
+    if types is None or (use_swa and "sliding_attention" not in types):
+        sliding = [use_swa] * layers
+    else:
+        sliding = [t == "sliding_attention" for t in types]
+    window = dflash.get("swa_window_size", config.get("sliding_window"))
+    return [window if s else None for s in sliding]
 
 
 def visibility(n: int, block: int, causal: bool, window: Optional[int], draft_window: Optional[int]) -> torch.Tensor:
@@ -124,8 +134,9 @@ def visibility(n: int, block: int, causal: bool, window: Optional[int], draft_wi
                 continue  # the user's draft window: only the last draft_window context rows
             if j >= n and causal and j > query:
                 continue  # causal inside the block
-            if window is not None and not (query - window < j):
-                continue  # a sliding layer: keys window or more positions back are out
+            if window is not None and not (abs(query - j) < window):
+                continue  # a sliding layer: keys window or more positions away are out (both ways: vLLM's
+                #           window is symmetric when the layer is not causal)
             seen[i, j] = True
     return seen
 
@@ -155,7 +166,7 @@ def conv_coefficients(x: torch.Tensor, base: torch.Tensor, projection: torch.Ten
 @dataclass
 class DraftBlock:
     hidden: torch.Tensor  # [B, hidden], final-normed, block positions 0..B-1
-    logits: torch.Tensor  # [B-1, vocab], the mask slots' head logits (multiplier and softcap applied)
+    logits: torch.Tensor  # [B-1, vocab], the mask slots' raw head logits (the selector scales its top-K)
     ids: list[int]  # the B-1 drafted ids
     q: Optional[torch.Tensor] = None  # [B-1, vocab], the rows the sampled walk drew from (zero off-candidates)
     scores: Optional[list[torch.Tensor]] = None  # per slot, [K] scores given the walk's predecessor
@@ -167,7 +178,6 @@ class ReferenceDraft:
         self.config = json.loads((Path(draft_dir) / "config.json").read_text())
         self.w = load_tensors(draft_dir)
         self.head = TargetHead.read(target_dir)
-        target_text = text_section(json.loads((Path(target_dir) / "config.json").read_text()))
         cfg, dflash = self.config, self.config["dflash_config"]
         self.eps = cfg.get("rms_norm_eps", 1e-6)
         self.heads, self.kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -178,19 +188,13 @@ class ReferenceDraft:
             raise NotImplementedError("the reference computes default RoPE only")
         self.mask_id = dflash["mask_token_id"]
         self.top_k = dflash.get("selector_top_k")
-        self.embedding_scale = cfg.get("input_embedding_scale", dflash.get("input_embedding_scale", 1.0))
-
-        def draft_then_target(key):
-            for holder in (cfg, dflash, target_text):
-                if holder.get(key) is not None:
-                    return holder[key]
-            return None
-
-        self.multiplier = draft_then_target("output_multiplier") or 1.0
-        self.softcap = draft_then_target("final_logit_softcapping")
+        self.has_selector = "candidate_selector.predecessor_codebook" in self.w
+        # vLLM's DFlash 2 model: dflash_config only, never the top level or the target; DFlash 1 reads none
+        self.embedding_scale = float(dflash.get("input_embedding_scale", 1.0)) if self.has_selector else 1.0
+        self.multiplier = float(dflash.get("output_multiplier", 1.0))
+        self.softcap = float(dflash.get("final_logit_softcapping") or 0.0) or None
         self.causal = causal_per_layer(cfg)
         self.windows = sliding_per_layer(cfg)
-        self.has_selector = "candidate_selector.predecessor_codebook" in self.w
 
     # one sublayer's convolution pair, or the identity for a DFlash 1 draft
     def _coefficients(self, n: int, part: str, x: torch.Tensor) -> Optional[torch.Tensor]:
@@ -251,7 +255,7 @@ class ReferenceDraft:
         return rms_norm(h, w["norm.weight"], eps)
 
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return softcap(self.multiplier * (hidden @ self.head.lm_head.T), self.softcap)
+        return hidden @ self.head.lm_head.T  # raw: the selector's top-K is taken before any scaling
 
     def slot_scores(self, h_slot: torch.Tensor, cand: torch.Tensor, unary: torch.Tensor, predecessor: int) -> torch.Tensor:
         """score(a, c) = unary[c] + sum_d pred[a, d] * z[d] * succ[cand[c], d], z = hidden_projection(h)."""
@@ -272,7 +276,8 @@ class ReferenceDraft:
         selector = self.has_selector if use_selector is None else use_selector
         if not selector:
             return DraftBlock(hidden, logits, [int(i) for i in logits.argmax(-1)])
-        unary, cand = torch.topk(logits, self.top_k, dim=-1, sorted=True)
+        raw_top, cand = torch.topk(logits, self.top_k, dim=-1, sorted=True)
+        unary = softcap(self.multiplier * raw_top, self.softcap)  # then multiplier and softcap, as vLLM
         ids, rows, scored = [], torch.zeros_like(logits), []
         predecessor = anchor
         for s in range(block_size - 1):

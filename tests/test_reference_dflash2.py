@@ -87,6 +87,8 @@ def test_visibility_tables():
     # window 3 at query position 3 + i: keys j > i are in (3 + i - 3 < j)
     sliding = visibility(3, 2, causal=False, window=3, draft_window=None)
     assert sliding.int().tolist() == [[0, 1, 1, 1, 1], [0, 0, 1, 1, 1]]
+    ahead = visibility(2, 4, causal=False, window=2, draft_window=None)  # bidirectional: both ways (vLLM)
+    assert ahead.int().tolist() == [[0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0], [0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 1, 1]]
     both = visibility(3, 2, causal=True, window=2, draft_window=None)
     assert both.int().tolist() == [[0, 0, 1, 1, 0], [0, 0, 0, 1, 1]]
     drafted = visibility(4, 2, causal=False, window=None, draft_window=2)
@@ -97,7 +99,8 @@ def test_visibility_tables():
     ({}, [False, False]),
     ({"layer_types": ["sliding_attention", "full_attention"]}, [True, False]),
     ({"is_causal": False, "layer_types": ["sliding_attention", "full_attention"]}, [False, False]),
-    ({"dflash_config": {"is_causal": True, "causal": False}}, [True, True]),
+    ({"dflash_config": {"is_causal": True, "causal": False}}, [False, False]),  # vLLM never reads dflash_config.is_causal
+    ({"dflash_config": {"is_causal": True}}, [False, False]),
     ({"dflash_config": {"causal": True}}, [True, True]),
     ({"is_causal": False, "dflash_config": {"is_causal": True}}, [False, False]),
 ])

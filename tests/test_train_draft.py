@@ -489,6 +489,15 @@ def test_dflash2_starts_from_a_dflash1_draft_and_loads_in_both_engines(counting,
     assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["dflash_config"]["selector_top_k"] == 8
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         names = set(f.keys())
+        shapes = {n: list(f.get_slice(n).get_shape()) for n in ("layers.0.attention_conv.base_kernel",
+                  "layers.0.attention_conv.kernel_projection.weight", "candidate_selector.hidden_projection.weight")}
+    # every size vLLM, llama.cpp's converter and z-lab's loader index, equal to the tensors' (issue 44)
+    sizes, hidden = cfg["dflash_config"], cfg["hidden_size"]
+    assert shapes["layers.0.attention_conv.base_kernel"] == [2, sizes["conv_kernel_size"], hidden]
+    groups = hidden // sizes["conv_group_size"]
+    assert shapes["layers.0.attention_conv.kernel_projection.weight"] == [2 * sizes["conv_kernel_size"] * groups, hidden]
+    assert shapes["candidate_selector.hidden_projection.weight"] == [sizes["selector_rank"], hidden]
+    assert sizes["block_size"] == cfg["block_size"]
     assert {"candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook",
             "layers.0.attention_conv.base_kernel", "layers.1.mlp_conv.kernel_projection.weight"} <= names
     target, _ = counting

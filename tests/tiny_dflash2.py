@@ -22,8 +22,9 @@ from tests import tiny
 DFLASH2_ARCH = "DFlash2DraftModel"
 SELECTOR = ("candidate_selector.hidden_projection.weight", "candidate_selector.predecessor_codebook",
             "candidate_selector.successor_codebook")
-# where a causal flag is written: the three keys the resolution reads, in its order (docs/dflash2.md)
-CAUSAL_KEYS = ("is_causal", "dflash_config.is_causal", "dflash_config.causal")
+# where a causal flag is written: the two keys vLLM's resolution reads, in its order, and one it ignores
+# (docs/dflash2.md)
+CAUSAL_KEYS = ("is_causal", "dflash_config.causal", "dflash_config.is_causal")
 
 
 def dflash2_tensors(config: dict, vocab: int, taps: int, groups: int, selector_dim: int, seed: int,
@@ -80,9 +81,11 @@ def make_dflash2_draft(
     sliding_window: Optional[int] = None,
     layer_types: Optional[list[str]] = None,
     embedding_scale: Optional[float] = None,
-    embedding_scale_in_dflash: bool = False,
+    embedding_scale_in_dflash: bool = True,
     output_multiplier: Optional[float] = None,
     softcap: Optional[float] = None,
+    head_keys_in_dflash: bool = True,
+    sizes: bool = True,
     identity: bool = False,
     drop: Sequence[str] = (),
     with_dflash2_tensors: bool = True,
@@ -92,6 +95,9 @@ def make_dflash2_draft(
     """A DFlash 2 draft for `target` in `out`; returns `out`.
 
     causal / causal_key: write `causal` under one of CAUSAL_KEYS (None: no flag, so the layer types decide).
+    embedding_scale, output_multiplier and softcap go in dflash_config (where vLLM reads them) unless
+    embedding_scale_in_dflash / head_keys_in_dflash is False (the top level, which vLLM does not read);
+    sizes False leaves out conv_kernel_size, conv_group_size and selector_rank.
     sliding_window with layer_types (default: the first layer sliding, the others full).
     top_k None leaves selector_top_k out; architecture "DFlashDraftModel" with the tensors kept is a DFlash 1
     config carrying DFlash 2 tensors; with_dflash2_tensors False writes none of them; drop names tensors
@@ -108,6 +114,8 @@ def make_dflash2_draft(
     dflash = config["dflash_config"]
     if top_k is not None:
         dflash["selector_top_k"] = top_k
+    if sizes and with_dflash2_tensors and architecture == DFLASH2_ARCH:  # the sizes vLLM, llama.cpp, z-lab index
+        dflash.update(conv_kernel_size=taps, conv_group_size=config["hidden_size"] // groups, selector_rank=selector_dim)
     if causal is not None:
         if causal_key not in CAUSAL_KEYS:
             raise ValueError(f"causal_key {causal_key!r} is not one of {CAUSAL_KEYS}")
@@ -121,9 +129,9 @@ def make_dflash2_draft(
     if embedding_scale is not None:
         (dflash if embedding_scale_in_dflash else config)["input_embedding_scale"] = embedding_scale
     if output_multiplier is not None:
-        config["output_multiplier"] = output_multiplier
+        (dflash if head_keys_in_dflash else config)["output_multiplier"] = output_multiplier
     if softcap is not None:
-        config["final_logit_softcapping"] = softcap
+        (dflash if head_keys_in_dflash else config)["final_logit_softcapping"] = softcap
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     weights = load_file(str(out / "model.safetensors"))

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_tui.engines.checkpoints import Dflash2Dims, DraftInfo, layer_windows, resolve_causal
+from dflash_tui.engines.checkpoints import Dflash2Dims, DraftInfo, head_settings, layer_windows, resolve_causal
 from dflash_tui.engines.cuda.attention import packed_gqa
 from dflash_tui.engines.errors import CheckpointError
 
@@ -196,18 +196,24 @@ class CandidateSelector(nn.Module):
         succ = self.successor_codebook[candidates]  # [..., s, K, d]
         return (pred @ succ.transpose(-1, -2)).float()
 
-    def walk(self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor, noise: torch.Tensor,
-             temperature: torch.Tensor) -> "Proposal":
-        """One block's chain: hidden [s, H] and head logits [s, V] of the mask slots, the anchor id [1],
-        noise [s, K] (Exp(1) draws; ones for the argmax walk) and a temperature tensor (1 for argmax).
-        Each slot picks argmax(softmax(score / T) / noise): a sample of softmax(score / T), or with unit
-        noise its argmax. All on the device: no host sync."""
-        unary, candidates = torch.topk(logits.float(), min(self.top_k, logits.shape[-1]), dim=-1)  # sorted
+    def candidates(self, logits: torch.Tensor, scale) -> tuple[torch.Tensor, torch.Tensor]:
+        """(unary [..., K], candidate ids [..., K]): the top-K of the raw head logits, then `scale` (the output
+        multiplier and softcap) applied to their values, in vLLM's order (`compute_candidates`): a softcap
+        that saturates never changes which tokens are candidates."""
+        values, ids = torch.topk(logits.float(), min(self.top_k, logits.shape[-1]), dim=-1)  # sorted
+        return scale(values), ids
+
+    def walk(self, hidden: torch.Tensor, unary: torch.Tensor, candidates: torch.Tensor, anchor: torch.Tensor,
+             noise: torch.Tensor, temperature: torch.Tensor) -> "Proposal":
+        """One block's chain: hidden [s, H] of the mask slots, their candidates' unary scores and ids [s, K]
+        (`candidates`), the anchor id [1], noise [s, K] (Exp(1) draws; ones for the argmax walk) and a
+        temperature tensor (1 for argmax). Each slot picks argmax(softmax(score / T) / noise): a sample of
+        softmax(score / T), or with unit noise its argmax. All on the device: no host sync."""
         slots = candidates.shape[0]
         predecessors = torch.cat([anchor.view(1, 1).expand(1, candidates.shape[1]), candidates[:-1]])
         pairs = self.pair_scores(hidden, candidates, predecessors)  # [s, K (predecessor), K]
         chosen, q = [], []
-        prev = torch.zeros(1, dtype=torch.long, device=logits.device)  # slot 0's predecessors are all the anchor
+        prev = torch.zeros(1, dtype=torch.long, device=unary.device)  # slot 0's predecessors are all the anchor
         for slot in range(slots):  # index_select, not pairs[slot, prev]: a tensor index would sync with the host
             probs = ((unary[slot] + pairs[slot].index_select(0, prev)[0]) / temperature).softmax(-1)
             prev = (probs / noise[slot]).argmax(-1, keepdim=True)
@@ -261,10 +267,9 @@ class DFlashDraft(nn.Module):
         self.fc = nn.Linear(len(self.target_layer_ids) * hidden, hidden, bias=False)
         self.hidden_norm = RMSNorm(hidden, eps)
         self.rotary = rotary_embedding(cfg)
-        self.embedding_scale = float(cfg.get("input_embedding_scale", dflash.get("input_embedding_scale", 1.0)))
-        # the selector's head logits (DraftInfo.with_target)
-        self.logit_multiplier: float = 1.0
-        self.logit_softcap: Optional[float] = None
+        # dflash_config's scales (checkpoints.head_settings); the embedding scale is DFlash 2's alone, as in vLLM
+        embedding_scale, self.logit_multiplier, self.logit_softcap = head_settings(cfg)
+        self.embedding_scale = embedding_scale if dims else 1.0
         self.candidate_selector = (CandidateSelector(hidden, cfg["vocab_size"], dims.selector_dim, dims.top_k)
                                    if dims else None)
 
@@ -289,6 +294,7 @@ class DFlashDraft(nn.Module):
         model = model.to(device=device, dtype=dtype).eval()
         # Rotary frequencies are not in the checkpoint and stay float32 whatever the weights' dtype.
         model.rotary = rotary_embedding(info.config).to(device)
+        model.embedding_scale = info.embedding_scale
         model.logit_multiplier, model.logit_softcap = info.logit_multiplier, info.logit_softcap
         return model
 
@@ -298,11 +304,12 @@ class DFlashDraft(nn.Module):
         return x * self.embedding_scale if self.embedding_scale != 1.0 else x
 
     def head_logits(self, hidden: torch.Tensor, lm_head: nn.Linear) -> torch.Tensor:
-        """The target head's logits for draft hidden states, as the selector reads them."""
-        return self.as_target_scores(lm_head(hidden.to(lm_head.weight.device)))
+        """The target head's raw logits for draft hidden states (the selector takes its top-K of these)."""
+        return lm_head(hidden.to(lm_head.weight.device))
 
     def as_target_scores(self, logits: torch.Tensor) -> torch.Tensor:
-        """Raw head logits with the target's output multiplier and final softcap applied."""
+        """Head logits (or their top-K values) times dflash_config.output_multiplier, then softcapped by
+        dflash_config.final_logit_softcapping."""
         if self.logit_multiplier != 1.0:
             logits = logits * self.logit_multiplier
         if self.logit_softcap:
@@ -319,7 +326,9 @@ class DFlashDraft(nn.Module):
         if noise is None:
             noise = torch.ones(logits.shape[0], self.candidate_selector.top_k, device=logits.device)
             temperature = torch.ones((), device=logits.device)
-        return self.candidate_selector.walk(hidden[0, 1:].to(logits.device), logits, anchor, noise, temperature)
+        unary, candidates = self.candidate_selector.candidates(logits, self.as_target_scores)
+        return self.candidate_selector.walk(hidden[0, 1:].to(logits.device), unary, candidates, anchor, noise,
+                                            temperature)
 
     def rope(self, positions: torch.Tensor, like: torch.Tensor):
         """cos, sin for positions [b, n], in the dtype of `like`."""
@@ -351,10 +360,11 @@ class DFlashDraft(nn.Module):
 def visible(queries: torch.Tensor, keys: torch.Tensor, start, causal: bool, window: Optional[int]) -> torch.Tensor:
     """Which keys (absolute positions [..., m]) each block query (absolute positions [..., n]) sees, for a
     block starting at `start`: every context row (< start) and, unless the layer is causal, every block row;
-    a sliding layer of window w only rows less than w positions back (docs/dflash2.md)."""
+    a sliding layer of window w only rows less than w positions away: back, and for a bidirectional layer
+    ahead too, as vLLM's symmetric window for non-causal attention (docs/dflash2.md)."""
     q, k = queries[..., :, None], keys[..., None, :]
     ok = (k < start) | (k <= q) if causal else torch.ones_like(q > k)
-    return ok & (q - k < window) if window else ok
+    return ok & ((q - k).abs() < window) if window else ok
 
 
 class Span:

@@ -6,7 +6,10 @@ norm, because drafts are trained on transformers' `hidden_states`, whose last en
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
+import warnings
 from typing import Union
 
 import torch
@@ -77,15 +80,46 @@ def load_model(info: TargetInfo, dtype: torch.dtype, device_map):
     return transformers.AutoModelForCausalLM.from_pretrained(str(info.path), **kwargs)
 
 
+@contextlib.contextmanager
+def held_library_output():
+    """transformers' log records (its load report) and Python warnings while a target loads, held back: shown
+    as they would have been once the load is accepted, dropped when it is refused, so a refusal is its one
+    sentence and nothing else."""
+    from transformers.utils import logging as hf_logging
+
+    library = hf_logging.get_logger()  # transformers' root logger: its modules log through it
+    records: list[logging.LogRecord] = []
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handlers, propagate = library.handlers[:], library.propagate
+    library.handlers[:] = [Hold(level=library.level)]
+    library.propagate = False
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            yield
+    finally:
+        library.handlers[:], library.propagate = handlers, propagate
+    for record in records:  # (reached only when the load was accepted)
+        library.handle(record)
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+
 class Target:
     def __init__(self, info: TargetInfo, device: torch.device, dtype: torch.dtype, layer_ids: list[int],
                  device_map=None, rollback: str = ROLLBACK):
         check_family(info)
-        try:
-            model, loading = load_model(info, dtype, device_map or {"": device})
-        except Exception as exc:
-            raise CheckpointError(f"The target {info.path} could not be loaded ({describe(exc)}); re-download it.") from None
-        check_loaded(info, loading)
+        with held_library_output():
+            try:
+                model, loading = load_model(info, dtype, device_map or {"": device})
+            except Exception as exc:
+                raise CheckpointError(f"The target {info.path} could not be loaded ({describe(exc)}); "
+                                      "re-download it.") from None
+            check_loaded(info, loading)
         self.model = model.eval()
         self._attach(layer_ids, rollback)
 

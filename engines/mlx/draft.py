@@ -22,7 +22,7 @@ from typing import Optional, cast
 import mlx.core as mx
 import mlx.nn as nn
 
-from dflash_tui.engines.checkpoints import Dflash2Dims, DraftInfo, attention_window, layer_windows, resolve_causal
+from dflash_tui.engines.checkpoints import Dflash2Dims, DraftInfo, attention_window, head_settings, layer_windows, resolve_causal
 from dflash_tui.engines.errors import CheckpointError
 
 
@@ -86,13 +86,14 @@ class DraftAttention(nn.Module):
 def visible(first: int, start: int, n: int, causal: bool, window: Optional[int]) -> Optional[mx.array]:
     """[n, start - first + n] booleans: which keys (context positions first..start-1, then the block at
     start..start+n-1) each block query (positions start..start+n-1) sees; None when it sees all of them.
-    Causal: block rows up to its own; a sliding window w: keys less than w positions back."""
+    Causal: block rows up to its own; a sliding window w: keys less than w positions away (back, and for a
+    bidirectional layer ahead too, as vLLM's symmetric window)."""
     if not causal and not window:
         return None
     queries = mx.arange(start, start + n)[:, None]
     keys = mx.arange(first, start + n)[None, :]
     ok = (keys < start) | (keys <= queries) if causal else mx.ones((n, keys.shape[1]), dtype=mx.bool_)
-    return ok & (queries - keys < window) if window else ok
+    return ok & (mx.abs(queries - keys) < window) if window else ok
 
 
 class DynamicConv(nn.Module):
@@ -178,10 +179,12 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = mx.zeros((vocab, dim))
 
     def walk(self, hidden: mx.array, logits: mx.array, anchor: mx.array, temperature: float = 0.0,
-             noise: Optional[mx.array] = None) -> tuple[mx.array, mx.array, Optional[mx.array]]:
-        """hidden [s, H] and head logits [s, V] of the mask slots, the anchor id [1]. Returns the drafted
-        ids [s] (int32), the candidates [s, K] and, at temperature > 0, q [s, K] (float32) each slot was
-        sampled from as argmax(q / noise) with noise [s, K] of Exp(1) draws. Lazy: no host sync."""
+             noise: Optional[mx.array] = None, scale=None) -> tuple[mx.array, mx.array, Optional[mx.array]]:
+        """hidden [s, H] and raw head logits [s, V] of the mask slots, the anchor id [1]. The candidates are
+        the top-K of the raw logits; `scale` (the output multiplier and softcap) then applies to their values,
+        in vLLM's order (a saturating softcap never changes the candidate set). Returns the drafted ids [s]
+        (int32), the candidates [s, K] and, at temperature > 0, q [s, K] (float32) each slot was sampled from
+        as argmax(q / noise) with noise [s, K] of Exp(1) draws. Lazy: no host sync."""
         k = min(self.top_k, logits.shape[-1])
         logits = logits.astype(mx.float32)
         part = mx.argpartition(-logits, kth=k - 1, axis=-1)[:, :k]
@@ -189,6 +192,8 @@ class CandidateSelector(nn.Module):
         order = mx.argsort(-values, axis=-1)  # highest first: ties in the walk go to the higher logit
         candidates = mx.take_along_axis(part, order, axis=-1)
         unary = mx.take_along_axis(values, order, axis=-1)
+        if scale is not None:
+            unary = scale(unary)
         z = self.hidden_projection(hidden).astype(mx.float32)  # [s, d]
         succ = self.successor_codebook[candidates].astype(mx.float32) * z[:, None, :]  # [s, K, d]
         prev, ids, rows = anchor.reshape(1), [], []
@@ -233,9 +238,9 @@ class DFlashDraft(nn.Module):
         if info is not None:
             self.embedding_scale = info.embedding_scale
             self.logit_multiplier, self.logit_softcap = info.logit_multiplier, info.logit_softcap
-        else:
-            self.embedding_scale = float(cfg.get("input_embedding_scale", dflash.get("input_embedding_scale", 1.0)))
-            self.logit_multiplier, self.logit_softcap = 1.0, None
+        else:  # a DFlash 1 draft from its config: dflash_config's head settings (the embedding scale is DFlash 2's)
+            _, self.logit_multiplier, self.logit_softcap = head_settings(cfg)
+            self.embedding_scale = 1.0
         if info is not None and dims is not None:
             vocab = (info.weight_shapes.get("candidate_selector.predecessor_codebook") or [info.vocab_size])[0]
             self.candidate_selector = CandidateSelector(hidden, vocab, dims.selector_dim, dims.top_k)
@@ -276,9 +281,12 @@ class DFlashDraft(nn.Module):
         return x * self.embedding_scale if self.embedding_scale != 1.0 else x
 
     def head_logits(self, hidden: mx.array, lm_head) -> mx.array:
-        """The target head's logits for draft hidden states as the selector reads them (float32, with
-        the output multiplier and the final softcap)."""
-        logits = lm_head(hidden).astype(mx.float32)
+        """The target head's raw logits for draft hidden states (float32): the selector's top-K reads these."""
+        return lm_head(hidden).astype(mx.float32)
+
+    def as_target_scores(self, logits: mx.array) -> mx.array:
+        """Logits (or their top-K values) times dflash_config.output_multiplier, then softcapped by
+        dflash_config.final_logit_softcapping."""
         if self.logit_multiplier != 1.0:
             logits = logits * self.logit_multiplier
         if self.logit_softcap:
@@ -303,7 +311,7 @@ class DFlashDraft(nn.Module):
         if self.selector is None:
             return mx.argmax(lm_head(slots), axis=-1).astype(mx.int32), None
         logits = self.head_logits(slots, lm_head)
-        ids, candidates, q = self.selector.walk(slots, logits, anchor, temperature, noise)
+        ids, candidates, q = self.selector.walk(slots, logits, anchor, temperature, noise, self.as_target_scores)
         if q is None:
             return ids, None
         return ids, mx.put_along_axis(mx.zeros(logits.shape, dtype=mx.float32), candidates, q, axis=-1)

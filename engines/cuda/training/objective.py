@@ -126,7 +126,7 @@ class BlockObjective:
         slot's scores, given its true predecessor, against its true token where that token is among the
         top-K candidates of the head's logits; 0 where it is not."""
         draft = self.draft
-        top, candidates = torch.topk(draft.as_target_scores(logits), draft.candidate_selector.top_k, dim=-1)
+        top, candidates = draft.candidate_selector.candidates(logits, draft.as_target_scores)  # (vLLM's order)
         pairs = draft.candidate_selector.pair_scores(hidden.float(), candidates, predecessors[..., None])[..., 0, :]
         scores = top + pairs
         hit = candidates == labels[..., None]

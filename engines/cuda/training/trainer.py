@@ -17,11 +17,11 @@ import torch
 
 from dflash_tui.engines import files
 from dflash_tui.engines.checkpoints import (
-    DFLASH2_ARCH,
     Dflash2Dims,
     DraftInfo,
     TargetInfo,
     default_target_layer_ids,
+    dflash2_config,
     draft_config,
 )
 from dflash_tui.engines.config import MAX_BLOCK_SIZE
@@ -229,10 +229,9 @@ class Trainer:
         self.gamma = cfg.gamma if cfg.gamma is not None else default_gamma(cfg.block_size)
         self.draft_config = draft_config(self.info.config, cfg.draft_layers, self.layer_ids, cfg.block_size, self.mask_id)
         self.dims = None
-        if cfg.arch == "dflash2":
-            self.draft_config["architectures"] = [DFLASH2_ARCH]
-            self.draft_config["dflash_config"]["selector_top_k"] = cfg.selector_top_k
+        if cfg.arch == "dflash2":  # (every size the public readers index: checkpoints.dflash2_config)
             self.dims = dflash2_dims(self.draft_config["hidden_size"], cfg.selector_top_k)
+            self.draft_config = dflash2_config(self.draft_config, self.dims)
         init = self._check_init(cfg.init_draft) if cfg.init_draft else None  # before any weight loads
         for option, folder in self.folders.items():  # take them now: an unwritable one fails before the work
             claim_output_dir(folder, option=option)
@@ -271,8 +270,10 @@ class Trainer:
         ones this run trains, else the weights mean something else."""
         info = DraftInfo.read(folder)
         fields = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-                  "num_key_value_heads", "head_dim", "vocab_size", "block_size")
+                  "num_key_value_heads", "head_dim", "vocab_size")
         differ = [f for f in fields if info.config.get(f) != self.draft_config.get(f)]
+        if info.block_size != self.draft_config["block_size"]:  # (read from either place: checkpoints)
+            differ.append("block_size")
         if info.target_layer_ids != self.layer_ids:
             differ.append("target_layer_ids")
         if info.config.get("dflash_config", {}).get("mask_token_id") != self.mask_id:
