@@ -342,3 +342,60 @@ def test_the_chi_square_tail_is_exact():
     for x, df, tail in ((3.841459, 1, 0.05), (5.991465, 2, 0.05), (11.0705, 5, 0.05), (18.30704, 10, 0.05),
                         (18.46683, 4, 1e-3)):
         assert chi2_sf(x, df) == pytest.approx(tail, rel=1e-4)
+
+
+# -- the loop feeds its acceptance code the step's own p and q ---------------------------------------------
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_loop_gives_the_rule_the_steps_p_and_q(pair, measured, engine, monkeypatch):
+    """The checks above call the acceptance code directly; here the real loop runs (T = 0.7, top-p 0.9,
+    block 8) and what it hands that code at each step's first slot is compared with the reference: p from
+    transformers' logits at the step's anchor, q from the reference draft at that anchor, and the drafted
+    token is the block's."""
+    from transformers import AutoModelForCausalLM
+
+    target, _, draft2 = pair
+    temperature, top_p = 0.7, 0.9
+    runner = measured(engine, "dflash2")
+    seen: list = []
+    if engine == "cuda":
+        from dflash_tui.engines.cuda import loop
+
+        real = loop.rejection_choice
+
+        def spy(p, proposal, generator, race):
+            q = torch.zeros_like(p[0], dtype=torch.float64).scatter_(0, proposal.candidates[0], proposal.q[0].double())
+            seen.append((p[0].double().numpy(), q.numpy(), proposal.ids.tolist()))
+            return real(p, proposal, generator, race)
+
+        monkeypatch.setattr(loop, "rejection_choice", spy)
+    else:
+        from dflash_tui.engines.mlx import loop as mlx_loop
+
+        real_mlx = mlx_loop.rejection_verify
+
+        def spy_mlx(p, q, drafted, sampler):
+            seen.append((np.array(p[0], dtype=np.float64), np.array(q[0], dtype=np.float64), drafted.tolist()))
+            return real_mlx(p, q, drafted, sampler)
+
+        monkeypatch.setattr(mlx_loop, "rejection_verify", spy_mlx)
+    ids = runner.engine.prepare(GenerationRequest(prompt="What is 48 + 75?"))
+    events = list(runner.engine.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=40, temperature=temperature,
+                                                           top_p=top_p, seed=3, block_size=BLOCK, stop_ids=[])))
+    steps = [e for e in events[1:] if e.drafted]
+    assert len(steps) == len(seen) >= 5
+    seq = ids + [t for e in events for t in e.emitted]
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([seq])).logits[0].double().numpy()
+    features = target_context_features(target, seq, [0, 2])
+    reference = ReferenceDraft(draft2, target)
+    start = len(ids)  # the first step's anchor is the prefill's token, at position len(ids)
+    for step, (p, q, drafted) in zip(steps, seen):
+        assert drafted == step.drafted
+        np.testing.assert_allclose(p, target_probs(logits[start], temperature, top_p), atol=2e-5)
+        block = reference.draft_block(features[:start], seq[start], len(drafted) + 1)  # the last blocks shrink
+        want = np.zeros_like(q)
+        want[block.candidates[0].numpy()] = torch.softmax(block.scores[0] / temperature, dim=-1).numpy()
+        np.testing.assert_allclose(q, want, atol=2e-5)
+        start += len(step.emitted)
