@@ -18,11 +18,14 @@ from dflash_tui.core.conversation import (
     ActiveTurn,
     ChatFlags,
     Conversation,
+    draft_arch,
     open_conversation,
     reports_steps,
     resume,
+    running_draft,
+    running_draft_kind,
 )
-from dflash_tui.core.figures import UNKNOWN, fixed, known
+from dflash_tui.core.figures import UNKNOWN, draft_text, fixed, known
 from dflash_tui.core.settings import loading_line, profile_for
 from dflash_tui.core.terminal import color_enabled, counted, printable, typing_hidden
 from dflash_tui.engines import files, load_engine
@@ -68,7 +71,8 @@ class Repl:
         s = self.conv.settings
         block = s.block_size if reports_steps(self.conv.engine) else UNKNOWN  # a foreign server runs its own
         thinking = f"effort {self.conv.effort}" if self.conv.effort else f"thinking {'ON' if s.thinking else 'OFF'}"
-        return f"block {block} · {thinking} · ghosts {'on' if self.ghosts else 'off'}"
+        kind = running_draft_kind(self.conv.engine)  # None: a server that does not say
+        return f"block {block}{f' · {kind}' if kind else ''} · {thinking} · ghosts {'on' if self.ghosts else 'off'}"
 
     # -- commands --------------------------------------------------------------------------------
     def command(self, line: str) -> None:
@@ -148,6 +152,9 @@ class Repl:
             f"{split} · peak {peak} · context {m.prompt_tokens + m.generated_tokens}",
             f"{m.engine} · {m.device} · {m.dtype} · {self.status()}",
         ]
+        draft = running_draft(self.conv.engine)
+        if draft and running_draft_kind(self.conv.engine):
+            lines.append(f"draft {draft_text(draft, draft_arch(self.conv.engine))}")
         return "\n".join(lines)
 
     # -- a turn ----------------------------------------------------------------------------------
@@ -190,8 +197,10 @@ class Repl:
         if turn is not None and turn.summary is not None:
             m = turn.summary
             mark = (f" · {m.stopped_by}" if m.stopped_by else "") + (f" · {turn.save_error}" if turn.save_error else "")
+            kind = running_draft_kind(self.conv.engine)
             self.info(f"[{m.generated_tokens} tokens · {m.decode_tokens_per_s:.1f} tok/s · "
-                      f"tau {fixed(m.mean_acceptance_length)} · block {known(m.block_size)}{mark}]")
+                      f"tau {fixed(m.mean_acceptance_length)} · block {known(m.block_size)}"
+                      f"{f' · {kind}' if kind else ''}{mark}]")
         if turn is not None and turn.can_continue:
             self.info(f"{'cancelled' if turn.cancelled else 'failed'}: not sent as history; /continue picks it up")
         self.conv.measure_block1()
@@ -266,7 +275,9 @@ class Repl:
         session: PromptSession[str] = PromptSession(history=history, key_bindings=kb, multiline=False,
                                 bottom_toolbar=lambda: f" {self.status()} · ctrl+t thinking · ctrl+j newline · /help ",
                                 prompt_continuation="… ")
-        self.info(f"dflash · {self.conv.engine_name} on {self.conv.engine.device} · /help for commands · ctrl+d quits")
+        kind = running_draft_kind(self.conv.engine)
+        self.info(f"dflash · {self.conv.engine_name} on {self.conv.engine.device}{f' · {kind}' if kind else ''} · "
+                  "/help for commands · ctrl+d quits")
         saved = len(sessions.session_paths())
         if saved and not self.conv.turns:  # a fresh chat: say how to pick up the last one instead
             self.info(f"{counted(saved, 'saved session')}: dflash chat --plain -c continues the last one")

@@ -29,7 +29,8 @@ QUESTIONS = ["What is 48 + 75?", "The quick brown fox"]
 ROW_KEYS = {"block_size", "generated_tokens", "steps", "tau", "histogram", "decode_tokens_per_s", "speedup", "ttft_s",
             "peak_memory_bytes", "peak_memory_kind", "repeats", "repeat_rates", "identical_to_recording",
             "identical_across_block_sizes", "turns"}
-TOP_KEYS = {"schema", "session", "session_path", "created", "engine", "device", "dtype", "target", "recorded_target",
+TOP_KEYS = {"schema", "session", "session_path", "created", "engine", "device", "dtype", "target", "draft", "draft_arch",
+            "recorded_target",
             "recorded_engine", "same_target", "temperature", "greedy", "block_sizes", "turns", "rows", "differences",
             "warnings"}
 ROOT = Path(__file__).resolve().parent.parent

@@ -29,7 +29,8 @@ def list_cmd(as_json: bool) -> None:
     found = profiles.list_profiles(errors)
     if as_json:
         click.echo(json.dumps([{"name": p.name, "description": p.description, "source": p.origin,
-                                "path": str(p.path), "target": p.target, "draft": p.draft} for p in found], indent=2))
+                                "path": str(p.path), "target": p.target, "draft": p.draft,
+                                "drafts": list(p.drafts or ([p.draft] if p.draft else []))} for p in found], indent=2))
     else:
         width = max([len(p.name) for p in found] + [4])
         click.echo(styled(f"{'NAME':<{width}}  {'SOURCE':<8}  DESCRIPTION", bold=True))
@@ -46,6 +47,9 @@ def show(name: str) -> None:
     p = profiles.load_profile(name)
     assert p.path is not None
     click.echo(styled(printable(f"# {p.origin} profile {p.name}: {p.path}"), dim=True))
+    if len(p.drafts) > 1:  # the TOML says it too; this line says what the list means
+        click.echo(styled(printable(f"# drafts: {p.drafts[0]} loads; the chat's palette (ctrl+p, Draft:) switches to "
+                                    f"{', '.join(p.drafts[1:])}"), dim=True))
     click.echo(printable(p.path.read_bytes().decode("utf-8", errors="replace")), nl=False)  # comments too
 
 
@@ -63,13 +67,17 @@ def validate(file: str) -> None:
     if not os.path.exists(file_path):  # a folder, a FIFO: load_profile says what it is instead
         raise UserError(printable(f"Profile file {file_path} does not exist; check the path."))
     p = profiles.load_profile(str(file_path))
-    for role, value in (("target", p.target), ("draft", p.draft)):
+    checked: list[tuple[str, Optional[str]]] = [("target =", p.target)]
+    checked += [("drafts entry", d) for d in p.drafts] if p.drafts else [("draft =", p.draft)]
+    for role, value in checked:
         if value and not Path(p.local_path(value)).expanduser().is_dir() and not (
                 hub.looks_like_hub_id(value) and hub.cached(value)):
             beside = p.path.resolve().parent / value if p.path else value
-            raise UserError(printable(f"{file_path}: {role} = {value!r} is neither a folder (none at {beside}) nor a "
+            raise UserError(printable(f"{file_path}: {role} {value!r} is neither a folder (none at {beside}) nor a "
                                       f"downloaded hub repo; fix the path, or run `hf download {value}` if it is a hub id."))
     draft = f" + {p.draft}" if p.draft else " (no draft)"
+    if len(p.drafts) > 1:
+        draft += f" (drafts to switch to: {', '.join(p.drafts[1:])})"
     click.echo(f"{styled('ok', fg='green')}: {printable(f'{file_path} is profile {p.name}: {p.target}{draft}')}")
 
 

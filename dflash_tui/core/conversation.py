@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Optional
 
 from dflash_tui.core import sessions
+from dflash_tui.core.figures import DRAFT_KINDS, draft_kind
 from dflash_tui.core.profiles import Profile
 from dflash_tui.core.terminal import printable  # noqa: F401 - re-exported for older imports
 from dflash_tui.engines.checkpoints import check_block_size
@@ -443,7 +444,13 @@ class Conversation:
     def _settings_record(self, active: ActiveTurn) -> dict:
         return {**self.settings.to_dict(), "block_size": active.block_size, "thinking": active.request.thinking,
                 "reasoning_effort": active.request.reasoning_effort, "engine": self.engine_name,
-                "device": self.engine.device, "dtype": self.engine.dtype}
+                "device": self.engine.device, "dtype": self.engine.dtype, **self._draft_record()}
+
+    def _draft_record(self) -> dict:
+        """Which draft runs: the name it was given (hub id or folder) and its architecture ('dflash' or
+        'dflash2'; None where the engine does not say). In the header and in each turn's settings, since the
+        palette can switch drafts mid-session."""
+        return {"draft": running_draft(self.engine), "draft_arch": draft_arch(self.engine)}
 
     def _record_prompt(self, active: ActiveTurn) -> None:
         """The turn's prompt record, fsynced before generation: its turn record settles it when the turn ends;
@@ -511,7 +518,7 @@ class Conversation:
             "target": engine.config.target or str(target_path),
             "draft": engine.config.draft or (str(draft_path) if draft_path else None),
             "target_path": str(target_path),
-            "draft_path": str(draft_path) if draft_path else None,
+            "draft_path": str(draft_path) if draft_path else None, "draft_arch": draft_arch(engine),
             "target_revision": sessions.revision_of(target_path), "draft_revision": sessions.revision_of(draft_path),
             "chat_template_hash": sessions.template_hash(engine.tokenizer),
             "settings": self.settings.to_dict(),
@@ -660,6 +667,33 @@ def step_speedup(step_tokens: Optional[int], step_s: Optional[float],
     if not step_tokens or not step_s or step_s <= 0 or not block1_seconds_per_token:
         return None
     return step_tokens * block1_seconds_per_token / step_s
+
+
+def draft_arch(engine) -> Optional[str]:
+    """The running draft's architecture as its config declares it: 'dflash' (DFlash 1) or 'dflash2' (DFlash 2, a
+    candidate selector); None without a draft, or where the engine does not say (a remote server's)."""
+    info = engine.draft_info
+    arch = getattr(info, "arch", None) if info is not None else None
+    return arch if arch in DRAFT_KINDS else None
+
+
+def running_draft(engine) -> Optional[str]:
+    """The running draft as it was given (hub id or path); a server's own for a remote engine (whose profile may
+    name a local draft it never runs); None without one."""
+    info = engine.draft_info
+    if info is None:
+        return None
+    return str(info.path) if engine.name == "remote" else (engine.config.draft or str(info.path))
+
+
+def running_draft_kind(engine) -> Optional[str]:
+    """What the header and the stats call the running draft: 'DFlash 1', 'DFlash 2', or 'no draft' (the target
+    alone); None where the engine does not say which kind its draft is (a remote server)."""
+    if not reports_steps(engine):  # a server that is not ours does not say whether it drafts at all
+        return None
+    if engine.draft_info is None:
+        return "no draft"
+    return draft_kind(draft_arch(engine))
 
 
 def reports_steps(engine) -> bool:

@@ -48,7 +48,7 @@ class Profile(Sampling):
     description: str
     path: Optional[Path]
     target: str
-    draft: Optional[str]
+    draft: Optional[str]  # the draft that loads: `drafts`' first when the profile lists several
     engine: str = "auto"
     dtype: str = "auto"
     block_size: Optional[int] = None
@@ -65,6 +65,7 @@ class Profile(Sampling):
     engines: dict[str, dict] = field(default_factory=dict)  # [engines.cuda] / [engines.mlx] overrides
     bench_prompts: Optional[str] = None  # [bench] prompts: the built-in set bench and tune use (None: chat)
     examples: tuple[str, ...] = ()  # example prompts the chat's first screen offers
+    drafts: tuple[str, ...] = ()  # [model] drafts: the drafts the chat's palette switches between (the first loads)
 
     @property
     def origin(self) -> str:
@@ -95,6 +96,12 @@ class Profile(Sampling):
             if beside.is_dir():
                 return str(beside)
         return value
+
+    def with_draft(self, draft: str) -> "Profile":
+        """A copy that runs `draft` (one of `drafts`, as the profile writes it) on every engine: the palette's
+        switch. `[engines.*]` draft overrides go, or they would put the default draft back."""
+        engines = {name: {k: v for k, v in table.items() if k != "draft"} for name, table in self.engines.items()}
+        return dataclasses.replace(self, draft=draft, engines=engines)
 
     def engine_config(self, engine: Optional[str] = None, **flags: Any) -> EngineConfig:
         """What to load on `engine` (default: the profile's; 'auto' is resolved first so its overrides
@@ -157,6 +164,10 @@ def _texts(v: Any) -> bool:
     return isinstance(v, list) and all(_plain(i) and i.strip() for i in v)
 
 
+def _drafts(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(_text(i) for i in v) and len(set(v)) == len(v)
+
+
 def _layer_ids(v: Any) -> bool:
     return isinstance(v, list) and bool(v) and all(_is_int(i) and i >= 0 for i in v) and len(set(v)) == len(v)
 
@@ -175,7 +186,11 @@ SCHEMA: dict[str, dict[str, _Spec]] = {
         "examples": _Spec("examples", "a list of non-empty strings without control characters",
                           'examples = ["What is 48 + 75?"]', _texts),
     },
-    "model": {"target": _TARGET, "draft": _DRAFT},
+    "model": {
+        "target": _TARGET, "draft": _DRAFT,
+        "drafts": _Spec("drafts", "a non-empty list of distinct hub ids or local paths without control characters",
+                        'drafts = ["z-lab/Qwen3-8B-DFlash-b16", "my/dflash2-draft"]', _drafts),
+    },
     "engine": {
         "default": _Spec("engine", f"one of {', '.join(ENGINES)}", 'default = "auto"', lambda v: v in ENGINES),
         "dtype": _DTYPE,
@@ -402,6 +417,14 @@ def _parse(text: str, path: Path) -> Profile:
                      'add a [model] section with target = "Qwen/Qwen3-8B" (a hub id or a local path)')
     fields.setdefault("name", path.stem)
     fields.setdefault("description", "")
+    drafts = fields.get("drafts")
+    if drafts is not None:  # the first is the default; `draft` beside it may only restate that
+        if fields.get("draft", drafts[0]) != drafts[0]:
+            raise r.fail(("model", "draft"), f"is {fields['draft']!r} but drafts starts with {drafts[0]!r}, and the "
+                         "first of drafts is the one that loads",
+                         "remove draft (drafts alone says it), or list that draft first in drafts")
+        fields["draft"] = drafts[0]
+        fields["drafts"] = tuple(drafts)
     fields.setdefault("draft", None)
     fields["examples"] = tuple(fields.get("examples", ()))
     return Profile(path=path, engines=overrides, **fields)
@@ -492,6 +515,10 @@ def copied_profile_text(name: str, source: str) -> str:
             value = table.get(key)
             if isinstance(value, str) and original.local_path(value) != value:
                 table[key] = original.local_path(value)
+    model = doc.get("model", {})
+    drafts = model.get("drafts") if isinstance(model, dict) else None
+    if isinstance(drafts, list) and any(original.local_path(d) != d for d in drafts if isinstance(d, str)):
+        model["drafts"] = [original.local_path(d) if isinstance(d, str) else d for d in drafts]
     return tomlkit.dumps(doc)
 
 
@@ -517,7 +544,9 @@ def new_profile_text(name: str) -> str:
         doc.add(title, table)
 
     section("model", "Hub ids or local directories; leave draft out to run the target alone.",
-            [("target", "Qwen/Qwen3-8B", None), ("draft", "z-lab/Qwen3-8B-DFlash-b16", None)], [])
+            [("target", "Qwen/Qwen3-8B", None), ("draft", "z-lab/Qwen3-8B-DFlash-b16", None)],
+            ['drafts = ["z-lab/Qwen3-8B-DFlash-b16", "my/dflash2-draft"]  # instead of draft: the first loads, '
+             "ctrl+p switches"])
     section("engine", "auto: MLX on Apple Silicon, CUDA where a CUDA device exists, else the faster CPU engine.",
             [("default", "auto", "auto, cuda or mlx"), ("dtype", "auto", "auto, float32, float16 or bfloat16")], [])
     section("dflash", "Speculative decoding settings.",

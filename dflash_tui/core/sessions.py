@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Optional
 
-from dflash_tui.core.figures import fixed, known
+from dflash_tui.core.figures import draft_kind, draft_text, fixed, known
 from dflash_tui.core.terminal import counted, printable
 from dflash_tui.engines import files
 from dflash_tui.engines.config import DTYPES, ENGINES, SAMPLING_FIELDS, GenerationRequest
@@ -419,6 +419,7 @@ _REQUEST = {name: _request_takes(name) for name in (*SAMPLING_FIELDS, "max_new_t
 SETTINGS_FIELDS = {
     **_REQUEST, "thinking": _optional(_flag), "system_prompt": _text,
     "engine": _optional(_one_of(ENGINES)), "device": _optional(_name), "dtype": _optional(_name),
+    "draft": _optional(_name), "draft_arch": _optional(_name),  # which draft ran the turn (the palette switches)
 }
 PROFILE_FIELDS = {
     "name": _name, "description": _optional(_text), "path": _optional(_name), "target": _optional(_name),
@@ -427,6 +428,7 @@ PROFILE_FIELDS = {
     "target_layer_ids": _optional(_ids), "max_new_tokens": _optional(_int_from(1)), "thinking": _optional(_flag),
     "system_prompt": _optional(_text), "draft_thinking": _optional(_flag), "url": _optional(_text),
     "model": _optional(_text), "bench_prompts": _optional(_text), "examples": _optional(_texts),
+    "drafts": _optional(lambda v: isinstance(v, list) and all(_name(t) for t in v)),
     **{name: _REQUEST[name] for name in SAMPLING_FIELDS},
 }
 SUMMARY_FIELDS = {
@@ -447,6 +449,7 @@ HEADER_FIELDS = {
     "target": _optional(_name), "draft": _optional(_name), "target_path": _optional(_name),
     "draft_path": _optional(_name), "settings": _optional(_object), "target_revision": _optional(_name),
     "draft_revision": _optional(_name), "chat_template_hash": _optional(_name),
+    "draft_arch": _optional(_name),  # 'dflash' (DFlash 1) or 'dflash2'; sessions before it have none
     "profile.": PROFILE_FIELDS, "settings.": SETTINGS_FIELDS,
 }
 TURN_FIELDS = {
@@ -913,6 +916,19 @@ def to_json(session: Session) -> dict:
             "warnings": session.warnings}
 
 
+def header_draft(header: dict) -> str:
+    """The session's first draft as `sessions show` names it: its hub id or path with its kind ('.../draft2
+    (DFlash 2)'), 'none' for a target alone, the name alone for a session recorded before the kind was ('?' for
+    a header that names no draft at all)."""
+    if "draft" not in header and "draft_path" not in header:
+        return "?"
+    draft = header.get("draft") or header.get("draft_path")
+    if not draft:
+        return "none (the target alone)"
+    kind = draft_kind(header.get("draft_arch"))
+    return f"{draft} ({kind})" if kind else draft
+
+
 def to_markdown(session: Session) -> str:
     header = session.header
     profile = session.profile_name or "?"
@@ -923,7 +939,7 @@ def to_markdown(session: Session) -> str:
     lines.append(f"- profile: {profile}")
     lines.append(f"- engine: {header.get('engine', '?')} on {header.get('device', '?')} · {header.get('dtype', '?')}")
     lines.append(f"- target: {header.get('target', '?')}")
-    lines.append(f"- draft: {header.get('draft', '?')}")
+    lines.append(f"- draft: {header_draft(header)}")
     lines.append("")
     for number, turn in enumerate(session.turns, 1):
         settings = turn.get("settings", {})
@@ -943,6 +959,8 @@ def to_markdown(session: Session) -> str:
         # the block size the turn ran (its summary's; null: the server did not say), else the one it asked for
         block = summary["block_size"] if "block_size" in summary else settings.get("block_size", "?")
         facts = [f"block {known(block)}", f"thinking {'on' if settings.get('thinking') else 'off'}"]
+        if settings.get("draft_arch") or settings.get("draft"):  # recorded since the palette switches drafts
+            facts.insert(1, f"draft {draft_text(settings.get('draft'), settings.get('draft_arch'))}")
         if summary:
             facts.append(f"{summary.get('generated_tokens', 0)} tokens")
             facts.append(f"{summary.get('decode_tokens_per_s', 0):.1f} tok/s")

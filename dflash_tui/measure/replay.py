@@ -19,6 +19,8 @@ The comparison is saved next to the session as `<session>.replay-<YYYYmmdd-HHMMS
       "created": "2026-11-29T20:10:00+00:00",
       "engine": "cuda", "device": "cpu", "dtype": "float32",
       "target": "/path/of/replayed/target",    "recorded_target": "/path/of/recorded/target",
+      "draft": "z-lab/Qwen3-8B-DFlash-b16",     "draft_arch": "dflash" | "dflash2",  # the draft replayed (null: none;
+                                               # both absent from files written before they were recorded)
       "recorded_engine": "cuda",               "same_target": true,
       "temperature": 0.0,                       "greedy": true,
       "block_sizes": [1, 2, 4, 8, 16],
@@ -58,7 +60,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from dflash_tui.core import sessions
-from dflash_tui.core.figures import fixed
+from dflash_tui.core.conversation import draft_arch, running_draft
+from dflash_tui.core.figures import draft_text, fixed
 from dflash_tui.core.terminal import counted, printable
 from dflash_tui.engines import files
 from dflash_tui.engines.config import MAX_BLOCK_SIZE, SAMPLING_FIELDS, EngineConfig, GenerationRequest
@@ -259,6 +262,8 @@ class ReplayResult(Record):
     device: str = ""
     dtype: str = ""
     target: str = ""
+    draft: Optional[str] = None  # the draft replayed, as it was given (hub id or path); None: none, or not recorded
+    draft_arch: Optional[str] = None  # its architecture: 'dflash' (DFlash 1) or 'dflash2'
     recorded_target: Optional[str] = None
     recorded_engine: Optional[str] = None
     same_target: bool = False
@@ -374,6 +379,7 @@ def run_replay(engine, session: sessions.Session, block_sizes: list[int], temper
     return ReplayResult(
         session=session.id, session_path=str(session.path), created=sessions.now_iso(),
         engine=engine.name, device=engine.device, dtype=engine.dtype, target=str(engine.target_info.path),
+        draft=running_draft(engine), draft_arch=draft_arch(engine),
         recorded_target=header.get("target_path") or header.get("target"),
         recorded_engine=header.get("engine"), same_target=same, temperature=temp, greedy=greedy,
         block_sizes=block_sizes,
@@ -451,6 +457,13 @@ def table_rows(comparison: ReplayResult) -> tuple[list[str], list[list[str]]]:
     return titles, cells
 
 
+def draft_line(comparison: ReplayResult) -> Optional[str]:
+    """'draft draft2 (DFlash 2)': which draft the table's rows ran; None for a target alone (its rows are block 1
+    only) and for a comparison saved before the draft was recorded."""
+    draft = comparison["draft"]
+    return printable(f"draft {draft_text(draft, comparison['draft_arch'])}") if draft else None
+
+
 def format_table(comparison: ReplayResult, colour: bool = False) -> str:
     titles, cells = table_rows(comparison)
     lines = table(titles, cells, left=(IDENTICAL_COLUMN, 7), marks=IDENTICAL_COLUMN, colour=colour)
@@ -494,8 +507,9 @@ def report(comparison: ReplayResult, colour: bool = False, width: int = 80) -> s
     """The whole human-readable comparison: header, table, chart, verdict and differences."""
     c = comparison
     target = "same target as recorded" if c["same_target"] else f"different target ({c['target']})"
+    drafted = draft_line(c)  # which draft the rows ran
     head = printable(f"replay of session {c['session']} · {c['engine']} engine on {c['device']} · {c['dtype']} · "
-                     f"{target} · temperature {c['temperature']:g} · "
+                     f"{target} · {f'{drafted} · ' if drafted else ''}temperature {c['temperature']:g} · "
                      f"{len(c['turns'])} turn{'s' if len(c['turns']) != 1 else ''}")
     parts = [head, "", format_table(c, colour), "", chart(c, colour, width), "", verdict(c)]
     parts += difference_lines(c)

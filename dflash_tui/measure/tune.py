@@ -261,10 +261,17 @@ def check_writable(path: Path) -> Path:
     return path
 
 
-def _absolute_paths(plain: dict, source: Path) -> list[tuple[tuple[str, ...], str, str, str]]:
-    """Relative target/draft values that name a directory beside `source` become absolute: (table, key, new
-    value, note) for each."""
-    changed: list[tuple[tuple[str, ...], str, str, str]] = []
+def _absolute_paths(plain: dict, source: Path) -> list[tuple[tuple[str, ...], str, object, str]]:
+    """Relative target/draft values (and [model] drafts entries) that name a directory beside `source` become
+    absolute: (table, key, new value, note) for each."""
+    changed: list[tuple[tuple[str, ...], str, object, str]] = []
+    drafts = (plain.get("model") or {}).get("drafts")
+    if isinstance(drafts, list):
+        moved = [str(source.resolve().parent / d) if isinstance(d, str) and not Path(d).is_absolute()
+                 and (source.resolve().parent / d).is_dir() else d for d in drafts]
+        if moved != drafts:
+            changed.append((("model",), "drafts", moved, f"[model] drafts: {', '.join(map(str, drafts))} -> "
+                            f"{', '.join(map(str, moved))} (so the copy still finds them)"))
     tables: list[tuple[tuple[str, ...], object]] = [(("model",), plain.get("model"))]
     engines = plain.get("engines") or {}
     tables += [(("engines", name), section) for name, section in engines.items()]

@@ -20,7 +20,8 @@ from textual.message import Message
 from textual.screen import Screen
 
 from dflash_tui.core import sessions
-from dflash_tui.core.conversation import ChatFlags, Conversation, open_conversation
+from dflash_tui.core.conversation import ChatFlags, Conversation, draft_arch, open_conversation, running_draft
+from dflash_tui.core.figures import draft_text
 from dflash_tui.core.profiles import Profile, list_profiles
 from dflash_tui.core.settings import profile_for, server_text
 from dflash_tui.engines import hub
@@ -215,7 +216,9 @@ class DflashApp(App):
             conv.probes.clear()  # block-1 steps timed on the engine before: no measure of this one's speedup
             if conv.settings.block_size and conv.settings.block_size > 1 and not conv.has_draft:
                 conv.settings.block_size = 1
-            notices = [f"Reloaded on the {engine.name} engine ({engine.device}, {engine.dtype}); history kept."]
+            draft = f"draft {draft_text(running_draft(engine), draft_arch(engine))}" if engine.draft_info is not None else "no draft"
+            notices = [f"Reloaded on the {engine.name} engine ({engine.device}, {engine.dtype}) with {draft}; "
+                       "history kept."]
         else:
             self.conversation, notices = open_conversation(engine, profile, self.flags, record=self.record)
         self._kept = None
@@ -241,6 +244,29 @@ class DflashApp(App):
         self.engine_flag = engine
         self._unload()
         self.start_load()
+
+    def switch_draft(self, draft: str) -> None:
+        """Reload on the same engine with `draft`, one of the profile's `drafts`, keeping the conversation (as an
+        engine switch does); the header then names it. Each turn's record says which draft ran it."""
+        if self.chat.busy() or self.loading or self.profile is None:
+            return
+        self._close_error_screen()
+        self.profile = self.profile.with_draft(draft)
+        self._unload()
+        self.start_load()
+
+    def _draft_commands(self) -> Iterable[SystemCommand]:
+        """One "Draft: ..." entry per draft the profile lists (`drafts`), where it lists more than one."""
+        profile = self.profile
+        if profile is None or len(profile.drafts) < 2 or self.engine_flag == "remote" or (
+                self.engine is not None and self.engine.name == "remote"):  # a server runs its own draft
+            return
+        running = self.engine.config.draft if self.engine is not None else None
+        for draft in profile.drafts:
+            now = running is not None and profile.local_path(draft) == running
+            yield SystemCommand(f"Draft: {draft}", "running now" if now else
+                                "reload with this draft of the profile, keeping the conversation",
+                                lambda d=draft: self.switch_draft(d))
 
     def switch_profile(self, name: str) -> None:
         if self.chat.busy() or self.loading:
@@ -350,6 +376,7 @@ class DflashApp(App):
         yield SystemCommand("Replay", "ctrl+r: re-run this session across block sizes", chat.action_replay)
         yield SystemCommand("Help", "f1: keys and colours", self.action_help)
         yield SystemCommand("Answer as Markdown", "f2: show the selected or last answer rendered, or coloured again", chat.action_markdown)
+        yield from self._draft_commands()
         for engine in ENGINE_CHOICES:
             yield SystemCommand(f"Engine: {engine}", f"reload on the {engine} engine, keeping the conversation",
                                 lambda e=engine: self.switch_engine(e))

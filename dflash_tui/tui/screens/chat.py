@@ -35,8 +35,8 @@ from textual.widget import Widget
 from textual.widgets import Footer, Input, LoadingIndicator, Static
 
 from dflash_tui.core import sessions
-from dflash_tui.core.conversation import ActiveTurn, Conversation, reports_steps, resume
-from dflash_tui.core.figures import fixed, known
+from dflash_tui.core.conversation import ActiveTurn, Conversation, reports_steps, resume, running_draft, running_draft_kind
+from dflash_tui.core.figures import draft_name, fixed, known
 from dflash_tui.core.terminal import counted
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.events import Summary
@@ -289,7 +289,7 @@ class ChatScreen(Screen):
             block = (conv.settings.block_size if conv else engine.block_size) if reports_steps(engine) else None
             header.show(name, engine.name, engine.device, engine.dtype, block, thinking, self.ghosts,
                         temperature=temperature, top_p=conv.settings.top_p if conv else None,
-                        effort=conv.effort if conv else None)
+                        effort=conv.effort if conv else None, draft=running_draft_kind(engine))
         self._show_stats(self._stats_data())
 
     def _stats_data(self) -> StatsData:
@@ -298,6 +298,8 @@ class ChatScreen(Screen):
         known_steps = engine is None or reports_steps(engine)  # False: a server's text chunks, not steps
         if engine is not None:
             d.engine, d.device, d.dtype = engine.name, engine.device, engine.dtype
+            d.draft_kind = running_draft_kind(engine)
+            d.draft = draft_name(running_draft(engine))
             d.block_size = engine.block_size if known_steps else None
         else:
             d.block_size = None  # nothing loaded (loading, or a load that failed): not "block 1"

@@ -41,7 +41,7 @@ KEY_HELP = [
     ("f5", "edit and resend the last prompt"),
     ("f6", "continue a stopped answer"),
     ("shift+tab", "reach the example prompts on the first screen"),
-    ("ctrl+p", "command palette: profile, engine, temperature, theme, system prompt, …"),
+    ("ctrl+p", "command palette: profile, draft, engine, temperature, theme, system prompt, …"),
     ("f1", "this help"),
     ("ctrl+q", "quit (a running answer is stopped and saved first)"),
 ]
@@ -54,6 +54,9 @@ FIGURES = [
     ("tau", "mean tokens each verify pass commits (the session's in brackets; \"mixed\" when its turns ran at "
             "more than one block size, which its tau averages over)"),
     ("block", "block size: each step the draft proposes a block and the target verifies it; 1 is the target alone"),
+    ("DFlash N", "which draft runs, as its config says: DFlash 1, or DFlash 2 (a candidate selector walks one "
+                 "path through each block; at temperature > 0 its drafts are kept by rejection sampling); ctrl+p, "
+                 "Draft: switches between the drafts a profile lists"),
     ("temp", "temperature from the next turn (ctrl+p: pick one, or type any, as temperature 0.7); 0 is greedy"),
     ("top_p", "shown once set: ctrl+p, type top_p 0.9 (from the next turn)"),
     ("ctx", "tokens in the context: prompt and answer, of the target's limit"),

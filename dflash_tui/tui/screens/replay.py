@@ -242,7 +242,9 @@ class ReplayScreen(ModalScreen):
             style = f"bold {self._colour('text-error')}" if replay.CROSS in mark else \
                 self._colour("text-success") if replay.CHECK in mark else ""
             table.add_row(*row[:column], Text(mark, style=style), *row[column + 1:])
-        self.query_one("#replay-note", Static).update(repeats_note(comparison["rows"]))
+        drafted = replay.draft_line(comparison)  # which draft the rows ran (the chat's engine, when it ran them)
+        note = repeats_note(comparison["rows"])
+        self.query_one("#replay-note", Static).update(f"{drafted}\n{note}" if drafted else note)
         # the box is 98% of the screen; its border, padding and the scrollbar take 8 columns
         width = max(40, min(int(self.size.width * 0.98) - 8, 110)) if self.size.width else 100
         # a rich Group renders through rich itself, which keeps the chart's leading spaces (its alignment)

@@ -1,4 +1,5 @@
-"""The one-line header: profile, thinking, block size, temperature, engine, device, dtype (always visible).
+"""The one-line header: profile, thinking, block size, temperature, the draft's kind (DFlash 1 or 2), engine,
+device, dtype (always visible).
 
 What the next turn is generated with comes first, so an 80-column terminal drops only the engine details,
 whole fields with a "…" (`FittedLine`).
@@ -29,10 +30,11 @@ class ChatHeader(Horizontal):
 
     def show(self, profile: str, engine: str, device: str, dtype: str, block_size, thinking: bool,
              ghosts: bool, loading: bool = False, temperature: Optional[str] = None, failed: bool = False,
-             top_p: Optional[float] = None, effort: Optional[str] = None) -> None:
+             top_p: Optional[float] = None, effort: Optional[str] = None, draft: Optional[str] = None) -> None:
         """`temperature` is `temperature_text` of the chat's; None (no chat yet) leaves it out. `failed`: no
         engine could be loaded (said instead of its unknown block size, engine and device). `effort`: the
-        reasoning effort of a family that has one (gpt-oss), shown in thinking's place (it has no off)."""
+        reasoning effort of a family that has one (gpt-oss), shown in thinking's place (it has no off). `draft`:
+        which draft runs, "DFlash 1", "DFlash 2" or "no draft" (None: the engine does not say; left out)."""
         if effort is not None:
             state = Text.assemble("effort ", (effort, "bold reverse"))
         else:
@@ -48,6 +50,8 @@ class ChatHeader(Horizontal):
                 fields.append((f"temp {temperature}", ""))
             if top_p is not None:  # None: the target's generation_config (left unsaid, as the profile's)
                 fields.append((f"top_p {top_p:g}", ""))
+            if draft is not None:  # which draft the engine runs: after the next turn's settings, before the engine
+                fields.append((draft, "bold"))
         if ghosts:
             fields.append(("ghosts", ""))
         if not loading and not failed:

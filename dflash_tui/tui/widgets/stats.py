@@ -42,6 +42,8 @@ class StatsData:
     context_limit: Optional[int] = None
     reused_tokens: Optional[int] = 0  # the last turn's prompt tokens taken from the engine's kept caches
     prefilled_tokens: Optional[int] = 0  # and those its prefill ran
+    draft_kind: Optional[str] = None  # "DFlash 1", "DFlash 2" or "no draft"; None: unknown (nothing loaded, a server)
+    draft: Optional[str] = None  # the running draft's hub id or folder name
     engine: str = "?"
     device: str = "?"
     dtype: str = "?"
@@ -137,6 +139,9 @@ class StatsPanel(Static):
         t.append(f"{memory_text(d)} · context {context_text(d)}\n")
         t.append(f"prompt {known(d.reused_tokens)} reused · {known(d.prefilled_tokens)} prefilled\n\n")
         t.append(f"{d.engine} · {d.device} · {d.dtype}\n")
+        if d.draft_kind is not None:
+            t.append(d.draft_kind, style="bold")
+            t.append(f" · {d.draft}\n" if d.draft else "\n")
         if d.effort is not None:
             t.append(f"block {known(d.block_size)} · effort ")
             t.append(d.effort, style="bold")
