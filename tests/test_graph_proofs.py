@@ -126,6 +126,17 @@ def test_steps_compiled_by_inductor_give_the_eager_ids(engine, temperature):
     graphs = StepGraphs(engine.target, engine.draft, mode="inductor")
     assert_graph_chat_is_eager(engine, graphs, [4, 1, 4], temperature)
     assert graphs.captures == 3 and graphs.replays > 0 and graphs.failed is None
+    if temperature == 0.0:  # the thread count changed between requests (inductor's code is built for one)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(threads + 1)
+        try:
+            with on(engine, graphs):
+                replays, captures = graphs.replays, graphs.captures
+                again = chat(engine, [4], fresh=False)  # on the caches the steps were compiled for
+            assert graphs.replays > replays and graphs.captures == captures
+        finally:
+            torch.set_num_threads(threads)
+        assert again == chat(engine, [4])
 
 
 def test_compiled_fullgraph_once_per_bucket_and_block_then_never_again(engine, small_buckets):
