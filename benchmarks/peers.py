@@ -347,8 +347,11 @@ def run_logged(command: list, log: Path, what: str, env: Optional[dict] = None) 
 
 
 def last_line(log: Path) -> str:
+    """Why a peer stopped, from its log: the last line that names an error (pydantic ends its own with a link
+    to its docs), else the last line."""
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    return (lines[-1] if lines else "no output")[:200].replace("|", "/")
+    named = [line for line in lines if "rror" in line and "errors.pydantic.dev" not in line]
+    return ((named or lines)[-1] if lines else "no output")[:200].replace("|", "/")
 
 
 def make_venv(folder: Path, packages: list[str], check: str, what: str) -> Path:
