@@ -76,6 +76,13 @@ async def test_the_palette_switches_to_the_second_draft_and_the_header_then_name
     assert f"- draft: {tmp_path / 'dflash1'} (DFlash 1)" in shown.stdout
     assert "_block 16 · draft dflash1 (DFlash 1) · thinking" in shown.stdout
     assert "_block 16 · draft dflash2 (DFlash 2) · thinking" in shown.stdout
+    # resuming runs the draft the last turn ran, not the profile's first
+    from dflash_tui.cli.chat import profile_from_session, with_last_draft
+    from dflash_tui.core import sessions as store
+
+    session = store.load_session(session_id)
+    resumed = with_last_draft(profile_from_session(session), session)
+    assert resumed.engine_config("cuda").draft == str(tmp_path / "dflash2")
 
 
 def test_a_session_from_before_draft_kinds_still_loads_and_shows_its_draft(data_dir):

@@ -34,6 +34,21 @@ def profile_from_session(session: store.Session) -> Union[str, Profile, None]:
     return profile.get("name") or None
 
 
+def with_last_draft(profile: Union[str, Profile, None], session: store.Session) -> Union[str, Profile, None]:
+    """`profile` running the draft the session's last turn ran, where that is one of the drafts it lists (the
+    palette may have switched to it); else `profile` as it is."""
+    used = session.last_settings().get("draft")
+    if not used or profile is None:
+        return profile
+    from dflash_tui.core.settings import profile_for
+
+    loaded = profile_for(profile)
+    for draft in loaded.drafts[1:]:
+        if used in (draft, loaded.local_path(draft)):
+            return loaded.with_draft(draft)
+    return profile
+
+
 LAST = ""  # `--resume` without an id
 
 
@@ -89,7 +104,7 @@ def chat(profile, target, draft, engine, url, model, api_key, block_size, thinki
         if note:
             click.echo(printable(f"note: {note}"), err=True)
         if profile is None:
-            profile = profile_from_session(session)
+            profile = with_last_draft(profile_from_session(session), session)
         recorded = session.header.get("profile") or {}
         if session.header.get("engine") == "remote" and engine is None and url is None:
             # its server, not the local pair the profile names (a remote chat loaded nothing here)
