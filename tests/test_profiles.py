@@ -329,6 +329,11 @@ def test_cli_validate_good_and_malformed(tmp_path):
     assert "Traceback" not in result.stderr
     missing = run("validate", str(tmp_path / "none.toml"))
     assert missing.exit_code == 2 and "does not exist" in missing.stderr
+    # a profile's name works as it does for `show` (the built-in demo's checkpoints are in the repo)
+    named = run("validate", "demo")
+    assert named.exit_code == 0 and named.stdout.startswith("ok: ") and "profile demo" in named.stdout
+    unknown = run("validate", "no-such-profile")
+    assert unknown.exit_code == 2 and "neither a file nor a user or built-in profile" in unknown.stderr
 
 
 def test_cli_list_show_path_new(user_dir):

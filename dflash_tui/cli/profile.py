@@ -60,13 +60,17 @@ def path() -> None:
 
 
 @profile.command()
-@click.argument("file")
+@click.argument("file", metavar="NAME|FILE")
 def validate(file: str) -> None:
-    """Check FILE: exit 0 when it loads, else print what is wrong and where, and exit 2."""
+    """Check profile NAME (as `show` finds it) or FILE: exit 0 when it loads, else print what is wrong and where,
+    and exit 2."""
     file_path = Path(file)  # (not click.Path: a name the file system cannot hold is one sentence here, not a ValueError)
-    if not os.path.exists(file_path):  # a folder, a FIFO: load_profile says what it is instead
+    named = not os.path.lexists(file_path) and os.sep not in file and not file.endswith(".toml")
+    if not named and not os.path.exists(file_path):  # a folder, a FIFO: load_profile says what it is instead
         raise UserError(printable(f"Profile file {file_path} does not exist; check the path."))
-    p = profiles.load_profile(str(file_path))
+    p = profiles.load_profile(file if named else str(file_path))
+    if named and p.path is not None:
+        file_path = p.path
     checked: list[tuple[str, Optional[str]]] = [("target =", p.target)]
     checked += [("drafts entry", d) for d in p.drafts] if p.drafts else [("draft =", p.draft)]
     for role, value in checked:
