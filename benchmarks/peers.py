@@ -12,21 +12,24 @@ Peers, each installed or built once into its own folder under .peers/ (never int
   .peers/zlab: scripts/peers/zlab_runner.py calls `dflash.model.dflash_generate` with its CUDA clock swapped for
   a CPU one (its CLI hard-codes cuda:0). Plain row: the same function at block size 1 (no draft).
 - llamacpp: llama.cpp from the llama-cpp-python 0.3.36 sdist, llama-server and llama-speculative-simple built
-  with cmake into .peers/llama.cpp (scripts/peers/build_llamacpp.sh), each pair converted to f32 GGUFs by its
-  convert_hf_to_gguf.py (scripts/peers/convert_gguf.py). llama-server runs once per thread count with
-  `--spec-type draft-dflash` and once without; the prompt ids go to /completion as a token array. A second
-  row runs llama-speculative-simple (DFlash only, one process per prompt), which takes text alone: it gets the
-  prompt ids decoded (the same template), and its tok/s is its own decode clock (no prefill, no loading).
+  with cmake into .peers/llama.cpp (scripts/peers/build_llamacpp.sh), each pair converted to GGUFs at its
+  precision (f32, or bf16 on demo-bf16) by its convert_hf_to_gguf.py (scripts/peers/convert_gguf.py).
+  llama-server runs once per thread count with `--spec-type draft-dflash` and once without; the prompt ids go to
+  /completion as a token array. A second row runs llama-speculative-simple (DFlash only, one process per
+  prompt), which takes text alone: it gets the prompt ids decoded (the same template), and its tok/s is its own
+  decode clock (no prefill, no loading).
 
 Every row decodes the same prompts: the five PROMPTS of benchmarks/engine_speed.py rendered by dflash's engine
-(`prepare()`, thinking on), as token ids for every peer but llama-speculative-simple. Temperature 0, float32,
-the same thread count for every peer (torch.set_num_threads, OMP_NUM_THREADS, vLLM's core binding, llama.cpp's
--t), a short warm-up pass (every prompt, WARMUP_TOKENS new tokens), then the best of --repeats passes. tok/s:
-generated tokens (the eos counted once) over the wall time of each request, prefill included, summed over the
-prompts; servers are timed over their HTTP round trip. dflash's rows run in this process (its cuda engine on
-the CPU, block 1 and block 16, default settings).
+(`prepare()`, thinking on), as token ids for every peer but llama-speculative-simple. Temperature 0, the pair's
+precision (float32 but on demo-bf16), the same thread count for every peer (torch.set_num_threads,
+OMP_NUM_THREADS, vLLM's core binding, llama.cpp's -t), a short warm-up pass (every prompt, WARMUP_TOKENS new
+tokens), then the best of --repeats passes. tok/s: generated tokens (the eos counted once) over the wall time of
+each request, prefill included, summed over the prompts; servers are timed over their HTTP round trip. dflash's
+rows run in this process (its cuda engine on the CPU, block 1 and block 16, default settings), eager and, in the
+"dflash compiled" rows, with its decode steps compiled by inductor at load (compile_steps=True, before any
+timing).
 
-Two pairs:
+Pairs (`make peers` runs demo and big):
 - demo: profiles/demo (a 4-layer, 256-wide Qwen3 target and its 2-layer draft), up to eos (max 256 tokens).
 - demo-bf16 (opt-in): the same at bfloat16 for every peer (this CPU has AVX-512 BF16); ids against
   transformers' bf16 greedy ids.

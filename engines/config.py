@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 ENGINES = ("auto", "cuda", "mlx", "remote")  # remote: an OpenAI-compatible server (engines/remote)
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MAX_BLOCK_SIZE = 64
+BACKGROUND = "background"  # compile_steps / DFLASH_COMPILE: compiled in a thread after the first answer
 MAX_SEED = 2**63  # seeds are 64-bit signed in torch and unsigned in MLX: [0, 2**63) fits both
 MIN_TEMPERATURE = 1e-3  # below this, logits / temperature overflow to inf: use 0 (greedy) instead
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?|gpu|metal|mps")
@@ -63,7 +64,7 @@ class EngineConfig:
     draft_window: Optional[int] = None  # the block attends to at most this many recent context positions
     target_layer_ids: Optional[list[int]] = None  # a profile's restatement; must equal the draft's own
     cuda_graphs: Optional[bool] = None  # CUDA engine on a GPU: replay captured decode steps; None: DFLASH_CUDA_GRAPHS=1
-    # CUDA engine on the CPU: decode steps compiled by inductor; True: at load, "background": in a thread after the
+    # CUDA engine on the CPU: decode steps compiled by inductor; True: at load, BACKGROUND: in a thread after the
     # first answer (engines/cuda/background.py), False: never; None: as DFLASH_COMPILE says (1, background, 0)
     compile_steps: Union[bool, str, None] = None
     max_new_tokens: Optional[int] = None  # the profile's answer length: load-time graph captures make room for it

@@ -24,7 +24,7 @@ from typing import Generator, Iterator, Optional
 
 from dflash_tui.engines import reasoning
 from dflash_tui.engines.baseline import BaselineRun, Margin
-from dflash_tui.engines.config import EngineConfig, GenerationRequest
+from dflash_tui.engines.config import BACKGROUND, EngineConfig, GenerationRequest
 from dflash_tui.engines.engine import Progress
 from dflash_tui.engines.errors import CheckpointError, EngineUnavailable, UserError
 from dflash_tui.engines.events import StepEvent, Summary
@@ -122,7 +122,7 @@ def _answer(config: EngineConfig, conn, cancel) -> None:
     if config.compile_steps is None and "DFLASH_COMPILE" not in os.environ:
         # a chat or a server lives long: on the CPU its decode steps compile in the background after the first
         # answer (engines/cuda/background.py); elsewhere this asks nothing
-        config = dataclasses.replace(config, compile_steps="background")
+        config = dataclasses.replace(config, compile_steps=BACKGROUND)
     try:
         engine = load_engine(config, progress=lambda stage: conn.send(("progress", stage)))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent

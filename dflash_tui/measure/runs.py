@@ -198,12 +198,12 @@ class Totals(Record):
         peaks = [r for r in runs if r.peak_memory_bytes is not None]
         steps: Optional[int] = len(lengths) if known else None
         tau: Optional[float] = (sum(lengths) / len(lengths) if lengths else 0.0) if known else None
-        served = {r.server_block_size for r in runs}
         if not known and runs and all(r.server_tau for r in runs):
             # a server that speculates on its own: its steps, from each request's tau (steps = tokens / tau)
             counted = sum(max(r.generated_tokens - 1, 0) for r in runs)
             steps = round(sum(max(r.generated_tokens - 1, 0) / r.server_tau for r in runs))
             tau = counted / steps if steps else None
+            served = {r.server_block_size for r in runs}
             if len(served) == 1 and None not in served:
                 block_size = served.pop()
         return cls(block_size=block_size, generated_tokens=sum(r.generated_tokens for r in runs),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 from dflash_tui.engines.cuda.cache import CachePool
 from dflash_tui.engines.cuda.graphs import StepGraphs, capture_for_request
@@ -72,7 +72,7 @@ class ModelGate:
 
 
 class BackgroundSteps:
-    """The compile thread and what it produced: `take()` hands over (graphs, pool) once, when done."""
+    """The compile thread and what it produced: `graphs` and their `pool`, usable once `wait` says it ended `ok`."""
 
     def __init__(self, target, draft, gate: ModelGate, block_size: int, max_new_tokens: int,
                  window: Optional[int]) -> None:
@@ -84,13 +84,12 @@ class BackgroundSteps:
         self._done = threading.Event()
         self.ok = False
         self.seconds = 0.0
-        self.taken = False
 
     @property
     def started(self) -> bool:
         return self._thread is not None
 
-    def start(self, on_done: Optional[Callable[[], None]] = None) -> None:
+    def start(self) -> None:
         def run() -> None:
             started = time.perf_counter()
             try:
@@ -99,8 +98,6 @@ class BackgroundSteps:
                 self.graphs.failed = self.graphs.failed or f"compile failed ({type(exc).__name__}: {exc})"
             self.seconds = time.perf_counter() - started
             self._done.set()
-            if on_done is not None:
-                on_done()
 
         self._thread = threading.Thread(target=run, name="dflash-compile", daemon=True)
         self._thread.start()
@@ -115,10 +112,3 @@ class BackgroundSteps:
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Whether the compile has ended (well or not) within `timeout` seconds."""
         return self._done.wait(timeout)
-
-    def take(self) -> Optional[tuple[StepGraphs, CachePool]]:
-        """The compiled steps and their caches, once, after a successful compile; else None."""
-        if self.taken or not self._done.is_set() or not self.ok:
-            return None
-        self.taken = True
-        return self.graphs, self.pool

@@ -8,7 +8,7 @@ from typing import Callable, ContextManager, Generator, Optional
 
 import torch
 
-from dflash_tui.engines.config import EngineConfig, GenerationRequest
+from dflash_tui.engines.config import BACKGROUND, EngineConfig, GenerationRequest
 from dflash_tui.engines.cuda.background import BackgroundSteps, ModelGate
 from dflash_tui.engines.cuda.cache import CachePool, TurnCache
 from dflash_tui.engines.cuda.draft import DFlashDraft
@@ -24,7 +24,6 @@ from dflash_tui.engines.sampling import SamplingParams
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 STEP_PATHS = {"cuda": "CUDA graphs", "inductor": "Compiled steps"}  # the graph path's modes, as warnings name them
-BACKGROUND = "background"  # compile_steps / DFLASH_COMPILE: compiled in a thread after the first answer (background.py)
 
 
 def pick_device(name: str) -> torch.device:
@@ -126,19 +125,18 @@ class CudaEngine(Engine):
             return True
 
     def _adopt(self) -> None:
-        """Between requests: take the steps compiled in the background once they are all there."""
-        if self._background is None or not self._background.wait(0):
+        """Between requests: take the steps compiled in the background once they are all there (or say why
+        not); the compile is then over and forgotten."""
+        background = self._background
+        if background is None or not background.started or not background.wait(0):
             return
-        taken = self._background.take()
-        if taken is None:
-            if not self._background.taken:
-                self._background.taken = True
-                self.graphs_note = f"eager ({self._background.graphs.failed or 'the background compile failed'})"
+        self._background = None
+        if not background.ok:
+            self.graphs_note = f"eager ({background.graphs.failed or 'the background compile failed'})"
             return
-        self.graphs, self.pool = taken
+        self.graphs, self.pool = background.graphs, background.pool
         self._forget_turns()  # the kept turns live in the eager caches, which go
-        self.graphs_note = (f"compiled steps ({self.graphs.captures} compiled in the background in "
-                            f"{self._background.seconds:.1f} s)")
+        self.graphs_note = f"compiled steps ({self.graphs.captures} compiled in the background in {background.seconds:.1f} s)"
 
     def close(self) -> None:
         """Stop a background compile (after the function it is compiling, so nothing is left half-written)."""
