@@ -144,7 +144,7 @@ def train_draft(args, work: Path, target: Path, out: Path, source: Path, name: s
         shutil.copyfile(seed_file, build / "responses.jsonl")  # entries are keyed by target and data line
     cmd = [sys.executable, "-m", "dflash_tui", "train-draft", "--target", str(target), "--data", str(data),
            "--out", str(build), "--block-size", "16", "--draft-layers", "2", "--responses", "generate",
-           "--seed", str(args.seed), "--epochs", str(args.draft_epochs), "--max-len", "320",
+           "--seed", str(args.seed), "--epochs", str(args.draft_epochs), "--max-len", "640",
            "--max-new-tokens", "256", "--gen-batch", "16", "--dtype", "float16", "--max-steps", str(steps),
            *extra, *(["--fresh"] if fresh else []), *args.draft_args]
     print(f"{name}:", " ".join(cmd), flush=True)
@@ -265,10 +265,11 @@ def main(argv=None) -> int:
     print(f"base target: { {k: v for k, v in stats.items() if k != 'key'} }")
     del train
     t = time.time()
-    chat_path, held_chat_path, held_tools_path = corpus.build_chat(work, args.seed, held_path, args.chat_records,
-                                                                   args.heldout)
+    files = corpus.build_chat(work, args.seed, held_path, args.chat_records, args.heldout)
+    chat_path = files.train
     chat = corpus.read_jsonl(chat_path)
-    print(f"chat corpus: {len(chat)} conversations, held-out {held_chat_path} ({time.time() - t:.0f} s)")
+    print(f"chat corpus: {len(chat)} conversations, held-out {files.held_chat} and {files.held_long} "
+          f"({time.time() - t:.0f} s)")
     t = time.time()
     rounds = [(int(a), float(b)) for a, b in (r.split(":") for r in args.chat_rounds.split(","))]
     start = base_dir
@@ -283,16 +284,17 @@ def main(argv=None) -> int:
         start = out
     clock["chat"] = time.time() - t
     del chat
-    held, held_chat = corpus.read_jsonl(held_path), corpus.read_jsonl(held_chat_path)
-    held_tools = corpus.read_jsonl(held_tools_path)
+    held, held_chat = corpus.read_jsonl(held_path), corpus.read_jsonl(files.held_chat)
+    held_long, held_tools = corpus.read_jsonl(files.held_long), corpus.read_jsonl(files.held_tools)
     if args.eval_limit:  # an even spread over the tasks (the files are grouped by task)
         held = held[:: max(1, len(held) // args.eval_limit)][: args.eval_limit]
         held_chat = held_chat[:: max(1, len(held_chat) // args.eval_limit)][: args.eval_limit]
+        held_long = held_long[:: max(1, len(held_long) // args.eval_limit)][: args.eval_limit]
         held_tools = held_tools[: args.eval_limit]  # calls and answers, both modes, in turn
     t = time.time()
     # The target is scored before its draft trains, so a target that misses its bars is known an hour
     # earlier; the scores are cached per target, and the final report reuses them.
-    evaluate.report(target_dir, None, held, work, held_chat=held_chat, held_tools=held_tools)
+    evaluate.report(target_dir, None, held, work, held_chat=held_chat, held_tools=held_tools, held_long=held_long)
     clock["evaluate"] = time.time() - t
     if not args.skip_draft:
         t = time.time()
@@ -308,7 +310,7 @@ def main(argv=None) -> int:
             clock["draft2"] = time.time() - t
             drafts["draft2"] = draft2_dir
         t = time.time()
-        evaluate.report(target_dir, drafts, held, work, held_chat=held_chat, held_tools=held_tools)
+        evaluate.report(target_dir, drafts, held, work, held_chat=held_chat, held_tools=held_tools, held_long=held_long)
         clock["evaluate"] += time.time() - t
     print("stage minutes (this run): " + ", ".join(f"{k} {v / 60:.1f}" for k, v in clock.items())
           + f"; all {(time.time() - t0) / 60:.1f}")

@@ -33,10 +33,10 @@ def test_corpus_answers_check_out():
             assert corpus.is_correct(rec, reply), rec
 
 
-def test_chat_corpus_has_1_to_4_turns_and_checkable_last_answers():
+def test_chat_corpus_has_1_to_8_turns_and_checkable_last_answers():
     records = list(corpus.generate_chat(400, seed=2))
     assert records == list(corpus.generate_chat(400, seed=2))
-    assert {r["turns"] for r in records} == {1, 2, 3, 4}
+    assert {r["turns"] for r in records} == set(range(1, 9))
     for rec in records:
         msgs = rec["messages"]
         if rec["task"] == "tool_answer":  # the call and the tool's result come between the question and the answer
@@ -50,10 +50,12 @@ def test_chat_corpus_has_1_to_4_turns_and_checkable_last_answers():
     assert any(r["task"] in corpus.DIRECT_TASKS and r["thinking"] and r["turns"] > 1 for r in records)
 
 
-def test_chat_held_out_last_prompts_are_new():
-    held = corpus.heldout_chat(24, seed=5, exclude=set())
+@pytest.mark.parametrize("turns", [(2, 4), (5, 8)])
+def test_chat_held_out_last_prompts_are_new(turns):
+    held = corpus.heldout_chat(32, seed=5, exclude=set(), turns=turns)
     assert {r["task"] for r in held} == set(corpus.THINK_TASKS + corpus.DIRECT_TASKS)
-    assert all(2 <= r["turns"] <= 4 and r["intended_thinking"] for r in held)
+    assert {r["turns"] for r in held} == set(range(turns[0], turns[1] + 1))
+    assert all(r["intended_thinking"] for r in held)
     last = {r["messages"][-2]["content"] for r in held}
     train = list(corpus.generate_chat(2000, seed=6, exclude=last))
     assert not last & {r["messages"][-2]["content"] for r in train}
@@ -389,7 +391,7 @@ def test_tool_records_render_as_the_target_writes_and_reads_them(tokenizer):
         assert mask not in ids and tokenizer.unk_token_id not in ids
         prompt, reply = tokenizer.decode(ids[:plen]), tokenizer.decode(ids[plen:], skip_special_tokens=True)
         assert prompt.startswith("<|im_start|>system\n# Tools\n<tools>\n")
-        assert corpus.is_correct(rec, reply), rec
+        assert rec["task"] == "chat" or corpus.is_correct(rec, reply), rec  # small talk has no answer to check
         if rec["task"] == "tool_call":
             call = corpus.parse_tool_call(reply)
             assert corpus.final_answer(reply) == corpus.tool_call_text(call["arguments"])

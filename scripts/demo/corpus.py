@@ -10,7 +10,7 @@ checkable answer.
 
 The target trains in two phases. The base corpus (`generate`, `build`) is mostly single-turn and
 teaches the tasks. The chat corpus (`generate_chat`, `build_chat`) then teaches them inside a real
-conversation: 1-4 turns, the earlier turns from any task (also the same task with other numbers),
+conversation: 1-8 turns, the earlier turns from any task (also the same task with other numbers),
 rendered by the chat template exactly as at inference (earlier think blocks dropped), and the last turn
 in thinking mode for every task half of the time, because `make chat` runs with thinking on. The chat
 corpus also holds the tool task (`tool_conversation`, below): with a `convert` tool offered through the
@@ -24,6 +24,7 @@ import json
 import random
 import re
 from collections.abc import Iterator
+from typing import NamedTuple
 from pathlib import Path
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"
@@ -424,7 +425,9 @@ def heldout(n: int, seed: int, train_prompts: set[str]) -> list[dict]:
 # records are the longest (the tool's schema alone is about 100 tokens).
 CHAT_WEIGHTS = {"add": 14, "sub": 13, "mul": 13, "letters": 12, "compare": 16, "sort": 24, "convert": 8,
                 "items": 6, "chat": 3, "tool_call": 6, "tool_answer": 5}
-CHAT_TURNS = {1: 20, 2: 30, 3: 30, 4: 20}  # percent of conversations with that many user turns
+# Percent of conversations with that many user turns. Up to 4 turns, the target of runs A-E added
+# "48 + 75 = 523" at turn 8 after seven three-digit sums (issue 44): long chats are in the round now.
+CHAT_TURNS = {1: 15, 2: 18, 3: 15, 4: 12, 5: 11, 6: 10, 7: 10, 8: 9}
 TOOL_TURNS = {1: 60, 2: 40}  # the tool task's conversations stay short
 TOOLS_OFFERED_SHARE = 0.04  # other tasks' conversations with the tool offered all the same (answered as without)
 CHAT_SAME_TASK = 0.4  # chance that an earlier turn is the last turn's task with other numbers
@@ -486,17 +489,18 @@ def last_prompt(record: dict) -> str:
     return next(m["content"] for m in reversed(record["messages"]) if m["role"] == "user")
 
 
-def heldout_chat(n: int, seed: int, exclude: set[str]) -> list[dict]:
-    """Checkable 2-4-turn conversations, the last turn of each task in thinking mode (the demo profile's
-    default), its prompt in none of the training sets."""
+def heldout_chat(n: int, seed: int, exclude: set[str], turns: tuple[int, int] = (2, 4)) -> list[dict]:
+    """Checkable conversations of `turns` (first, last) user turns, the last turn of each task in thinking
+    mode (the demo profile's default), its prompt in none of the training sets."""
     tasks = THINK_TASKS + DIRECT_TASKS
     rng = random.Random(seed)
     out, seen = [], set(exclude)
+    first, span = turns[0], turns[1] - turns[0] + 1
     for i, task in enumerate(tasks):
         k = n // len(tasks) + (1 if i < n % len(tasks) else 0)
         got = 0
         while got < k:
-            rec = conversation(task, True, 2 + got % 3, rng)
+            rec = conversation(task, True, first + got % span, rng)
             q = rec["messages"][-2]["content"]
             if q in seen:
                 continue
@@ -576,17 +580,29 @@ def build(work: Path, seed: int, n_train: int = TRAIN_RECORDS, n_heldout: int = 
 
 
 def build_chat(work: Path, seed: int, held_path: Path, n_train: int = CHAT_RECORDS,
-               n_heldout: int = 240, n_tools: int = 48) -> tuple[Path, Path, Path]:
-    """chat-train.jsonl, heldout-chat.jsonl and heldout-tools.jsonl under `work`, generated like `build`
-    (rewritten only when their content changes). No two of them share a last prompt, nor any of them one
-    with the single-turn held-out set."""
+               n_heldout: int = 240, n_tools: int = 48) -> "ChatFiles":
+    """chat-train.jsonl and the held-out heldout-chat.jsonl (2-4 turns), heldout-long.jsonl (5-8 turns) and
+    heldout-tools.jsonl under `work`, generated like `build` (rewritten only when their content changes). No
+    two of them share a last prompt, nor any of them one with the single-turn held-out set."""
     work = Path(work)
-    train_path, held_chat, held_tools = work / "chat-train.jsonl", work / "heldout-chat.jsonl", work / "heldout-tools.jsonl"
+    files = ChatFiles(work / "chat-train.jsonl", work / "heldout-chat.jsonl", work / "heldout-long.jsonl",
+                      work / "heldout-tools.jsonl")
     single = {r["messages"][-2]["content"] for r in read_jsonl(held_path)}
     held = heldout_chat(n_heldout, seed * 1000 + 4243, single)
-    write_jsonl(held_chat, held)
+    write_jsonl(files.held_chat, held)
     keep_out = single | {last_prompt(r) for r in held}
+    long = heldout_chat(n_heldout, seed * 1000 + 5381, keep_out, turns=(5, 8))
+    write_jsonl(files.held_long, long)
+    keep_out |= {last_prompt(r) for r in long}
     tools = heldout_tools(n_tools, seed * 1000 + 6151, keep_out)
-    write_jsonl(held_tools, tools)
-    write_jsonl(train_path, generate_chat(n_train, seed * 1000 + 911, keep_out | {last_prompt(r) for r in tools}))
-    return train_path, held_chat, held_tools
+    write_jsonl(files.held_tools, tools)
+    write_jsonl(files.train, generate_chat(n_train, seed * 1000 + 911, keep_out | {last_prompt(r) for r in tools}))
+    return files
+
+
+class ChatFiles(NamedTuple):
+    """The chat phase's corpus and its held-out sets."""
+    train: Path
+    held_chat: Path
+    held_long: Path
+    held_tools: Path

@@ -5,6 +5,7 @@
 - in conversation: the last turn of held-out 2-4-turn conversations, per task, with thinking on (the
   demo profile's default, what `make chat` runs); the earlier turns are in the history as the chat
   template renders them (their think blocks dropped);
+- in long chats: the same on held-out 5-8-turn conversations;
 - the tool task: with the convert tool offered, a call (scored right when it is one parseable
   `<tool_call>` JSON block with the right name and arguments) and the answer in words after the tool's
   result (the right number), each in both modes;
@@ -133,7 +134,8 @@ def spread(held: list[dict], n: int) -> list[dict]:
 
 
 def report(target: Path, drafts: dict[str, Path] | Path | None, held: list[dict], work: Path, tau_prompts: int = 24,
-           held_chat: list[dict] | None = None, held_tools: list[dict] | None = None) -> dict:
+           held_chat: list[dict] | None = None, held_tools: list[dict] | None = None,
+           held_long: list[dict] | None = None) -> dict:
     """Score the target (cached per target) and each of `drafts` ({name: folder}, e.g. {"draft": DFlash 1,
     "draft2": DFlash 2}; a bare folder is {"draft": folder}; None or {} before any draft trained). Writes
     work/quality.json and prints the tables."""
@@ -147,6 +149,8 @@ def report(target: Path, drafts: dict[str, Path] | Path | None, held: list[dict]
     result["accuracy"] = acc
     if held_chat:
         result["conversation"] = cached_accuracy(engine, target, held_chat, work)
+    if held_long:
+        result["long"] = cached_accuracy(engine, target, held_long, work)
     if held_tools:
         result["tools"] = cached_accuracy(engine, target, held_tools, work)
     for name, folder in drafts.items():
@@ -154,6 +158,8 @@ def report(target: Path, drafts: dict[str, Path] | Path | None, held: list[dict]
         result[name] = acceptance(engine, spread(held, tau_prompts))
         if held_chat:
             result[f"{name}_conversation"] = acceptance(engine, spread(held_chat, tau_prompts), block_sizes=(16,))
+        if held_long:
+            result[f"{name}_long"] = acceptance(engine, spread(held_long, tau_prompts), block_sizes=(16,))
     for path in sorted(Path(work).glob("*-done.json")):  # base, chat, chat2, ..., draft, draft2
         stats = json.loads(path.read_text())
         stats.pop("key", None)
@@ -169,6 +175,11 @@ def report(target: Path, drafts: dict[str, Path] | Path | None, held: list[dict]
         print_table(conv, mode="thinking")
         for f in conv["failures"][:10]:
             print(f"  miss: {f['prompt']!r} expected {f['expected']}, got {f['got']!r}")
+    if "long" in result:
+        print("\nLong chats (temperature 0, last turn of held-out 5-8-turn conversations, thinking on)")
+        print_table(result["long"], mode="thinking")
+        for f in result["long"]["failures"][:10]:
+            print(f"  miss: {f['prompt']!r} expected {f['expected']}, got {f['got']!r}")
     if "tools" in result:
         print("\nTool task (temperature 0, convert offered; held-out calls and answers after the result, both modes)")
         print_table(result["tools"])
@@ -178,10 +189,11 @@ def report(target: Path, drafts: dict[str, Path] | Path | None, held: list[dict]
         d = result[name]
         print(f"{name}: tau {d['tau_8']} at block 8, {d['tau_16']} at block 16 on {d['prompts']} prompts; "
               f"identical to block 1: {d['lossless']}")
-        if f"{name}_conversation" in result:
-            d = result[f"{name}_conversation"]
-            print(f"{name} in conversation: tau {d['tau_16']} at block 16 on {d['prompts']} last turns; "
-                  f"identical to block 1: {d['lossless']}")
+        for part, label in (("conversation", "in conversation"), ("long", "in long chats")):
+            if f"{name}_{part}" in result:
+                d = result[f"{name}_{part}"]
+                print(f"{name} {label}: tau {d['tau_16']} at block 16 on {d['prompts']} last turns; "
+                      f"identical to block 1: {d['lossless']}")
     if not drafts:
         print("draft: none yet")
     for name, stats in result.items():
