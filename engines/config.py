@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Optional, Union
 
 from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.guided import Constraint
 from dflash_tui.engines.text import printable
 
 if TYPE_CHECKING:
@@ -168,6 +169,7 @@ class GenerationRequest(Sampling, Penalties):
     # replay and speed comparisons need
     logprobs: bool = False  # each emitted token's log-probability under the target's raw logits (StepEvent.logprobs)
     top_logprobs: int = 0  # with logprobs: the most likely ids and their log-probabilities, per emitted token
+    constraint: Optional[Constraint] = None  # what the answer must match (engines/guided.py); None: free text
     # set to stop the generation; a ProcessEngine swaps in the event it shares with its child process
     cancel: Union[threading.Event, ProcessEvent] = field(default_factory=threading.Event)
 

@@ -24,6 +24,7 @@ from dflash_tui.engines.config import EngineConfig, GenerationRequest
 from dflash_tui.engines.detokenize import StreamingDetokenizer
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.events import StepEvent, Summary, TopLogprob, acceptance_histogram
+from dflash_tui.engines.guided import Grammars, Guide
 from dflash_tui.engines.probe import Block1Probe, Block1Step, time_block1
 from dflash_tui.engines.prompting import check_context, load_tokenizer, prompt_ids
 from dflash_tui.engines.sampling import SamplingParams, resolve_sampling
@@ -190,6 +191,7 @@ class Engine:
         self.generation_config = self.target_info.generation_config()
         self.tokenizer = load_tokenizer(self.target_info.path)
         self.last_summary: Optional[Summary] = None
+        self._grammars: Optional[Grammars] = None  # compiled constraints, made at the first constrained request
         self.device = "?"
         self.dtype = "?"
 
@@ -256,10 +258,12 @@ class Engine:
         """Refuse a target family this engine does not run (one sentence), before anything loads."""
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
-                max_new_tokens: int, reuse: bool = False, split: Optional[int] = None) -> Generator[RawStep, None, None]:
+                max_new_tokens: int, reuse: bool = False, split: Optional[int] = None,
+                guide: Optional[Guide] = None) -> Generator[RawStep, None, None]:
         """RawSteps for one request. With `reuse`, start from the caches the previous request left (their
         longest prefix shared with `prompt_ids`); `split` is where a hybrid target's prefill is cut
-        (right after the assistant header) and snapshotted. Either way the caches are kept afterwards."""
+        (right after the assistant header) and snapshotted. Either way the caches are kept afterwards.
+        `guide`: a constrained request's grammar walk (engines/guided.py)."""
         raise NotImplementedError
 
     def _forget_turns(self) -> None:
@@ -312,9 +316,19 @@ class Engine:
         max_new, limit = request.max_new_tokens, "tokens"
         if max_positions and max_positions - len(ids) < max_new:
             max_new, limit = max_positions - len(ids), "context"  # the answer can only fill the window
-        return self._drive(ids, block_size, sampling, max_new, stops, request, limit)
+        guide = self._guide(request, stops) if request.constraint is not None else None
+        return self._drive(ids, block_size, sampling, max_new, stops, request, limit, guide)
 
-    def _drive(self, ids, block_size, sampling, max_new, stops, request, limit: str) -> Generator[StepEvent, None, None]:
+    def _guide(self, request: GenerationRequest, stops: set[int]) -> Guide:
+        """The request's constraint compiled for this target (one sentence naming it when it cannot be), starting
+        after the reasoning when the request thinks (engines/guided.py)."""
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.target_info.vocab_size)
+        assert request.constraint is not None
+        return self._grammars.guide(request.constraint, sorted(stops), reasoning.answer_marker(self.tokenizer, request))
+
+    def _drive(self, ids, block_size, sampling, max_new, stops, request, limit: str,
+               guide: Optional[Guide] = None) -> Generator[StepEvent, None, None]:
         self.last_summary = None
         self._reset_peak_memory()
         detok = StreamingDetokenizer(self.decode, ids)
@@ -325,7 +339,8 @@ class Engine:
         started = time.perf_counter()
         decode_started = started
         reused = 0
-        steps = self._decode(ids, block_size, sampling, max_new, reuse=request.reuse_cache, split=self._split(ids))
+        steps = self._decode(ids, block_size, sampling, max_new, reuse=request.reuse_cache, split=self._split(ids),
+                             guide=guide)
         try:
             for raw in steps:
                 emitted = raw.emitted

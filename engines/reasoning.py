@@ -44,6 +44,7 @@ class ChatFormat:
     markers: tuple = ()
     shown: tuple = ()
     ends: tuple = ()  # the special tokens that hand the turn over (to the user or a tool): see stop_ids
+    answer_after = ""  # the text that ends the reasoning and opens the answer (where a constraint starts)
 
     def template_messages(self, messages: list[dict]) -> list[dict]:
         """The messages as the chat template takes them (an OpenAI request's, or the chat's history)."""
@@ -59,6 +60,7 @@ class ThinkFormat(ChatFormat):
     """`<think>...</think>` then the answer (a template may open the block in the prompt already)."""
 
     name = "think"
+    answer_after = THINK_CLOSE
 
     def layout(self, raw: str, thinking: bool) -> tuple[int, int, int]:
         """(thinking start, thinking end, answer start) as offsets into the raw answer text.
@@ -103,6 +105,7 @@ class HarmonyFormat(ChatFormat):
     messages (commentary: tool calls, preambles) are neither."""
 
     name = "harmony"
+    answer_after = f"{CHANNEL}final{MESSAGE}"
     markers = shown = SHOWN_MARKERS
     ends = ("<|return|>", "<|call|>")
 
@@ -164,6 +167,7 @@ class GemmaFormat(ChatFormat):
     template drops earlier thinking from the history itself and wants a call's arguments as an object."""
 
     name = "gemma4"
+    answer_after = GEMMA_CLOSE
     markers = (GEMMA_OPEN, GEMMA_CLOSE)
     ends = ("<turn|>", "<|tool_response>")
     shown = (GEMMA_OPEN, GEMMA_CLOSE, GEMMA_CALL_OPEN, GEMMA_CALL_CLOSE, GEMMA_STRING)
@@ -307,6 +311,18 @@ def stop_ids(tokenizer, eos_ids: list[int]) -> list[int]:
         if isinstance(found, int) and found != tokenizer.unk_token_id and found not in ids:
             ids.append(found)
     return ids
+
+
+def answer_marker(tokenizer, request) -> Optional[list[int]]:
+    """The ids after which a thinking request's answer starts (a constraint applies from there), or None
+    when the answer starts at once: thinking off (harmony always thinks), a raw prompt, or a template that
+    never writes the marker."""
+    fmt = format_of(tokenizer)
+    if request.messages is None or not fmt.answer_after or (not request.thinking and fmt is not HARMONY):
+        return None
+    if fmt.answer_after not in _template_text(tokenizer) and fmt is THINK:
+        return None
+    return list(tokenizer.encode(fmt.answer_after, add_special_tokens=False))
 
 
 def takes_effort(tokenizer) -> bool:

@@ -20,6 +20,11 @@ from dflash_tui.engines.checkpoints import Dflash2Dims, DraftInfo, head_settings
 from dflash_tui.engines.cuda.attention import packed_gqa
 from dflash_tui.engines.errors import CheckpointError
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from dflash_tui.engines.guided import Guide
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -204,23 +209,42 @@ class CandidateSelector(nn.Module):
         return scale(values), ids
 
     def walk(self, hidden: torch.Tensor, unary: torch.Tensor, candidates: torch.Tensor, anchor: torch.Tensor,
-             noise: torch.Tensor, temperature: torch.Tensor) -> "Proposal":
+             noise: torch.Tensor, temperature: torch.Tensor, steer: Optional["Guide"] = None) -> "Proposal":
         """One block's chain: hidden [s, H] of the mask slots, their candidates' unary scores and ids [s, K]
         (`candidates`), the anchor id [1], noise [s, K] (Exp(1) draws; ones for the argmax walk) and a
         temperature tensor (1 for argmax). Each slot picks argmax(softmax(score / T) / noise): a sample of
-        softmax(score / T), or with unit noise its argmax. All on the device: no host sync."""
+        softmax(score / T), or with unit noise its argmax. All on the device: no host sync. With `steer` (a
+        constrained request's Guide) each slot's candidates the grammar forbids after the picks before it
+        are left out of its q (unless it forbids them all), which reads every pick back to the host."""
         slots = candidates.shape[0]
+        listed = candidates.tolist() if steer is not None else []
         predecessors = torch.cat([anchor.view(1, 1).expand(1, candidates.shape[1]), candidates[:-1]])
         pairs = self.pair_scores(hidden, candidates, predecessors)  # [s, K (predecessor), K]
         chosen, q = [], []
         prev = torch.zeros(1, dtype=torch.long, device=unary.device)  # slot 0's predecessors are all the anchor
         for slot in range(slots):  # index_select, not pairs[slot, prev]: a tensor index would sync with the host
-            probs = ((unary[slot] + pairs[slot].index_select(0, prev)[0]) / temperature).softmax(-1)
+            score = unary[slot] + pairs[slot].index_select(0, prev)[0]
+            if steer is not None:
+                score = steered(score, steer.allowed(), listed[slot])
+            probs = (score / temperature).softmax(-1)
             prev = (probs / noise[slot]).argmax(-1, keepdim=True)
+            if steer is not None:
+                steer.picked(listed[slot][int(prev)])
             chosen.append(prev)
             q.append(probs)
         index = torch.cat(chosen)
         return Proposal(candidates.gather(1, index[:, None])[:, 0], candidates, torch.stack(q))
+
+
+def steered(scores: torch.Tensor, allowed: Optional["np.ndarray"], ids: Optional[list[int]] = None) -> torch.Tensor:
+    """scores [n] over `ids` (every vocabulary row when None) with what a grammar's mask `allowed` forbids at
+    -inf; unchanged where the mask is free (None) or forbids every one of them (that pick is refused anyway)."""
+    if allowed is None:
+        return scores
+    keep = allowed if ids is None else allowed[ids]
+    if not keep.any():
+        return scores
+    return scores.masked_fill(~torch.from_numpy(keep).to(scores.device), float("-inf"))
 
 
 class Proposal:
@@ -317,18 +341,26 @@ class DFlashDraft(nn.Module):
         return logits
 
     def propose(self, hidden: torch.Tensor, anchor: torch.Tensor, lm_head: nn.Linear, noise=None,
-                temperature=None) -> Proposal:
+                temperature=None, steer: Optional["Guide"] = None) -> Proposal:
         """The drafted ids for a block's mask slots from its hidden states [1, b, H]: DFlash 1 takes each
-        slot's argmax, DFlash 2 walks its selector (noise/temperature: CandidateSelector.walk)."""
+        slot's argmax, DFlash 2 walks its selector (noise/temperature: CandidateSelector.walk). `steer`: a
+        constrained request's Guide; each slot then picks among what the grammar allows after the picks
+        before it (engines/guided.py)."""
         logits = self.head_logits(hidden[0, 1:], lm_head)
         if self.candidate_selector is None:
-            return Proposal(logits.argmax(dim=-1))
+            if steer is None:
+                return Proposal(logits.argmax(dim=-1))
+            picks = []
+            for row in logits:
+                picks.append(int(steered(row, steer.allowed()).argmax()))
+                steer.picked(picks[-1])
+            return Proposal(torch.tensor(picks, dtype=torch.long, device=logits.device))
         if noise is None:
             noise = torch.ones(logits.shape[0], self.candidate_selector.top_k, device=logits.device)
             temperature = torch.ones((), device=logits.device)
         unary, candidates = self.candidate_selector.candidates(logits, self.as_target_scores)
         return self.candidate_selector.walk(hidden[0, 1:].to(logits.device), unary, candidates, anchor, noise,
-                                            temperature)
+                                            temperature, steer)
 
     def rope(self, positions: torch.Tensor, like: torch.Tensor):
         """cos, sin for positions [b, n], in the dtype of `like`."""
@@ -516,10 +548,10 @@ class DraftCache:
         return self.draft.block_hidden_buffered(block_embeds, self, positions[None], spans)
 
     def propose(self, block: torch.Tensor, embed: nn.Module, lm_head: nn.Linear, noise=None,
-                temperature=None) -> Proposal:
+                temperature=None, steer: Optional["Guide"] = None) -> Proposal:
         """The drafted ids for block positions 1.. ([b-1]); block is [1, b] = [last token, mask...]."""
         hidden = self.hidden(self.draft.embed(embed, block))
-        return self.draft.propose(hidden, block[0, :1], lm_head, noise, temperature)
+        return self.draft.propose(hidden, block[0, :1], lm_head, noise, temperature, steer)
 
     def entries(self) -> int:
         """Context positions the next block attends to (in the first layer)."""

@@ -151,11 +151,12 @@ class CudaEngine(Engine):
                                    self.progress)
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
-                max_new_tokens: int, reuse: bool = False, split=None) -> Generator[RawStep, None, None]:
+                max_new_tokens: int, reuse: bool = False, split=None, guide=None) -> Generator[RawStep, None, None]:
         self._replays = self.graphs.replays if self.graphs else 0
         return speculative_decode(self.target, self.draft, prompt_ids, block_size, max_new_tokens,
                                   Sampler(sampling, self.target.lm_head.weight.device), self.config.draft_window,
-                                  pool=self.pool, graphs=self.graphs, turn=self.turn, reuse=reuse, split=split)
+                                  pool=self.pool, graphs=self.graphs, turn=self.turn, reuse=reuse, split=split,
+                                  guide=guide)
 
     def _forget_turns(self) -> None:
         self.turn.clear()

@@ -20,6 +20,7 @@ from dflash_tui.engines.cuda.graphs import StepGraphs
 from dflash_tui.engines.cuda.target import Target
 from dflash_tui.engines.engine import RawStep
 from dflash_tui.engines.events import TopLogprob
+from dflash_tui.engines.guided import Guide, stack_rows
 from dflash_tui.engines.sampling import SamplingParams
 
 HOST_SYNC = "dflash::host_sync"  # the profiler's name for the loop's one device-to-host copy per step
@@ -43,6 +44,7 @@ class Sampler:
         self.params = params
         self.generator = None if params.greedy else torch.Generator(device=device).manual_seed(params.seed)
         self.penalizer: Optional[Penalizer] = None
+        self.allow: Optional[torch.Tensor] = None  # a constrained request's masks [n, vocab] for the next call
 
     def start(self, prompt_ids: list[int], device: torch.device) -> None:
         """A request begins: the penalties' counts start from its prompt (nothing to do without them)."""
@@ -55,14 +57,20 @@ class Sampler:
 
     def penalize(self, logits: torch.Tensor, drafted: Optional[torch.Tensor] = None) -> torch.Tensor:
         """float32 logits [n, vocab] with the request's bias and penalties applied, row j counting the
-        drafted ids [n - 1] before it (the block's own prefix); the logits as they are without penalties."""
+        drafted ids [n - 1] before it (the block's own prefix), then a constrained request's masks (`allow`:
+        -inf where the grammar forbids); the logits as they are without either."""
         logits = logits.float()
-        return logits if self.penalizer is None else self.penalizer(logits, drafted)
+        if self.penalizer is not None:
+            logits = self.penalizer(logits, drafted)
+        if self.allow is not None:
+            logits = logits.masked_fill(~self.allow[: logits.shape[0]], float("-inf"))
+        return logits
 
     def __call__(self, logits: torch.Tensor, drafted: Optional[torch.Tensor] = None) -> torch.Tensor:
         """logits [n, vocab] -> ids [n] (`drafted`: the block's drafted ids [n - 1], for the penalties)."""
-        if self.params.greedy:  # (without penalties the logits as they are: no float32 copy)
-            return (logits if self.penalizer is None else self.penalize(logits, drafted)).argmax(dim=-1)
+        if self.params.greedy:  # (without penalties or masks the logits as they are: no float32 copy)
+            plain = self.penalizer is None and self.allow is None
+            return (logits if plain else self.penalize(logits, drafted)).argmax(dim=-1)
         return self.race(self.probs(logits, drafted))
 
     def race(self, probs: torch.Tensor) -> torch.Tensor:
@@ -225,6 +233,15 @@ def rejection_choice(p: torch.Tensor, proposal: Proposal, generator: Optional[to
     return torch.cat([torch.where(kept, ids, instead), race(p[n:])])
 
 
+def masks(guide: Optional[Guide], device: torch.device) -> Optional[torch.Tensor]:
+    """A constrained request's masks along the block it just drafted ([n, vocab] bool on the device), None
+    without a constraint or where every position is free (the reasoning)."""
+    if guide is None:
+        return None
+    rows = stack_rows(guide.rows(), guide.vocab_rows)
+    return None if rows is None else torch.from_numpy(rows).to(device)
+
+
 class Clock:
     """Marks on the host (CPU) or CUDA events read after the step's one sync."""
 
@@ -258,6 +275,7 @@ def speculative_decode(
     turn: Optional[TurnCache] = None,
     reuse: bool = False,
     split: Optional[int] = None,
+    guide: Optional[Guide] = None,
 ) -> Generator[RawStep, None, None]:
     """Yields the prefill token, then one RawStep per verify step, up to max_new_tokens ids.
     `cache` / `draft_cache` may be passed in to observe them between steps (tests); otherwise they come
@@ -267,7 +285,11 @@ def speculative_decode(
     With `turn` (pooled caches only) the caches this request leaves are recorded in it; with `reuse` the
     request starts from the longest prefix of `prompt_ids` they hold and prefills only the rest. A hybrid
     target then prefills in two chunks cut at `split` (just after the assistant header) and keeps a
-    snapshot of its linear-attention states there."""
+    snapshot of its linear-attention states there.
+
+    With `guide` (a constrained request, engines/guided.py) the draft is steered by the grammar and every
+    verified position's logits are masked by the grammar at that position; such a request runs the eager
+    steps (the masks are built on the host between the draft and the verify)."""
     device, clock = target.device, Clock(target.device)
     use_draft = block_size > 1
     prompt_len = len(prompt_ids)
@@ -332,10 +354,14 @@ def speculative_decode(
             turn.snapshot(b)
     sampler.start(prompt_ids, device)
     want_logprobs, top_k = sampler.params.logprobs, sampler.params.top_logprobs
+    sampler.allow = masks(guide, device)
     last = sampler(logits[0, -1:])  # [1], stays on the device
+    sampler.allow = None
     sampler.observe(last)
     ids, rows = read_step(last, sampler.logprob_rows(logits[0, -1:], last) if want_logprobs else None)
     (first,) = ids
+    if guide is not None:
+        guide.settle(0, first)
     logprobs, tops = unpack_logprobs(rows, top_k) if rows is not None else (None, None)
     held = list(prompt_ids)  # the ids the target cache holds
     if turn is not None:
@@ -351,7 +377,7 @@ def speculative_decode(
     while generated < max_new_tokens:
         b = min(block_size, max_new_tokens - generated)  # the last block shrinks: never more than asked
         start = prompt_len + generated - 1
-        step_graphs = graphs if graphs is not None and graphs.covers(start, block_size) else None
+        step_graphs = graphs if graphs is not None and guide is None and graphs.covers(start, block_size) else None
         if turn is not None:
             turn.ids = None
         t_draft = clock.mark()
@@ -365,14 +391,16 @@ def speculative_decode(
             block[0, :1] = last
             if b > 1 and drafter is not None:  # (b > 1: block size > 1, so there is a draft)
                 walk = sampler.walk_noise(b - 1, selector.top_k, device) if selector is not None else (None, None)
-                proposal = drafter.propose(block, target.embed, target.lm_head, *walk)
+                proposal = drafter.propose(block, target.embed, target.lm_head, *walk, steer=guide)
                 block[0, 1:] = proposal.ids
             t_verify = clock.mark()
             target.before_verify(cache, b)
             logits, features = target.forward(block, start, cache, last_only=False, capture=use_draft)
         # the target's token at every block position (a padded block's first b), by the acceptance rule
+        sampler.allow = masks(guide, device)
         choice = sampler.verify(logits[0, :b], proposal.first(b - 1) if proposal is not None and b > 1 else None,
                                 block[0, 1:b])
+        sampler.allow = None
         t_end = clock.mark()
         # the emitted ids are choice[:accepted + 1] (a kept drafted id equals the choice there)
         row_tensor = sampler.logprob_rows(logits[0, :b], choice) if want_logprobs else None
@@ -390,6 +418,8 @@ def speculative_decode(
         held.append(last_id)
         held += drafted[:accepted]
         last_id = chosen[accepted]
+        if guide is not None:
+            guide.settle(accepted, last_id)
         if turn is not None:
             turn.ids = held
         last = choice[accepted: accepted + 1]

@@ -17,13 +17,18 @@ temperature 0, else sampling each slot from q = softmax(score / T) with exponent
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, cast
+from typing import TYPE_CHECKING, Optional, cast
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from dflash_tui.engines.checkpoints import Dflash2Dims, DraftInfo, attention_window, head_settings, layer_windows, resolve_causal
 from dflash_tui.engines.errors import CheckpointError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from dflash_tui.engines.guided import Guide
 
 
 def rope_settings(cfg: dict) -> tuple[float, Optional[dict]]:
@@ -165,6 +170,17 @@ class DraftLayer(nn.Module):
         return wrapped(h, self.post_attention_layernorm(h), self.mlp, self.get("mlp_conv"))
 
 
+def steered(scores: mx.array, allowed: Optional[np.ndarray], ids: Optional[list[int]] = None) -> mx.array:
+    """scores [n] over `ids` (every vocabulary row when None) with what a grammar's mask `allowed` forbids at
+    -inf; unchanged where the mask is free (None) or forbids every one of them (engines/cuda/draft.py's)."""
+    if allowed is None:
+        return scores
+    keep = allowed if ids is None else allowed[ids]
+    if not keep.any():
+        return scores
+    return mx.where(mx.array(keep), scores, mx.array(-float("inf"), dtype=scores.dtype))
+
+
 class CandidateSelector(nn.Module):
     """DFlash 2's candidate selector: per mask slot the target head's top-K logits, scored against the
     token chosen at the slot before (the anchor for slot 0):
@@ -179,12 +195,15 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = mx.zeros((vocab, dim))
 
     def walk(self, hidden: mx.array, logits: mx.array, anchor: mx.array, temperature: float = 0.0,
-             noise: Optional[mx.array] = None, scale=None) -> tuple[mx.array, mx.array, Optional[mx.array]]:
+             noise: Optional[mx.array] = None, scale=None,
+             steer: Optional[Guide] = None) -> tuple[mx.array, mx.array, Optional[mx.array]]:
         """hidden [s, H] and raw head logits [s, V] of the mask slots, the anchor id [1]. The candidates are
         the top-K of the raw logits; `scale` (the output multiplier and softcap) then applies to their values,
         in vLLM's order (a saturating softcap never changes the candidate set). Returns the drafted ids [s]
         (int32), the candidates [s, K] and, at temperature > 0, q [s, K] (float32) each slot was sampled from
-        as argmax(q / noise) with noise [s, K] of Exp(1) draws. Lazy: no host sync."""
+        as argmax(q / noise) with noise [s, K] of Exp(1) draws. Lazy: no host sync. With `steer` (a
+        constrained request's Guide) each slot leaves out the candidates the grammar forbids after the picks
+        before it (engines/cuda/draft.py's walk), reading every pick back to the host."""
         k = min(self.top_k, logits.shape[-1])
         logits = logits.astype(mx.float32)
         part = mx.argpartition(-logits, kth=k - 1, axis=-1)[:, :k]
@@ -197,24 +216,24 @@ class CandidateSelector(nn.Module):
         z = self.hidden_projection(hidden).astype(mx.float32)  # [s, d]
         succ = self.successor_codebook[candidates].astype(mx.float32) * z[:, None, :]  # [s, K, d]
         prev, ids, rows = anchor.reshape(1), [], []
-        if temperature > 0:  # sampled: each slot's q kept
-            if noise is None:
-                raise ValueError("a sampled walk needs its noise (Exp(1) draws [s, K])")
-            for slot in range(candidates.shape[0]):
-                pred = self.predecessor_codebook[prev].astype(mx.float32)  # [1, d]
-                score = unary[slot] + (succ[slot] @ pred[0])
+        if temperature > 0 and noise is None:
+            raise ValueError("a sampled walk needs its noise (Exp(1) draws [s, K])")
+        listed = candidates.tolist() if steer is not None else []
+        for slot in range(candidates.shape[0]):
+            pred = self.predecessor_codebook[prev].astype(mx.float32)  # [1, d]
+            score = unary[slot] + (succ[slot] @ pred[0])
+            if steer is not None:
+                score = steered(score, steer.allowed(), listed[slot])
+            if temperature > 0:  # sampled: each slot's q kept
                 q = mx.softmax(score / temperature, axis=-1)
                 pick = mx.argmax(q / noise[slot], axis=-1)
                 rows.append(q)
-                prev = mx.take(candidates[slot], pick.reshape(1))
-                ids.append(prev)
-        else:  # the argmax walk (the same steps without q)
-            for slot in range(candidates.shape[0]):
-                pred = self.predecessor_codebook[prev].astype(mx.float32)  # [1, d]
-                score = unary[slot] + (succ[slot] @ pred[0])
+            else:  # the argmax walk (the same steps without q)
                 pick = mx.argmax(score, axis=-1)
-                prev = mx.take(candidates[slot], pick.reshape(1))
-                ids.append(prev)
+            prev = mx.take(candidates[slot], pick.reshape(1))
+            if steer is not None:
+                steer.picked(listed[slot][int(pick.item())])
+            ids.append(prev)
         return mx.concatenate(ids).astype(mx.int32), candidates, mx.stack(rows) if rows else None
 
 
@@ -303,15 +322,23 @@ class DFlashDraft(nn.Module):
         return self.norm(h)
 
     def propose(self, hidden: mx.array, anchor: mx.array, lm_head, temperature: float = 0.0,
-                noise: Optional[mx.array] = None) -> tuple[mx.array, Optional[mx.array]]:
+                noise: Optional[mx.array] = None, steer: Optional[Guide] = None) -> tuple[mx.array, Optional[mx.array]]:
         """Drafted ids [s] for the mask slots of hidden [1, b, H] and, for a DFlash 2 draft sampled at
         temperature > 0, the dense rows q [s, vocab] they were drawn from (else None). DFlash 1 takes each
-        slot's argmax; DFlash 2 walks its selector from `anchor` [1]."""
+        slot's argmax; DFlash 2 walks its selector from `anchor` [1]. `steer`: a constrained request's
+        Guide; each slot then picks among what the grammar allows after the picks before it."""
         slots = hidden[0, 1:]
         if self.selector is None:
-            return mx.argmax(lm_head(slots), axis=-1).astype(mx.int32), None
+            if steer is None:
+                return mx.argmax(lm_head(slots), axis=-1).astype(mx.int32), None
+            head, picks = lm_head(slots), []
+            for slot in range(head.shape[0]):
+                picks.append(int(mx.argmax(steered(head[slot], steer.allowed())).item()))
+                steer.picked(picks[-1])
+            return mx.array(picks, dtype=mx.int32), None
         logits = self.head_logits(slots, lm_head)
-        ids, candidates, q = self.selector.walk(slots, logits, anchor, temperature, noise, self.as_target_scores)
+        ids, candidates, q = self.selector.walk(slots, logits, anchor, temperature, noise, self.as_target_scores,
+                                                steer)
         if q is None:
             return ids, None
         return ids, mx.put_along_axis(mx.zeros(logits.shape, dtype=mx.float32), candidates, q, axis=-1)
@@ -404,16 +431,16 @@ class DraftCache:
         return self.draft.block_hidden(block_embeds, [k for k, _ in views], [v for _, v in views], self.length,
                                        self.masks(block_embeds.shape[1]))
 
-    def propose(self, block: mx.array, embed, lm_head) -> mx.array:
+    def propose(self, block: mx.array, embed, lm_head, steer: Optional[Guide] = None) -> mx.array:
         """Draft ids (int32, [b-1]) for block positions 1..; block is [1, b] = [last token, mask...]: each
         slot's argmax (DFlash 1) or the selector's argmax walk (DFlash 2)."""
-        return self.propose_sampled(block, embed, lm_head)[0]
+        return self.propose_sampled(block, embed, lm_head, steer=steer)[0]
 
     def propose_sampled(self, block: mx.array, embed, lm_head, temperature: float = 0.0,
-                        noise: Optional[mx.array] = None) -> tuple[mx.array, Optional[mx.array]]:
+                        noise: Optional[mx.array] = None, steer: Optional[Guide] = None) -> tuple[mx.array, Optional[mx.array]]:
         """(ids [b-1], q [b-1, vocab] or None): DFlashDraft.propose on this block."""
         hidden = self.propose_hidden(self.draft.embed(embed, block))
-        return self.draft.propose(hidden, block[0, :1], lm_head, temperature, noise)
+        return self.draft.propose(hidden, block[0, :1], lm_head, temperature, noise, steer)
 
     def entries(self) -> int:
         return self.length - self._first(0) if self._keys else 0

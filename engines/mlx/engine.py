@@ -68,10 +68,10 @@ class MlxEngine(Engine):
         return self.target.model
 
     def _decode(self, prompt_ids: list[int], block_size: int, sampling: SamplingParams,
-                max_new_tokens: int, reuse: bool = False, split=None) -> Generator[RawStep, None, None]:
+                max_new_tokens: int, reuse: bool = False, split=None, guide=None) -> Generator[RawStep, None, None]:
         return speculative_decode(self.target, self.draft, prompt_ids, block_size, max_new_tokens,
                                   Sampler(sampling), self.config.draft_window, turn=self.turn, reuse=reuse,
-                                  split=split)
+                                  split=split, guide=guide)
 
     def _forget_turns(self) -> None:
         self.turn.clear()

@@ -25,6 +25,7 @@ import mlx.core as mx
 
 from dflash_tui.engines.engine import RawStep
 from dflash_tui.engines.events import TopLogprob
+from dflash_tui.engines.guided import Guide, stack_rows
 from dflash_tui.engines.memory import SNAPSHOTS
 from dflash_tui.engines.mlx.draft import DFlashDraft, DraftCache
 from dflash_tui.engines.mlx.target import Target
@@ -45,6 +46,7 @@ class Sampler:
         self.params = params
         self.key = mx.random.key(params.seed)  # (lazy, and never drawn from when greedy)
         self.penalizer: Optional[Penalizer] = None
+        self.allow: Optional[mx.array] = None  # a constrained request's masks [n, vocab] for the next call
 
     def start(self, prompt_ids: list[int]) -> None:
         """A request begins: the penalties' counts start from its prompt (nothing to do without them)."""
@@ -57,9 +59,14 @@ class Sampler:
 
     def penalize(self, logits: mx.array, drafted: Optional[mx.array] = None) -> mx.array:
         """float32 logits [n, vocab] with the request's bias and penalties, row j counting the drafted ids
-        [n - 1] before it (engines/cuda/loop.py's Penalizer, the same arithmetic)."""
+        [n - 1] before it (engines/cuda/loop.py's Penalizer, the same arithmetic), then a constrained
+        request's masks (`allow`: -inf where the grammar forbids)."""
         logits = logits.astype(mx.float32)
-        return logits if self.penalizer is None else self.penalizer(logits, drafted)
+        if self.penalizer is not None:
+            logits = self.penalizer(logits, drafted)
+        if self.allow is not None:
+            logits = mx.where(self.allow[: logits.shape[0]], logits, mx.array(-float("inf"), dtype=mx.float32))
+        return logits
 
     def logprob_rows(self, logits: mx.array, tokens: mx.array) -> mx.array:
         """Per position [n, 1 + 2k] float32 (which holds every id exactly): the raw log-probability of
@@ -108,8 +115,9 @@ class Sampler:
 
     def __call__(self, logits: mx.array, drafted: Optional[mx.array] = None) -> mx.array:
         """logits [n, vocab] -> int32 ids [n] (`drafted`: the block's drafted ids [n - 1], for the penalties)."""
-        if self.params.greedy:  # (without penalties the logits as they are: no float32 copy)
-            return mx.argmax(logits if self.penalizer is None else self.penalize(logits, drafted), axis=-1).astype(mx.int32)
+        if self.params.greedy:  # (without penalties or masks the logits as they are: no float32 copy)
+            plain = self.penalizer is None and self.allow is None
+            return mx.argmax(logits if plain else self.penalize(logits, drafted), axis=-1).astype(mx.int32)
         return mx.random.categorical(self.process(logits, drafted), axis=-1, key=self.next_key()).astype(mx.int32)
 
     def from_probs(self, probs: mx.array) -> mx.array:
@@ -262,6 +270,15 @@ class TurnCache:
         return keep
 
 
+def masks(guide: Optional[Guide]) -> Optional[mx.array]:
+    """A constrained request's masks along the block it just drafted ([n, vocab] bool), None without a
+    constraint or where every position is free (engines/cuda/loop.py's `masks`)."""
+    if guide is None:
+        return None
+    rows = stack_rows(guide.rows(), guide.vocab_rows)
+    return None if rows is None else mx.array(rows)
+
+
 def speculative_decode(target: Target, draft: Optional[DFlashDraft], prompt_ids: list[int], block_size: int,
                        max_new_tokens: int, sampler: Sampler, draft_window: Optional[int] = None,
                        **kwargs) -> Generator[RawStep, None, None]:
@@ -291,6 +308,7 @@ def _speculative_decode(
     turn: Optional[TurnCache] = None,
     reuse: bool = False,
     split: Optional[int] = None,
+    guide: Optional[Guide] = None,
 ) -> Generator[RawStep, None, None]:
     """Yields the prefill token, then one RawStep per verify step, up to max_new_tokens ids.
     `cache` / `draft_cache` may be passed in to observe them between steps (tests). With `turn` the
@@ -355,7 +373,9 @@ def _speculative_decode(
         drafter.append(features)
     sampler.start(prompt_ids)
     want_logprobs, top_k = sampler.params.logprobs, sampler.params.top_logprobs
+    sampler.allow = masks(guide)
     last = sampler(logits[0, -1:])  # [1], stays on the device
+    sampler.allow = None
     sampler.observe(last)
     first_rows = sampler.logprob_rows(logits[0, -1:], last) if want_logprobs else None
     mx.eval(last, [c.state for c in cache], drafter.arrays() if drafter is not None else [],
@@ -363,6 +383,8 @@ def _speculative_decode(
     if turn is not None and split == n:  # thinking on: the prompt ends with the assistant header
         turn.snapshot(n, rollback)
     first = cast(int, last.item())  # (mlx's stubs type item() as any scalar; an int32 array's is an int)
+    if guide is not None:
+        guide.settle(0, first)
     logprobs, tops = (unpack_logprobs(cast(list[list[float]], first_rows.tolist()), top_k) if first_rows is not None
                       else (None, None))
     held = list(prompt_ids)  # the ids the target cache holds
@@ -393,15 +415,16 @@ def _speculative_decode(
             if rejection:  # a DFlash 2 draft at T > 0: its walk sampled, q kept
                 noise = sampler.exponential((b - 1, walk_top_k))
                 drafted, q = drafter.propose_sampled(proposal, target.embed, target.lm_head,
-                                                     sampler.params.temperature, noise)
+                                                     sampler.params.temperature, noise, steer=guide)
             else:  # argmax proposals (a DFlash 2 draft's argmax walk)
-                drafted = drafter.propose(proposal, target.embed, target.lm_head)
+                drafted = drafter.propose(proposal, target.embed, target.lm_head, steer=guide)
             block = mx.concatenate([last, drafted])
             if timed:
                 mx.eval(block)
         t_mid = time.perf_counter()
         rollback.snapshot(b)
         logits, features = target.forward(block[None], cache, capture=use_draft)
+        sampler.allow = masks(guide)
         if q is not None and drafted is not None:  # (q comes with drafted ids)
             agree, choice = rejection_verify(sampler.probs(logits[0], drafted), q, drafted, sampler)
             ids = mx.concatenate([drafted, choice, agree])
@@ -411,6 +434,7 @@ def _speculative_decode(
             choice = sampler(logits[0], drafted)  # the target's own token at every block position
             ids = mx.concatenate([drafted, choice]) if drafted is not None else choice
             tokens = choice  # a kept drafted id equals the choice there
+        sampler.allow = None
         row_array = sampler.logprob_rows(logits[0], tokens) if want_logprobs else None
         rows: Optional[list[list[float]]]
         host: list[int]
@@ -438,6 +462,8 @@ def _speculative_decode(
         held.append(last_id)
         held += drafted_ids[:accepted]
         last_id = chosen[accepted]
+        if guide is not None:
+            guide.settle(accepted, last_id)
         if turn is not None:
             turn.ids = held
         last = choice[accepted: accepted + 1]
