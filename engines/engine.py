@@ -324,8 +324,10 @@ class Engine:
         after the reasoning when the request thinks (engines/guided.py)."""
         if self._grammars is None:
             self._grammars = Grammars(self.tokenizer, self.target_info.vocab_size)
-        assert request.constraint is not None
-        return self._grammars.guide(request.constraint, sorted(stops), reasoning.answer_marker(self.tokenizer, request))
+        constraint = request.constraint
+        assert constraint is not None
+        marker = reasoning.answer_marker(self.tokenizer, request) if constraint.after_reasoning else None
+        return self._grammars.guide(constraint, sorted(stops), marker)
 
     def _drive(self, ids, block_size, sampling, max_new, stops, request, limit: str,
                guide: Optional[Guide] = None) -> Generator[StepEvent, None, None]:

@@ -35,7 +35,7 @@ JSON_WHITESPACE = r"(?:\n {0,16}| )?"
 # would let a model that wants to say something the grammar forbids fill its answer with spaces.
 OPENING_BLANKS = 2
 CACHED_GRAMMARS = 64  # compiled grammars kept per process (a server sees the same schema again and again)
-INSTALL = "pip install 'dflash-tui[structured]' (llguidance)"
+INSTALL = "pip install llguidance (the cuda and mlx extras bring it)"
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,13 @@ class Constraint:
     """What the output must match. `kind` json (`value` a JSON schema; {"type": "object"} for any object),
     regex (a pattern, matched whole), choice (a list of strings, one of which is the whole output) or grammar
     (Lark, or GBNF as vLLM takes it). `field` names where the user wrote it, for the one sentence a bad one
-    gets (a server's request field, a CLI flag)."""
+    gets (a server's request field, a CLI flag). `after_reasoning`: with thinking on, the constraint starts
+    after the reasoning (a forced tool call's starts at once: its opening already left the reasoning out)."""
 
     kind: str
     value: Any
     field: str = "constraint"
+    after_reasoning: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -60,11 +62,21 @@ class Constraint:
         if self.kind == "json" and not isinstance(self.value, (dict, bool)):
             raise UserError(f"{self.field} must be a JSON schema (an object).")
 
+    def check(self) -> None:
+        """One sentence naming the field when llguidance cannot compile this constraint (before any engine
+        work: a server answers 400)."""
+        error = _llguidance().LLMatcher.validate_grammar(self.grammar())
+        if error:
+            raise UserError(f"{self.field} cannot be compiled: {one_line(error)[:300]}")
+
     def grammar(self) -> str:
         """The llguidance grammar (its JSON form) this constraint stands for."""
         LLMatcher = _llguidance().LLMatcher
         if self.kind == "json":
-            return LLMatcher.grammar_from_json_schema(self.value, defaults={"whitespace_pattern": JSON_WHITESPACE})
+            try:
+                return LLMatcher.grammar_from_json_schema(self.value, defaults={"whitespace_pattern": JSON_WHITESPACE})
+            except ValueError as e:
+                raise UserError(f"{self.field} is not a JSON schema llguidance reads: {one_line(str(e))[:300]}") from None
         if self.kind == "regex":
             return LLMatcher.grammar_from_regex(self.value)
         if self.kind == "choice":
@@ -157,8 +169,9 @@ REASONING, OPENING, ANSWER = "reasoning", "opening", "answer"
 class Guide:
     """One request's grammar state, walked along the tokens the loop commits and, inside a step, along a
     drafted block: the draft asks `allowed()` at each slot and reports its pick with `picked`, `rows()` gives
-    the target's masks along the block, and `settle` then keeps what the target accepted and undoes the rest. A mask is a bool array over the
-    target's vocabulary rows, or None where anything goes (the reasoning)."""
+    the target's masks along the block, and `settle` then keeps what the target accepted and undoes the
+    rest. A mask is a bool array over the target's vocabulary rows, or None where anything goes (the
+    reasoning)."""
 
     def __init__(self, matcher, vocab_rows: int, marker: Optional[list[int]], blank: Optional["np.ndarray"]):
         self.matcher, self.vocab_rows = matcher, vocab_rows

@@ -16,7 +16,6 @@ pytest.importorskip("torch")
 from dflash_tui.engines.reasoning import GEMMA4, format_of  # noqa: E402 - after the importorskip above
 from dflash_tui.serve.tools import (  # noqa: E402 - after the importorskip above
     ToolCallParser,
-    forced_opening,
     parse_text,
     parser_for,
     tool_format,
@@ -250,10 +249,7 @@ def test_a_malformed_gemma_call_comes_back_as_its_text(text):
     assert parse_text("gemma4", text) == (text, [])
 
 
-def test_a_forced_gemma_call_opens_the_call_and_the_model_continues_it():
-    assert forced_opening("gemma4", {"type": "function", "function": {"name": "get_weather"}}) == \
-        "<|tool_call>call:get_weather{"
-    assert forced_opening("gemma4", "required") == "<|tool_call>call:" and forced_opening("gemma4", "auto") == ""
+def test_a_gemma_call_streamed_after_its_opening_parses():
     parser = parser_for("gemma4", "<|tool_call>call:get_weather{")
     got, last = parser.add('city:<|"|>Paris<|"|>}<tool_call|>'), parser.flush()
     assert got.text + last.text == "" and [c["name"] for c in got.calls] == ["get_weather"]

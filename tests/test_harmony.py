@@ -299,9 +299,9 @@ def harmony_server(harmony):
 def test_serve_takes_the_effort_and_answers_a_forced_harmony_call_end_to_end(harmony, harmony_server):
     """`dflash serve` on the harmony pair, over HTTP: reasoning_effort reaches the rendered prompt (the profile's
     when the request has none; a bad value is a 400 naming it); tools and the tool history render through the
-    published template; a named tool_choice opens the call's message and the model ends it (logit_bias makes
-    its first token <|call|>): a tool call, streamed and whole; a body that is not JSON comes back as text with
-    finish_reason stop."""
+    published template; a named tool_choice opens the call's message and the grammar of the tool's parameters
+    (its one enumerated city) makes the random model write a valid call and end it: a tool call, streamed and
+    whole."""
     import httpx
 
     from tests.test_serve import HISTORY, TOOLS, sse_chunks
@@ -327,24 +327,21 @@ def test_serve_takes_the_effort_and_answers_a_forced_harmony_call_end_to_end(har
             '<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"18 C, sunny"'
             '<|end|><|start|>assistant') in tools_prompt
 
-    call_id = harmony.tokenizer.convert_tokens_to_ids("<|call|>")
-    body = {"model": "tiny", "messages": QUESTION, "tools": TOOLS, "max_tokens": 8, "temperature": 0,
-            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-            "logit_bias": {str(call_id): 100}}
-    whole = httpx.post(server.base + "/chat/completions", json=body, timeout=60).json()["choices"][0]
+    paris = [{"type": "function", "function": {"name": "get_weather", "description": "The weather.", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris"]}}, "required": ["city"],
+        "additionalProperties": False}}}]
+    body = {"model": "tiny", "messages": QUESTION, "tools": paris, "max_tokens": 120, "temperature": 0,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    reply = httpx.post(server.base + "/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    whole = reply.json()["choices"][0]
     assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None
-    assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole["message"]["tool_calls"]] == [
-        ("get_weather", "{}")]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in whole["message"]["tool_calls"]] \
+        == [("get_weather", {"city": "Paris"})]
     with httpx.stream("POST", server.base + "/chat/completions", json=body | {"stream": True},
                       timeout=60) as response:
         chunks = sse_chunks(response)
     calls = [d for c in chunks if c["choices"] for d in c["choices"][0]["delta"].get("tool_calls") or []]
     assert calls[0]["function"] == {"name": "get_weather", "arguments": ""} and calls[0]["id"].startswith("call_")
-    assert calls[1]["function"] == {"arguments": "{}"}
+    assert json.loads("".join(c["function"].get("arguments", "") for c in calls[1:])) == {"city": "Paris"}
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
-
-    x = harmony.tokenizer.encode("x", add_special_tokens=False)[0]
-    malformed = body | {"logit_bias": {str(x): 100}, "stop_token_ids": [x]}
-    whole = httpx.post(server.base + "/chat/completions", json=malformed, timeout=60).json()["choices"][0]
-    assert whole["finish_reason"] == "stop" and whole["message"]["content"] == "x"
-    assert not whole["message"].get("tool_calls")

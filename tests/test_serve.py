@@ -682,9 +682,8 @@ def test_every_error_is_json_and_the_connection_stays_open(server):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("best_of", 2), ("echo", True), ("suffix", "end"), ("response_format", {"type": "json_object"}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-    ("prompt_logprobs", 1), ("reasoning_effort", "low"), ("functions", []), ("guided_json", {}), ("min_tokens", 4),
+    ("best_of", 2), ("echo", True), ("suffix", "end"),
+    ("prompt_logprobs", 1), ("reasoning_effort", "low"), ("functions", []), ("min_tokens", 4),
 ])
 def test_fields_it_cannot_honour_are_refused_by_name(server, field, value):
     response = httpx.post(server.base + "/chat/completions", json=chat_body("hi") | {field: value}, timeout=30)
@@ -947,36 +946,43 @@ def test_tools_and_tool_history_render_through_the_chat_template(guarded, tools_
     assert "<tools>" not in tokenizer.decode(none.json()["prompt_token_ids"])  # "none": the tools stay out
 
 
-def test_a_forced_tool_call_that_does_not_parse_is_text_never_a_500(guarded, server):
-    """A named tool_choice starts the answer with the call's opening; the random tiny target's junk after it
-    is no call, so the answer is that text with no tool_calls. The openai client's tools helpers work."""
+ENUM_TOOLS = [  # short: the tiny target's tokenizer spells most characters alone, in a 512-token context
+    {"type": "function", "function": {"name": "w", "parameters": {"type": "object", "properties": {
+        "c": {"enum": ["P", "R"]}}, "required": ["c"]}}},
+    {"type": "function", "function": {"name": "t", "parameters": {"type": "object", "properties": {
+        "z": {"enum": ["U", "C"]}}, "required": ["z"]}}},
+]
+
+
+def test_a_forced_tool_call_is_a_valid_call_to_an_offered_tool(guarded, server):
+    """tool_choice named or required is a grammar over the offered tools and their parameter schemas
+    (serve/forced_calls.py): the random tiny target writes a call that parses, to an offered tool, with
+    arguments its schema allows, whole and streamed. The openai client's tools helpers work."""
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=guarded.base, api_key=KEY, max_retries=0)
-    for stream in (False, True):
-        kwargs = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=TOOLS,
-                      tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=12,
-                      temperature=0, stream=stream)
-        if stream:
-            chunks = list(client.chat.completions.create(**kwargs))
-            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            calls = [c for c in chunks if c.choices and c.choices[0].delta.tool_calls]
-            finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][-1]
-        else:
-            whole = client.chat.completions.create(**kwargs)
-            content, calls, finish = whole.choices[0].message.content, whole.choices[0].message.tool_calls, \
-                whole.choices[0].finish_reason
-        assert content.startswith('<tool_call>\n{"name": "get_weather", "arguments": ') and not calls
-        assert finish in ("stop", "length")
-    # the openai client's structured-output helper (langchain's with_structured_output does the same): refused
-    from pydantic import BaseModel
-
-    class Weather(BaseModel):
-        city: str
-
-    with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.parse(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                      response_format=Weather)
-    assert refused.value.status_code == 400 and "'response_format'" in refused.value.message
+    allowed = {"w": ("c", {"P", "R"}), "t": ("z", {"U", "C"})}
+    for choice in ({"type": "function", "function": {"name": "w"}}, "required"):
+        for stream in (False, True):
+            kwargs = dict(model="tiny", messages=[{"role": "user", "content": "W?"}], tools=ENUM_TOOLS,
+                          tool_choice=choice, max_tokens=120, temperature=0, stream=stream)
+            if stream:
+                chunks = list(client.chat.completions.create(**kwargs))
+                deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+                calls = {}
+                for d in deltas:
+                    name, args = calls.get(d.index, ("", ""))
+                    calls[d.index] = (name + (d.function.name or ""), args + (d.function.arguments or ""))
+                made = list(calls.values())
+                finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][-1]
+            else:
+                whole = client.chat.completions.create(**kwargs)
+                made = [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls or []]
+                finish = whole.choices[0].finish_reason
+            assert finish == "tool_calls" and made, (choice, stream, made)
+            for name, arguments in made:
+                key, values = allowed[name]
+                assert json.loads(arguments)[key] in values
+                assert isinstance(choice, str) or name == "w"
     auto = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
                                           max_tokens=4, temperature=0)
     assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")

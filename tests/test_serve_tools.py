@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from dflash_tui.serve.tools import ToolCallParser, forced_opening, parse_hermes_block, parse_llama_json, parse_text
+from dflash_tui.serve.tools import ToolCallParser, harmony_opening, parse_hermes_block, parse_llama_json, parse_text
 from tests.serve_shaping import accumulated_calls, serve_run
 
 WEATHER = {"city": "Paris", "days": 3, "units": {"temp": "C"}}
@@ -74,15 +74,7 @@ def test_plain_text_passes_through_and_partial_tags_are_held_back_only_until_the
     assert parse_text("hermes", "no call here") == ("no call here", [])
 
 
-def test_a_forced_opening_is_continued_by_the_model():
-    opening = forced_opening("hermes", {"type": "function", "function": {"name": "get_weather"}})
-    assert opening == '<tool_call>\n{"name": "get_weather", "arguments": '
-    text, calls = chunked(ToolCallParser("hermes", opening), '{"city": "Paris"}}\n</tool_call>', 2)
-    assert text == "" and names_args(calls) == [("get_weather", {"city": "Paris"})]
-    llama = forced_opening("llama3_json", {"type": "function", "function": {"name": "f"}})
-    text, calls = chunked(ToolCallParser("llama3_json", llama), '{"x": 1}}', 3)
-    assert names_args(calls) == [("f", {"x": 1})]
-    assert forced_opening("hermes", "required") == "<tool_call>\n" and forced_opening("hermes", "auto") == ""
+def test_parsers_read_wrapped_and_nested_forms():
     assert parse_hermes_block('{"name": "f", "arguments": "{\\"a\\": 1}"}')["arguments"] == '{"a": 1}'
     assert parse_llama_json("just text") is None
 
@@ -224,14 +216,14 @@ def test_a_malformed_harmony_call_comes_back_as_its_text(body):
 def test_a_forced_harmony_call_starts_at_its_own_header():
     from dflash_tui.serve.tools import parser_for
 
-    named = forced_opening("harmony", {"type": "function", "function": {"name": "get_weather"}})
+    named = harmony_opening({"type": "function", "function": {"name": "get_weather"}})
     assert named == "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
     text, calls = chunked(parser_for("harmony", named), json.dumps(WEATHER), 5)
     assert text == "" and names_args(calls) == [("get_weather", WEATHER)]
-    required = forced_opening("harmony", "required")
+    required = harmony_opening("required")
     text, calls = chunked(parser_for("harmony", required), "get_time <|constrain|>json<|message|>{}", 3)
     assert names_args(calls) == [("get_time", {})]
-    assert forced_opening("harmony", "auto") == ""
+    assert harmony_opening("auto") == ""
 
 
 def test_streamed_harmony_calls_are_chunks_the_openai_client_accumulates():

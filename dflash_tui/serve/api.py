@@ -11,8 +11,11 @@ from typing import Any, Optional
 
 from dflash_tui.engines.config import EFFORTS, MAX_BLOCK_SIZE, MAX_SEED, MAX_TOP_LOGPROBS
 from dflash_tui.engines.errors import UserError, parse_json
+from dflash_tui.engines.guided import Constraint
 from dflash_tui.engines.remote.wire import EXTENSION
 from dflash_tui.engines.text import finite_number
+
+from .structured import GUIDED, request_constraint
 
 
 class ApiError(Exception):
@@ -90,11 +93,6 @@ def refuse_unsupported(body: dict, chat: bool) -> None:
         raise _unsupported("echo")
     if body.get("suffix"):
         raise _unsupported("suffix")
-    fmt = body.get("response_format")
-    if fmt is not None:
-        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-        if kind != "text":
-            raise _unsupported("response_format", f" with type {kind!r} (no guided decoding: only 'text')")
     if body.get("prompt_logprobs") is not None:
         raise _unsupported("prompt_logprobs", " (the logprobs of the generated tokens are: 'logprobs')")
     if body.get("min_tokens") not in (None, 0):
@@ -102,9 +100,6 @@ def refuse_unsupported(body: dict, chat: bool) -> None:
     for key in ("functions", "function_call"):
         if body.get(key) is not None:
             raise _unsupported(key, " (the legacy form: send 'tools' and 'tool_choice')")
-    for key in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
-        if body.get(key) is not None:
-            raise _unsupported(key, " (no guided decoding)")
     if not chat:
         for key in ("tools", "tool_choice", "reasoning_effort"):
             if body.get(key) is not None:
@@ -148,6 +143,7 @@ class Params:
     top_logprobs: int = 0  # and this many of the most likely alternatives at its position
     messages: Optional[list[dict]] = None
     prompt: Any = None  # text or token ids (/v1/completions)
+    constraint: Optional[Constraint] = None  # response_format, structured_outputs or guided_* (serve/structured.py)
 
 
 def parse(body: Any, names: list[str], chat: bool) -> Params:
@@ -230,6 +226,11 @@ def parse(body: Any, names: list[str], chat: bool) -> Params:
     p.stop_ids = _ids(ext.get("stop_ids"), "stop_ids", EXTENSION)
     p.stop_token_ids = _ids(body.get("stop_token_ids"), "stop_token_ids", "stop_token_ids") or []
     p.ignore_eos = bool(body.get("ignore_eos", False))
+    try:
+        p.constraint = request_constraint(body)
+    except UserError as e:
+        field = next((k for k in ("response_format", "structured_outputs", *GUIDED) if body.get(k) is not None), None)
+        raise _bad(str(e), field) from None
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:

@@ -12,7 +12,7 @@ import hmac
 import ipaddress
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, AsyncGenerator, AsyncIterator, Callable, Optional
 
@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from dflash_tui.engines.config import GenerationRequest
 from dflash_tui.engines.errors import MAX_DEPTH, describe, too_deep
+from dflash_tui.engines.guided import Constraint
 from dflash_tui.engines.hub import looks_like_hub_id
 from dflash_tui.engines.prompting import chat_ids
 from dflash_tui.engines.reasoning import format_for, takes_effort
@@ -32,9 +33,10 @@ from dflash_tui.engines.remote.thinking import ThinkingSplitter
 from dflash_tui.engines.remote.wire import EXTENSION, step_to_wire
 
 from .api import ApiError, Params, check_request, fresh_seed, new_id, now, parse, refuse_effort, usage
+from .forced_calls import call_constraint
 from .metrics import Metrics
 from .text import StopMatcher
-from .tools import ToolCallParser, forced_opening, parser_for, tool_format, wire_call
+from .tools import ToolCallParser, harmony_opening, parser_for, template_text, tool_format, wire_call
 from .worker import EngineWorker, Job, QueueFull, ShuttingDown
 
 PUBLIC_PATHS = ("/health",)
@@ -341,7 +343,18 @@ def check_ids(state: ServeState, ids: list[int], param: str) -> None:
         raise ApiError(400, f"Token ids must be from 0 to {vocab - 1}; got {min(ids)} .. {max(ids)}.", param)
 
 
-def _generation_request(state: ServeState, params: Params, ids: list[int], thinking: bool) -> GenerationRequest:
+def _constraint(params: Params, prepared: "Prepared", chat: bool) -> Optional[Constraint]:
+    """What the answer must match: a forced tool_choice's calls, else the request's structured-output field
+    (on /v1/completions from the first token: a raw prompt has no reasoning to wait for)."""
+    if prepared.calls is not None:
+        return prepared.calls
+    if params.constraint is not None and not chat:
+        return replace(params.constraint, after_reasoning=False)
+    return params.constraint
+
+
+def _generation_request(state: ServeState, params: Params, ids: list[int], thinking: bool,
+                        constraint: Optional[Constraint] = None) -> GenerationRequest:
     d = state.defaults
     limit = state.max_positions
     room = limit - len(ids) if limit else None
@@ -375,7 +388,7 @@ def _generation_request(state: ServeState, params: Params, ids: list[int], think
         thinking=thinking, stop_ids=stop_ids, presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
         logit_bias=params.logit_bias, logprobs=params.logprobs, top_logprobs=params.top_logprobs,
-        reuse_cache=params.reuse_cache if params.reuse_cache is not None else state.prefix_reuse),
+        constraint=constraint, reuse_cache=params.reuse_cache if params.reuse_cache is not None else state.prefix_reuse),
         "messages" if params.messages is not None else "prompt")
 
 
@@ -385,7 +398,8 @@ class Prepared:
 
     ids: list[int]
     tool_format: Optional[str] = None
-    opening: str = ""  # a forced tool call's opening, already in the prompt
+    opening: str = ""  # a forced tool call's opening, already in the prompt (harmony's header)
+    calls: Optional[Constraint] = None  # a forced tool_choice's grammar over the offered tools (serve/forced_calls.py)
 
 
 def _prompt_ids(state: ServeState, params: Params, thinking: bool) -> Prepared:
@@ -414,12 +428,15 @@ def _render(state: ServeState, params: Params, thinking: bool) -> Prepared:
         if use_tools and fmt is None:
             raise ApiError(400, "This model's chat template has no tools branch, so 'tools' cannot be used with it.",
                            "tools", "unsupported_parameter")
-        opening = forced_opening(fmt, params.tool_choice) if use_tools and fmt is not None else ""
-        ids = check_request(lambda: chat_ids(tokenizer, params.messages, thinking and not opening,
+        forced = use_tools is not None and fmt is not None and params.tool_choice not in (None, "auto", "none")
+        opening = harmony_opening(params.tool_choice) if forced and fmt == "harmony" else ""
+        calls = call_constraint(fmt, use_tools, params.tool_choice, xml="<function=" in template_text(tokenizer)) \
+            if forced and use_tools is not None and fmt is not None else None
+        ids = check_request(lambda: chat_ids(tokenizer, params.messages, thinking and not forced,
                                              _effort(state, params), use_tools))
         if opening:
             ids += tokenizer.encode(opening, add_special_tokens=False)
-        prepared = Prepared(ids=ids, tool_format=fmt if use_tools else None, opening=opening)
+        prepared = Prepared(ids=ids, tool_format=fmt if use_tools else None, opening=opening, calls=calls)
     else:
         if params.messages is not None:
             probe = check_request(lambda: GenerationRequest(messages=params.messages, thinking=thinking,
@@ -571,7 +588,7 @@ def build_app(state: ServeState):
                                EXTENSION, "unsupported_parameter")
             prepared = await off_loop(state, _prompt_ids, state, params, thinking)
             ids = prepared.ids
-            gen = _generation_request(state, params, ids, thinking)
+            gen = _generation_request(state, params, ids, thinking, _constraint(params, prepared, chat))
             job = Job(request=gen, loop=anyio_loop())
             try:
                 state.worker.submit(job)

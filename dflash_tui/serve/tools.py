@@ -15,10 +15,9 @@ Formats (picked from the chat template's text):
   arguments in the template's own syntax: bare keys, strings between `<|"|>` delimiters, objects, lists,
   numbers, true, false and null (`gemma_value`). `<|tool_response>` is a stop id, so a call ends the reply.
 
-A forced `tool_choice` (`required` or a named function) cannot be guided here (no constrained decoding):
-the answer is started with the format's opening (`<tool_call>\\n{"name": "NAME", "arguments": ` for a
-named one, Gemma 4's `<|tool_call>call:NAME{`), which the target continues; what it writes is its own distribution given that opening.
-A call that does not parse comes back as text, with finish_reason "stop".
+A forced `tool_choice` (`required` or a named function) is a grammar over the offered tools in the
+template's format (serve/forced_calls.py); harmony's answer starts with the call's header (`harmony_opening`).
+A call that does not parse (an unforced one) comes back as text, with finish_reason "stop".
 """
 
 from __future__ import annotations
@@ -60,24 +59,13 @@ def tool_format(tokenizer) -> Optional[str]:
     return None
 
 
-def forced_opening(fmt: str, choice: Any) -> str:
-    """The text an answer starts with when tool_choice forces a call ('' when it does not)."""
+def harmony_opening(choice: Any) -> str:
+    """The message header a forced harmony call starts with ('' when tool_choice forces none): it leaves the
+    analysis channel out, and serve/forced_calls.py's grammar continues it."""
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    if fmt == "harmony":  # the call's own message header, the reply's first
-        if name:
-            return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
-        return "<|channel|>commentary to=functions." if choice == "required" else ""
-    if fmt == "hermes":
-        if name:
-            return f'{HERMES_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
-        return f"{HERMES_OPEN}\n" if choice == "required" else ""
-    if fmt == "gemma4":
-        if name:
-            return f"{GEMMA_CALL_OPEN}call:{name}{{"
-        return f"{GEMMA_CALL_OPEN}call:" if choice == "required" else ""
     if name:
-        return f'{{"name": {json.dumps(name)}, "parameters": '
-    return '{"name": "' if choice == "required" else ""
+        return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
+    return "<|channel|>commentary to=functions." if choice == "required" else ""
 
 
 # -- parsing ----------------------------------------------------------------------------------------
