@@ -13,6 +13,7 @@ from dflash_tui.cli.downloads import ensure_local
 from dflash_tui.cli.style import ORIGIN_STYLE, color_enabled
 from dflash_tui.core.figures import fixed, known
 from dflash_tui.core.settings import generation_request, load_settings
+from dflash_tui.core.structured import flags_constraint
 from dflash_tui.core.terminal import printable
 from dflash_tui.engines import load_engine
 from dflash_tui.engines.config import EFFORTS
@@ -159,9 +160,13 @@ def tool_calls(text: str, thinking: bool, fmt: str, layout=THINK) -> list[dict]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per step, then the summary.")
 @click.option("--tools", "tools_file", metavar="FILE.json",
               help="OpenAI tools (a JSON list) for the chat template; the tool calls in the answer are printed as JSON.")
+@click.option("--json-schema", metavar="FILE.json",
+              help="Constrain the answer to JSON matching this schema (after the reasoning when thinking is on).")
+@click.option("--regex", metavar="PATTERN", help="Constrain the answer to match this regular expression, whole.")
+@click.option("--choice", metavar="A,B,...", help="Constrain the answer to exactly one of these comma-separated strings.")
 def generate(prompt, profile, target, draft, engine, url, model, api_key, device, dtype, block_size, draft_window, max_new_tokens,
              temperature, top_p, top_k, min_p, seed, thinking, reasoning_effort, system, raw, hide_thinking, as_json,
-             tools_file):
+             tools_file, json_schema, regex, choice):
     """Generate an answer to PROMPT ('-' reads standard input).
 
     On a terminal the text streams coloured by origin: green tokens were drafted and accepted,
@@ -185,9 +190,10 @@ def generate(prompt, profile, target, draft, engine, url, model, api_key, device
         system = settings.system_prompt if system is None else system
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         content = {"messages": messages}
+    constraint = flags_constraint(json_schema, regex, choice)  # checked before anything loads
     request = generation_request(settings, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                  top_k=top_k, min_p=min_p, seed=seed, thinking=thinking,
-                                 reasoning_effort=reasoning_effort, **content)
+                                 reasoning_effort=reasoning_effort, constraint=constraint, **content)
     ensure_local(config)
     preflight(config, [request])  # the prompt, its template and the context, before any weight loads
     tools = None

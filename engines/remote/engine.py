@@ -30,6 +30,7 @@ from typing import Iterator, Optional
 from dflash_tui.engines.config import EngineConfig, GenerationRequest
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.events import StepEvent, Summary, acceptance_histogram
+from dflash_tui.engines.guided import Constraint
 from dflash_tui.engines.remote.client import Client, RemoteError, parse_prometheus
 from dflash_tui.engines.remote.thinking import ThinkingJoiner
 from dflash_tui.engines.remote.wire import EXTENSION, step_from_wire, summary_from_wire
@@ -157,6 +158,15 @@ def speculation(before: Optional[dict], after: Optional[dict], timings: dict, ge
         return None
     steps = max(generated - 1 - int(accepted), 1)
     return Speculation((generated - 1) / steps, 1 + round(drafted / steps))
+
+
+def constraint_fields(constraint: Constraint) -> dict:
+    """A constraint as the request field every OpenAI-compatible server with structured outputs reads:
+    `response_format` for a JSON schema (OpenAI's own), vLLM's `structured_outputs` for the rest (SGLang and
+    dflash serve take it too)."""
+    if constraint.kind == "json":
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": constraint.value}}}
+    return {"structured_outputs": {constraint.kind: constraint.value}}
 
 
 def penalty_fields(request: GenerationRequest) -> dict:
@@ -405,6 +415,8 @@ class RemoteEngine:
             else:  # mlx_lm.server and other servers take a completion prompt as text only, where it can be had
                 text = self._prompt_text(request.prompt_ids)
                 body["prompt"] = list(request.prompt_ids) if text is None else text
+        if request.constraint is not None:
+            body.update(constraint_fields(request.constraint))
         if self.kind == "dflash":
             body[EXTENSION] = {"block_size": request.block_size or self.requested_block_size,
                                "stop_ids": request.stop_ids, "clamp_max_tokens": True,
