@@ -40,7 +40,8 @@ INSTALL = "pip install llguidance (the cuda and mlx extras bring it)"
 
 @dataclass(frozen=True)
 class Constraint:
-    """What the output must match. `kind` json (`value` a JSON schema; {"type": "object"} for any object),
+    """What the output must match. `kind` json (`value` a JSON schema, closed as vLLM closes it: `closed`;
+    {"type": "object"} for any object),
     regex (a pattern, matched whole), choice (a list of strings, one of which is the whole output) or grammar
     (Lark, or GBNF as vLLM takes it). `field` names where the user wrote it, for the one sentence a bad one
     gets (a server's request field, a CLI flag). `after_reasoning`: with thinking on, the constraint starts
@@ -74,7 +75,8 @@ class Constraint:
         LLMatcher = _llguidance().LLMatcher
         if self.kind == "json":
             try:
-                return LLMatcher.grammar_from_json_schema(self.value, defaults={"whitespace_pattern": JSON_WHITESPACE})
+                return LLMatcher.grammar_from_json_schema(closed(self.value),
+                                                          defaults={"whitespace_pattern": JSON_WHITESPACE})
             except ValueError as e:
                 raise UserError(f"{self.field} is not a JSON schema llguidance reads: {one_line(str(e))[:300]}") from None
         if self.kind == "regex":
@@ -88,6 +90,20 @@ class Constraint:
         except Exception as e:  # noqa: BLE001 - the converter's own error types; one sentence either way
             raise UserError(f"{self.field} is not a grammar llguidance reads (Lark or GBNF): {one_line(str(e))[:300]}") from None
         return LLMatcher.grammar_from_lark(lark)
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with `additionalProperties: false` on every object schema that lists its properties and does
+    not say otherwise: vLLM's default (xgrammar's strict mode), and what a client that sends a schema means
+    (a small model left free to add keys writes junk keys until max_tokens)."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: closed(v) if k not in ("const", "enum", "default", "examples") else v for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def lark_string(text: str) -> str:

@@ -315,11 +315,11 @@ def stop_ids(tokenizer, eos_ids: list[int]) -> list[int]:
 
 def answer_marker(tokenizer, request) -> Optional[list[int]]:
     """The ids after which a thinking request's answer starts (a constraint applies from there), or None
-    when the answer starts at once: thinking off (harmony always thinks), a raw prompt, or a template that
-    never writes the marker."""
+    when the answer starts at once: thinking off (harmony always thinks), a raw text prompt, or a template
+    that never writes the marker."""
     fmt = format_of(tokenizer)
-    if request.messages is None or not fmt.answer_after or (not request.thinking and fmt is not HARMONY):
-        return None
+    if request.prompt is not None or not fmt.answer_after or (not request.thinking and fmt is not HARMONY):
+        return None  # (prompt ids are a rendered chat here: `dflash serve` renders, then sends ids)
     if fmt.answer_after not in _template_text(tokenizer) and fmt is THINK:
         return None
     return list(tokenizer.encode(fmt.answer_after, add_special_tokens=False))

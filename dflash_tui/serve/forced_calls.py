@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from dflash_tui.engines.guided import Constraint, lark_string
+from dflash_tui.engines.guided import Constraint, closed, lark_string
 from dflash_tui.engines.reasoning import GEMMA_CALL_CLOSE, GEMMA_CALL_OPEN, GEMMA_STRING
 
 FIELD = "tool_choice"
@@ -65,7 +65,7 @@ def _parameters(fn: dict) -> dict:
 
 def _json(schema: dict) -> str:
     """A Lark `%json` rule body: `schema` with the call's whitespace (llguidance reads `x-guidance`)."""
-    return "%json " + json.dumps({**schema, "x-guidance": CALL_JSON})
+    return "%json " + json.dumps({**closed(schema), "x-guidance": CALL_JSON})
 
 
 def _any_call(offered: list[dict], key: str) -> dict:
