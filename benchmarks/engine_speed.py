@@ -5,6 +5,7 @@
     python benchmarks/engine_speed.py --engines cuda --drafts profiles/demo/draft,profiles/demo/draft2
     python benchmarks/engine_speed.py --engines cuda --drafts profiles/demo/draft,profiles/demo/draft2 --prompts demo
     python benchmarks/engine_speed.py --engines cuda --block-sizes 1,16 --compiled   # eager and compiled steps
+    python benchmarks/engine_speed.py --block-sizes 1,16 --json-schema benchmarks/answer.schema.json   # constrained
 
 --prompts takes a prompt set as `dflash bench` does (a built-in name or a JSONL file, docs in
 dflash_tui/measure/bench.py) instead of the five prompts below; each sample's first turn is one prompt.
@@ -18,6 +19,10 @@ T = 0, and rejection sampling has nothing to gain over it; --temperatures adds r
 
 Every row decodes the same prompts at temperature 0 up to the target's eos (so the same ids); ratios are to the
 framework's own generate ("vs generate") and to our block 1 ("vs block 1") on the same engine.
+
+--json-schema adds a row per block size whose answers are constrained to that schema (structured outputs,
+engines/guided.py: the reasoning free, the answer after it JSON), with the time the grammar took per step
+(masks along each drafted block, the draft's steering, the rollbacks).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dataclasses import dataclass, field
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from dflash_tui.core.settings import load_settings  # noqa: E402 - after the sys.path line above
+from dflash_tui.core.structured import schema_constraint  # noqa: E402 - after the sys.path line above
 from dflash_tui.engines import GenerationRequest, load_engine  # noqa: E402 - after the sys.path line above
 from dflash_tui.engines.errors import UserError  # noqa: E402 - after the sys.path line above
 from dflash_tui.engines.events import acceptance_histogram  # noqa: E402 - after the sys.path line above
@@ -58,6 +64,8 @@ class Row:
     lengths: list = field(default_factory=list)
     draft_s: float = 0.0
     verify_s: float = 0.0
+    constrained: bool = False  # answers constrained by --json-schema
+    grammar_s: float = 0.0
 
     def add(self, rep: int, tokens: int, seconds: float) -> None:
         while len(self.passes) < rep:
@@ -106,12 +114,16 @@ def framework_generate(engine_name: str, engine, prompt_ids: list[int], max_new:
     return n, time.perf_counter() - start
 
 
-def measure(engine, engine_name, prompts_ids, max_new, block_sizes, repeats, compiled=None) -> list[Row]:
+def measure(engine, engine_name, prompts_ids, max_new, block_sizes, repeats, compiled=None,
+            constraint=None) -> list[Row]:
     """Every row over the same prompts in each pass, side by side; `compiled`: the same pair with its decode
-    steps compiled (the cuda engine on the CPU, EngineConfig.compile_steps), a row per block size too."""
+    steps compiled (the cuda engine on the CPU, EngineConfig.compile_steps), a row per block size too;
+    `constraint`: a row per block size with the answers constrained."""
     runs = [(Row(f"block {b}", b), engine) for b in block_sizes]
     if compiled is not None:
         runs += [(Row(f"block {b} compiled", b), compiled) for b in block_sizes]
+    if constraint is not None:
+        runs += [(Row(f"block {b} + JSON schema", b, constrained=True), engine) for b in block_sizes]
     rows = [Row("framework generate")] + [row for row, _ in runs]
     for rep in range(repeats + 1):  # the first pass is a warm-up
         for ids in prompts_ids:
@@ -121,7 +133,8 @@ def measure(engine, engine_name, prompts_ids, max_new, block_sizes, repeats, com
             for row, runner in runs:
                 start = time.perf_counter()
                 list(runner.generate(GenerationRequest(prompt_ids=ids, max_new_tokens=max_new, temperature=0,
-                                                       block_size=row.block)))
+                                                       block_size=row.block,
+                                                       constraint=constraint if row.constrained else None)))
                 elapsed = time.perf_counter() - start
                 s = runner.last_summary
                 if rep:
@@ -129,6 +142,7 @@ def measure(engine, engine_name, prompts_ids, max_new, block_sizes, repeats, com
                     row.lengths += s.acceptance_lengths
                     row.draft_s += s.draft_s
                     row.verify_s += s.verify_s
+                    row.grammar_s += s.grammar_s or 0.0
             print(f"  {engine_name}: pass {rep}/{repeats} prompt done", file=sys.stderr, flush=True)
     return rows
 
@@ -145,8 +159,9 @@ def table(engine_name: str, device: str, rows: list[Row], block_sizes: list[int]
     passes = len(rows[0].passes)
     lines = [f"engine {engine_name} on {device} (tok/s: the best of {passes} passes after a warm-up; spread: "
              "(fastest - slowest) / fastest)",
-             "| run | tok/s | spread | vs generate | vs block 1 | tau | acceptance 1..B | draft ms/step | verify ms/step |",
-             "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "| run | tok/s | spread | vs generate | vs block 1 | tau | acceptance 1..B | draft ms/step | verify ms/step "
+             "| grammar ms/step |",
+             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     counts = {}
     for r in rows:
         b = r.block
@@ -154,13 +169,14 @@ def table(engine_name: str, device: str, rows: list[Row], block_sizes: list[int]
         tau = f"{sum(r.lengths) / steps:.2f}" if steps else "-"
         draft = f"{1000 * r.draft_s / steps:.2f}" if steps else "-"
         verify = f"{1000 * r.verify_s / steps:.2f}" if steps else "-"
+        grammar = f"{1000 * r.grammar_s / steps:.2f}" if steps and r.constrained else "-"
         vs1 = f"{r.tok_s / block1:.2f}x" if block1 else "-"
         hist = "-"
         if steps and b:
             counts[r.name] = acceptance_histogram(r.lengths, b)
             hist = f"`{sparkline(counts[r.name])}`"
         lines.append(f"| {r.name} | {r.tok_s:.1f} | {100 * r.spread:.0f}% | {r.tok_s / base:.2f}x | {vs1} | {tau} | {hist} "
-                     f"| {draft} | {verify} |")
+                     f"| {draft} | {verify} | {grammar} |")
     lines.append("")
     lines.append("steps accepting 1, 2, ..., B tokens:")
     lines += [f"  {name}: {' '.join(map(str, c))}" for name, c in counts.items()]
@@ -259,10 +275,13 @@ def main() -> None:
                         help="cuda engine on the CPU: also rows with the decode steps compiled by inductor (DFLASH_COMPILE)")
     parser.add_argument("--prompts", default=None,
                         help="a built-in prompt set (demo, chat, code, math) or a JSONL file: each sample's first turn")
+    parser.add_argument("--json-schema", default=None, metavar="FILE",
+                        help="also rows with the answers constrained to this JSON schema (structured outputs)")
     args = parser.parse_args()
     block_sizes = [int(b) for b in args.block_sizes.split(",")]
     try:
         texts = [s["turns"][0] for s in load_dataset(args.prompts)[0]] if args.prompts else PROMPTS
+        constraint = schema_constraint(args.json_schema, "--json-schema") if args.json_schema else None
     except UserError as exc:
         parser.exit(2, f"{exc}\n")
 
@@ -288,7 +307,8 @@ def main() -> None:
         if args.compiled and name == "cuda":
             print("  cuda: compiling the decode steps (inductor; cached after the first run)", file=sys.stderr, flush=True)
             compiled = load_engine(dataclasses.replace(config, compile_steps=True))
-        rows = measure(engine, name, prompts_for(engine), args.max_new_tokens, block_sizes, args.repeats, compiled)
+        rows = measure(engine, name, prompts_for(engine), args.max_new_tokens, block_sizes, args.repeats, compiled,
+                       constraint)
         print(table(name, engine.device, rows, block_sizes) + "\n", flush=True)
 
 

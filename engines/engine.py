@@ -397,4 +397,5 @@ class Engine:
             engine=self.name, device=self.device, dtype=self.dtype, finish_reason=finish,
             reused_prompt_tokens=reused, prefilled_prompt_tokens=len(ids) - reused if out_ids else 0,
             limit=limit if finish == "length" else None, acceptance_rule=self.acceptance_rule(sampling),
+            grammar_s=guide.seconds if guide is not None else None,
         )

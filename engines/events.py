@@ -97,6 +97,7 @@ class Summary:
     prefilled_prompt_tokens: Optional[int] = 0  # prompt tokens this turn's prefill ran (0 in files from before the field)
     limit: Optional[str] = None  # with finish_reason "length": "tokens" (max_new_tokens) or "context" (the window is full)
     acceptance_rule: Optional[str] = None  # "greedy", "exact-match" or "rejection" (docs/engine-contract.md); None: unknown
+    grammar_s: Optional[float] = None  # a constrained request's time in the grammar (masks, walks, rollbacks); None: free
     contract: int = CONTRACT_VERSION  # the contract version this Summary was written under
 
     @property

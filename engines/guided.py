@@ -17,6 +17,7 @@ right after it is let through. With thinking off it starts at the first token.
 from __future__ import annotations
 
 import json
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
@@ -62,6 +63,18 @@ class Constraint:
             raise UserError(f"{self.field} must be a non-empty {'pattern' if self.kind == 'regex' else 'grammar'}.")
         if self.kind == "json" and not isinstance(self.value, (dict, bool)):
             raise UserError(f"{self.field} must be a JSON schema (an object).")
+
+    def to_dict(self) -> dict:
+        """As a session records it (with the turn's settings), so that a replay constrains the same way."""
+        return {"kind": self.kind, "value": self.value, "field": self.field, "after_reasoning": self.after_reasoning}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Constraint":
+        """`to_dict`'s record back (a hand-edited one refused in one sentence, as the constructor does)."""
+        if not isinstance(data, dict) or "kind" not in data or "value" not in data:
+            raise UserError("A recorded constraint needs its kind and value.")
+        return cls(data["kind"], data["value"], str(data.get("field", "constraint")),
+                   bool(data.get("after_reasoning", True)))
 
     def check(self) -> None:
         """One sentence naming the field when llguidance cannot compile this constraint (before any engine
@@ -198,6 +211,7 @@ class Guide:
         self._dead = False  # a pick the grammar refused: nothing after it in this block can be accepted
         self.block: list[Optional[np.ndarray]] = []  # this block's masks so far, one per position
         self.seen = 0  # this block's picks so far
+        self.seconds = 0.0  # time spent here (Summary.grammar_s): what a constraint costs a request
 
     def row(self) -> Optional["np.ndarray"]:
         """The mask at the current state."""
@@ -213,15 +227,19 @@ class Guide:
 
     def allowed(self) -> Optional["np.ndarray"]:
         """The mask at the block's next position (after a refused pick: the one before it again)."""
+        started = time.perf_counter()
         mask = self.block[-1] if self._dead and self.block else self.row()
         self.block.append(mask)
+        self.seconds += time.perf_counter() - started
         return mask
 
     def picked(self, token: int) -> None:
         """The block's next token: advance over it (speculatively, until `settle`)."""
+        started = time.perf_counter()
         self.seen += 1
         if not self._dead and not self._push(token):
             self._dead = True
+        self.seconds += time.perf_counter() - started
 
     def rows(self) -> list[Optional["np.ndarray"]]:
         """The masks at every position of the block drafted so far, [last, *picks]: position i after the
@@ -232,6 +250,7 @@ class Guide:
     def settle(self, kept: int, token: int) -> None:
         """The target kept the block's first `kept` picks, then wrote `token`: undo the other picks and
         advance over `token` for good."""
+        started = time.perf_counter()
         while len(self._undo) > kept:
             phase, recent, consumed = self._undo.pop()
             if consumed:
@@ -240,6 +259,7 @@ class Guide:
         self._push(token)
         self._undo.clear()
         self._dead, self.block, self.seen = False, [], 0
+        self.seconds += time.perf_counter() - started
 
     def _push(self, token: int) -> bool:
         """Advance over `token`; False (and no change) when the grammar does not allow it."""

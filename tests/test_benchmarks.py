@@ -16,7 +16,8 @@ from tests import waiting
 ROOT = Path(__file__).resolve().parent.parent
 BRIEF = {  # script -> (arguments for a short run, a line its table starts with)
     "engine_speed": (["--engines", "cuda", "--block-sizes", "1,16", "--max-new-tokens", "24", "--repeats", "1",
-                      "--prompts", "{prompts}"], "| run | tok/s |"),
+                      "--prompts", "{prompts}", "--json-schema", "benchmarks/answer.schema.json"],
+                     "| block 16 + JSON schema |"),
     "draft_headroom": (["--drafts", "profiles/demo/draft,profiles/demo/draft2", "--prompts", "{prompts}",
                         "--max-new-tokens", "24"], "| draft | argmax | walk |"),
     "turn_cache": (["--turns", "2", "--repeats", "1", "--max-new-tokens", "24"], "| turn |"),

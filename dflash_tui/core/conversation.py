@@ -29,6 +29,7 @@ from dflash_tui.engines.config import DEFAULT_EFFORT, EFFORTS, GenerationRequest
 from dflash_tui.engines.engine import EngineLike
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.events import StepEvent, Summary
+from dflash_tui.engines.guided import Constraint
 from dflash_tui.engines.probe import Block1Probe
 from dflash_tui.engines.reasoning import THINK, format_for, takes_effort
 
@@ -49,6 +50,7 @@ class ChatSettings(Sampling):
     max_new_tokens: int = 512
     seed: int = 0
     system_prompt: str = ""
+    constraint: Optional[Constraint] = None  # what the answers must match (the REPL's /json); None: free text
 
     @classmethod
     def from_profile(cls, profile: Profile, block_size: Optional[int] = None,
@@ -62,10 +64,12 @@ class ChatSettings(Sampling):
         )
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "constraint": self.constraint.to_dict() if self.constraint else None}
 
     def update(self, data: dict) -> None:
         for key, value in data.items():
+            if key == "constraint" and isinstance(value, dict):
+                value = Constraint.from_dict(value)  # as a session records it
             if key in self.__dataclass_fields__:
                 setattr(self, key, value)
 
@@ -328,7 +332,7 @@ class Conversation:
         s = self.settings
         return GenerationRequest(
             messages=messages, thinking=s.thinking, reasoning_effort=self.effort, max_new_tokens=s.max_new_tokens,
-            seed=s.seed, block_size=s.block_size, **s.sampling(),
+            seed=s.seed, block_size=s.block_size, constraint=s.constraint, **s.sampling(),
         )
 
     def context_limit(self) -> Optional[int]:
@@ -390,7 +394,7 @@ class Conversation:
         s = self.settings
         thinking = stopped.thinking if stopped.thinking is not None else s.thinking
         request = GenerationRequest(prompt_ids=ids, thinking=thinking, max_new_tokens=left, seed=s.seed,
-                                    block_size=s.block_size, **s.sampling())
+                                    block_size=s.block_size, constraint=s.constraint, **s.sampling())
         active = self._active(stopped.user, request, ids, [])
         active.continues, active.earlier = last, stopped.answer
         return active

@@ -420,6 +420,7 @@ SETTINGS_FIELDS = {
     **_REQUEST, "thinking": _optional(_flag), "system_prompt": _text,
     "engine": _optional(_one_of(ENGINES)), "device": _optional(_name), "dtype": _optional(_name),
     "draft": _optional(_name), "draft_arch": _optional(_name),  # which draft ran the turn (the palette switches)
+    "constraint": _optional(_object),  # the turn's structured-output constraint (engines/guided.py Constraint.to_dict)
 }
 PROFILE_FIELDS = {
     "name": _name, "description": _optional(_text), "path": _optional(_name), "target": _optional(_name),

@@ -66,6 +66,7 @@ from dflash_tui.core.terminal import counted, printable
 from dflash_tui.engines import files
 from dflash_tui.engines.config import MAX_BLOCK_SIZE, SAMPLING_FIELDS, EngineConfig, GenerationRequest
 from dflash_tui.engines.errors import UserError
+from dflash_tui.engines.guided import Constraint
 from dflash_tui.measure.report import CHECK, CROSS, format_bytes, histogram_text, millis, repeats_note, spread_cell, table, times
 from dflash_tui.measure.report import chart as report_chart
 from dflash_tui.measure.runs import (
@@ -140,7 +141,8 @@ class RecordedTurn:
         request = GenerationRequest(
             prompt_ids=list(self.prompt_ids), block_size=block_size,
             max_new_tokens=int(s.get("max_new_tokens") or max(len(self.recorded_ids), 1)),
-            seed=int(s.get("seed") or 0), thinking=bool(s.get("thinking", True)), **sampling,
+            seed=int(s.get("seed") or 0), thinking=bool(s.get("thinking", True)),
+            constraint=Constraint.from_dict(s["constraint"]) if s.get("constraint") else None, **sampling,
         )
         if cancel is not None:
             request.cancel = cancel
