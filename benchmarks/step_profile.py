@@ -50,7 +50,7 @@ def part_of(name: str) -> str:
     return "other ops"
 
 
-def child(block_size: int, compiled: bool, repeats: int) -> dict:
+def child(block_size: int, compiled: bool, repeats: int, max_new: int) -> dict:
     """In this process (threads already set): ms per step by part."""
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -63,7 +63,7 @@ def child(block_size: int, compiled: bool, repeats: int) -> dict:
     engine = load_engine(EngineConfig(target=os.path.join(demo, "target"), draft=os.path.join(demo, "draft"),
                                       engine="cuda", dtype="float32", compile_steps=compiled))
     requests = [GenerationRequest(prompt_ids=engine.prepare(GenerationRequest(messages=[{"role": "user", "content": p}])),
-                                  max_new_tokens=256, temperature=0, block_size=block_size) for p in PROMPTS]
+                                  max_new_tokens=max_new, temperature=0, block_size=block_size) for p in PROMPTS]
     for request in requests * 2:  # warm-up: compiled code loaded, caches sized
         list(engine.generate(request))
     steps, wall = 0, 0.0
@@ -88,17 +88,19 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--eager", action="store_true", help="profile the eager steps instead of the compiled ones")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.block_size, not args.eager, args.repeats)))
+        print(json.dumps(child(args.block_size, not args.eager, args.repeats, args.max_new_tokens)))
         return
     results = []
     for n in [int(t) for t in args.threads.split(",")]:
         print(f"  profiling at {n} thread(s)...", file=sys.stderr, flush=True)
         started = time.time()
         out = subprocess.run([sys.executable, __file__, "--child", "--block-size", str(args.block_size),
-                              "--repeats", str(args.repeats), *(["--eager"] if args.eager else [])],
+                              "--repeats", str(args.repeats), "--max-new-tokens", str(args.max_new_tokens),
+                              *(["--eager"] if args.eager else [])],
                              env={**os.environ, "OMP_NUM_THREADS": str(n)}, capture_output=True, text=True)
         if out.returncode:
             sys.exit(f"the {n}-thread run failed:\n{out.stderr[-3000:]}")

@@ -23,7 +23,7 @@ BRIEF = {  # script -> (arguments for a short run, a line its table starts with)
     "turn_cache": (["--turns", "2", "--repeats", "1", "--max-new-tokens", "24"], "| turn |"),
     "rollback_cost": (["--engines", "cuda", "--block-sizes", "4", "--repeats", "1"], "| block |"),
     "tui_overhead": (["--repeats", "1", "--max-new-tokens", "24"], "| prompt |"),
-    "step_profile": (["--threads", "1", "--repeats", "1", "--eager"], "| GEMM |"),
+    "step_profile": (["--threads", "1", "--repeats", "1", "--eager", "--max-new-tokens", "24"], "| GEMM |"),
 }
 
 
