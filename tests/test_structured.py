@@ -5,7 +5,6 @@ answer matches the constraint), the reasoning left free, the distribution kept a
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 

@@ -390,8 +390,8 @@ def speculative_decode(
             block = mask_block[:, :b].clone()
             block[0, :1] = last
             if b > 1 and drafter is not None:  # (b > 1: block size > 1, so there is a draft)
-                walk = sampler.walk_noise(b - 1, selector.top_k, device) if selector is not None else (None, None)
-                proposal = drafter.propose(block, target.embed, target.lm_head, *walk, steer=guide)
+                noise, walk_t = sampler.walk_noise(b - 1, selector.top_k, device) if selector is not None else (None, None)
+                proposal = drafter.propose(block, target.embed, target.lm_head, noise, walk_t, steer=guide)
                 block[0, 1:] = proposal.ids
             t_verify = clock.mark()
             target.before_verify(cache, b)

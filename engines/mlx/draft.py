@@ -218,13 +218,13 @@ class CandidateSelector(nn.Module):
         prev, ids, rows = anchor.reshape(1), [], []
         if temperature > 0 and noise is None:
             raise ValueError("a sampled walk needs its noise (Exp(1) draws [s, K])")
-        listed = candidates.tolist() if steer is not None else []
+        listed = cast(list[list[int]], candidates.tolist()) if steer is not None else []
         for slot in range(candidates.shape[0]):
             pred = self.predecessor_codebook[prev].astype(mx.float32)  # [1, d]
             score = unary[slot] + (succ[slot] @ pred[0])
             if steer is not None:
                 score = steered(score, steer.allowed(), listed[slot])
-            if temperature > 0:  # sampled: each slot's q kept
+            if noise is not None and temperature > 0:  # sampled: each slot's q kept
                 q = mx.softmax(score / temperature, axis=-1)
                 pick = mx.argmax(q / noise[slot], axis=-1)
                 rows.append(q)
@@ -232,7 +232,7 @@ class CandidateSelector(nn.Module):
                 pick = mx.argmax(score, axis=-1)
             prev = mx.take(candidates[slot], pick.reshape(1))
             if steer is not None:
-                steer.picked(listed[slot][int(pick.item())])
+                steer.picked(listed[slot][cast(int, pick.item())])
             ids.append(prev)
         return mx.concatenate(ids).astype(mx.int32), candidates, mx.stack(rows) if rows else None
 
@@ -333,7 +333,7 @@ class DFlashDraft(nn.Module):
                 return mx.argmax(lm_head(slots), axis=-1).astype(mx.int32), None
             head, picks = lm_head(slots), []
             for slot in range(head.shape[0]):
-                picks.append(int(mx.argmax(steered(head[slot], steer.allowed())).item()))
+                picks.append(cast(int, mx.argmax(steered(head[slot], steer.allowed())).item()))
                 steer.picked(picks[-1])
             return mx.array(picks, dtype=mx.int32), None
         logits = self.head_logits(slots, lm_head)

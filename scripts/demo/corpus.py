@@ -24,8 +24,8 @@ import json
 import random
 import re
 from collections.abc import Iterator
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 EMPTY_THINK = "<think>\n\n</think>\n\n"
 THINK_TASKS = ("add", "sub", "mul", "letters", "compare", "sort")
