@@ -22,6 +22,7 @@ from typing import Callable, Iterator, Optional
 
 from dflash_tui.core import sessions
 from dflash_tui.core.figures import DRAFT_KINDS, draft_kind
+from dflash_tui.core.knobs import Setting
 from dflash_tui.core.profiles import Profile
 from dflash_tui.core.terminal import printable  # noqa: F401 - re-exported for older imports
 from dflash_tui.engines.checkpoints import check_block_size
@@ -273,6 +274,17 @@ class Conversation:
         check_block_size(block_size, self.engine.trained_block_size, self.has_draft)
         self.settings.block_size = block_size
         return block_size
+
+    def apply_setting(self, setting: Setting) -> None:
+        """A setting typed by a person (core/knobs.py), from the next turn. A draft is not the chat's to switch:
+        the front end reloads the engine with it."""
+        if setting.name == "draft":
+            raise ValueError("a draft is switched by loading the engine again, which the front end does")
+        if setting.name == "block_size":
+            assert isinstance(setting.value, int)  # (knobs.py reads a block size as one)
+            self.set_block(setting.value)
+        else:
+            setattr(self.settings, setting.name, setting.value)
 
     def set_thinking(self, on: bool) -> Optional[str]:
         """Set thinking for the next turns; returns a one-time warning when the draft lacks thinking traces."""
