@@ -270,6 +270,38 @@ async def test_every_sampling_knob_typed_in_the_palette_applies_on_enter_and_clo
         "top_k": None, "min_p": 0.05, "max_new_tokens": 30, "seed": 7, "block_size": 3}
 
 
+# -- a known-bad setting, said before it is used ----------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_thinking_off_on_a_profile_that_needs_it_warns_once_per_session(tmp_path, pair, engine, data_dir):
+    """Issue 46, build 8 (defect 10): ctrl+t on the demo turned thinking off without a word, and the next answer was wrong
+    (48 + 75 = 111). A profile says so with `needs_thinking = true` (the demo's does): starting with thinking off
+    says it in the conversation, turning it off says it once per session."""
+    from dflash_tui.core.profiles import load_profile
+    from dflash_tui.engines.errors import UserError
+    from dflash_tui.tui.widgets import NoticeLine
+
+    assert load_profile("demo").needs_thinking is True
+    bad = write_profile(tmp_path / "bad.toml", *pair, extra="needs_thinking = \"yes\"\n")
+    with pytest.raises(UserError, match=r"line 13: generation.needs_thinking must be true or false but is the string "
+                                        r"'yes'; write e.g. needs_thinking = true\."):
+        load_profile(str(bad))
+    profile = write_profile(tmp_path / "needs.toml", *pair, extra="needs_thinking = true\n")
+    said = "Profile tiny needs thinking (needs_thinking = true): with it off, expect wrong answers; ctrl+t turns it back on."
+    app = make_app(profile, engine, thinking=False)  # --no-thinking
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await waiting.until(pilot, lambda: any(said in str(n.render()) for n in app.screen.query(NoticeLine)))
+        await pilot.press("ctrl+t", "ctrl+t")  # on, and off again: said already in this session
+        assert app.conversation.settings.thinking is False and notified(app, said) == 0
+        await pilot.press("ctrl+n", "ctrl+t", "ctrl+t")  # a new session: on, off
+        await waiting.until(pilot, lambda: notified(app, said) == 1)
+        await pilot.press("ctrl+t", "ctrl+t")
+        assert app.conversation.settings.thinking is False and notified(app, said) == 1
+        assert "thinking OFF" in str(app.screen.query_one("#header-state").render())
+
+
 # -- the theme, remembered -------------------------------------------------------------------------
 
 

@@ -38,6 +38,8 @@ FULL_CONTEXT_KEEP = 0.75  # a full context drops its oldest turns down to this s
 PROBE_SPAN = 1.25  # a block-1 probe stands for contexts within 25% of the one it was timed at
 DRAFT_THINKING_WARNING = ("This profile's draft was not trained with thinking traces: with thinking on, "
                           "expect fewer accepted draft tokens.")
+NEEDS_THINKING_WARNING = ("Profile {name} needs thinking (needs_thinking = true): with it off, expect wrong answers; "
+                          "ctrl+t turns it back on.")
 
 
 @dataclass
@@ -228,7 +230,7 @@ class Conversation:
         self.record = record
         self.writer: Optional[sessions.SessionWriter] = None
         self.last_request: Optional[GenerationRequest] = None
-        self._warned_draft_thinking = False
+        self._warned: set[str] = set()  # the warnings this session has given (set_thinking)
         self.on_notice: Optional[Callable[[str], None]] = None
         self.reuse_cache = True  # the engine keeps its caches between turns (False: every turn prefilled whole)
 
@@ -287,13 +289,18 @@ class Conversation:
             setattr(self.settings, setting.name, setting.value)
 
     def set_thinking(self, on: bool) -> Optional[str]:
-        """Set thinking for the next turns; returns a one-time warning when the draft lacks thinking traces."""
+        """Set thinking for the next turns; returns a warning, once per session, when the profile says the setting
+        goes wrong: thinking on with a draft trained without traces, thinking off on a target that needs it."""
         self.settings.thinking = on
-        if on and not self._warned_draft_thinking and self.profile is not None \
-                and not self.profile.draft_thinking:
-            self._warned_draft_thinking = True
-            return DRAFT_THINKING_WARNING
-        return None
+        profile = self.profile
+        if profile is None:
+            return None
+        warning = DRAFT_THINKING_WARNING if on and not profile.draft_thinking else \
+            NEEDS_THINKING_WARNING.format(name=profile.name) if not on and profile.needs_thinking else None
+        if warning is None or warning in self._warned:
+            return None
+        self._warned.add(warning)
+        return warning
 
     def toggle_thinking(self) -> Optional[str]:
         """The thinking key: on/off, or for a family with an effort (gpt-oss) the next level (it has no off)."""
@@ -552,6 +559,7 @@ class Conversation:
 
     def new_session(self) -> None:
         self.close()
+        self._warned.clear()
         self.turns = []
         self.dropped = 0
         self.writer = None
@@ -734,7 +742,7 @@ def open_conversation(engine: EngineLike, profile: Profile, flags: ChatFlags,
     (the engine's own warnings are the caller's to show)."""
     profile = profile.resolved(engine.name)
     conv = Conversation(engine, flags.apply(ChatSettings.from_profile(profile)), profile=profile, record=record)
-    warning = conv.set_thinking(True) if conv.settings.thinking else None
+    warning = conv.set_thinking(conv.settings.thinking)  # a flag may start it in a setting the profile warns of
     return conv, [warning] if warning else []
 
 
