@@ -63,7 +63,7 @@ async def test_the_stats_line_fits_80_columns_with_the_main_figures(profile, eng
             assert figure in visible, f"{figure!r} is cut from {visible!r}"
         assert "est." not in text
         speedup = app._last_stats.speedup
-        assert (f"speedup ≈{speedup:.1f}x" if speedup is not None else "speedup –") in visible
+        assert f"speedup {speedup.text(spread=not speedup.noisy)}" in visible
 
 
 @pytest.mark.asyncio

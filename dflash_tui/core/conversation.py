@@ -18,19 +18,20 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
 from dflash_tui.core import sessions
 from dflash_tui.core.figures import DRAFT_KINDS, draft_kind
 from dflash_tui.core.knobs import Setting
 from dflash_tui.core.profiles import Profile
+from dflash_tui.core.speedup import Speedup, session_speedup, turn_speedup
 from dflash_tui.core.terminal import printable  # noqa: F401 - re-exported for older imports
 from dflash_tui.engines.checkpoints import check_block_size
 from dflash_tui.engines.config import DEFAULT_EFFORT, EFFORTS, GenerationRequest, Sampling
 from dflash_tui.engines.engine import EngineLike
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.events import StepEvent, Summary
-from dflash_tui.engines.probe import Block1Probe
+from dflash_tui.engines.probe import Block1Probe, typical
 from dflash_tui.engines.reasoning import THINK, format_for, takes_effort
 
 BLOCK_CHOICES = (1, 2, 4, 8, 16)
@@ -107,6 +108,7 @@ class Turn:
     prompt_ids: list[int] = field(default_factory=list)  # the ids sent (a continuation's end with the earlier part)
     emitted_ids: list[int] = field(default_factory=list)  # the ids this request generated
     continues: Optional[int] = None  # the index of the stopped turn this one went on with (continue_turn)
+    step_s: list[float] = field(default_factory=list)  # each verify step's draft + verify seconds (a resumed turn: none)
 
     @property
     def cancelled(self) -> bool:
@@ -149,6 +151,7 @@ class LiveStats:
     last_at: Optional[float] = None
     tokens: int = 0
     lengths: list = field(default_factory=list)
+    step_s: list = field(default_factory=list)  # each step's draft + verify seconds, as the engine timed it
     draft_s: float = 0.0
     verify_s: float = 0.0
     prompt_tokens: int = 0
@@ -161,6 +164,7 @@ class LiveStats:
             self.first_at = now
         elif self.steps_known:
             self.lengths.append(event.accepted + 1)
+            self.step_s.append(event.draft_s + event.verify_s)
             self.draft_s += event.draft_s
             self.verify_s += event.verify_s
         self.last_at = now
@@ -497,7 +501,8 @@ class Conversation:
             status = "completed"
         summary_dict = stored(summary)
         turn = Turn(user=active.user, answer=text, status=status, thinking=active.request.thinking, summary=summary,
-                    prompt_ids=active.prompt_ids, emitted_ids=active.emitted, continues=active.continues)
+                    prompt_ids=active.prompt_ids, emitted_ids=active.emitted, continues=active.continues,
+                    step_s=list(active.stats.step_s))
         active.turn = turn
         if status == "error" and not active.emitted:
             return
@@ -646,47 +651,52 @@ class Conversation:
                 if max(p.context_tokens, context_tokens) <= PROBE_SPAN * max(1, min(p.context_tokens, context_tokens))]
         return min(near, key=lambda p: abs(p.context_tokens - context_tokens), default=None)
 
-    def speedup(self, tokens_per_s: float, block_size: Optional[int], context_tokens: int,
-                step_tokens: Optional[int] = None, step_s: Optional[float] = None) -> tuple[Optional[float], str]:
+    def speedup(self, block_size: Optional[int], context_tokens: int, step_tokens: Optional[int],
+                step_times: Sequence[float]) -> Speedup:
         """Block B's decode steps against block 1's, both timed inside the engine: measured, never estimated.
 
-        The block-B side is this turn's own steps: the tokens they committed (`step_tokens`, the sum of the
-        acceptance lengths: tau times the steps) over their measured draft + verify time (`step_s`). The
-        block-1 side is a probe's single-token target step (`measure_block1`), timed on the same engine at
-        about the same context (within PROBE_SPAN). Neither side holds the UI, the pipe or the detokenizer,
-        so the figure agrees with a replay at blocks 1 and B (issue 32) where the turn's end-to-end rate
-        over the bare probe step (`tokens_per_s`, no longer used for it) did not. (None, "") while no
-        probe stands for this context or the steps' times are unknown: the UI shows "–"."""
-        del tokens_per_s  # kept in the signature for older callers: an end-to-end rate is not comparable
-        if step_tokens is None and step_s is None and self.turns and self.turns[-1].summary is not None:
-            last = self.turns[-1].summary  # an older caller asking about the last turn (the REPL's /stats)
-            if last.prompt_tokens + last.generated_tokens == context_tokens and last.block_size == block_size:
-                lengths = last.acceptance_lengths  # the last turn's own steps (None: a server that gives none)
-                step_tokens = sum(lengths) if lengths else None
-                step_s = None if last.draft_s is None or last.verify_s is None else last.draft_s + last.verify_s
+        The block-B side is a turn's own steps: the tokens they committed (`step_tokens`, the sum of the
+        acceptance lengths) and each one's draft + verify seconds (`step_times`). The block-1 side is a probe's
+        single-token target steps (`measure_block1`), timed on the same engine at about the same context (within
+        PROBE_SPAN). Neither side holds the UI, the pipe or the detokenizer, so the figure agrees with a replay
+        at blocks 1 and B (issue 32); both sides take their median step (core/speedup.py, which also says how
+        sure the figure is). Unknown ("–") while no probe stands for this context or the steps' times are not
+        known (a resumed turn, a server's text chunks)."""
         if block_size is None:  # the server did not say which block size it ran
-            return None, ""
+            return Speedup()
         if block_size <= 1:
-            return 1.0, "block 1"
+            return Speedup(1.0, "block 1")
         probe = self.probe_near(context_tokens)
-        figure = step_speedup(step_tokens, step_s, probe.seconds_per_token) if probe is not None else None
-        return (figure, "measured") if figure is not None else (None, "")
+        return turn_speedup(step_tokens or 0, step_times, probe) if probe is not None else Speedup()
+
+    def turn_speedup(self, turn: Turn) -> Speedup:
+        """`speedup` for a finished turn."""
+        s = turn.summary
+        if s is None:
+            return Speedup()
+        return self.speedup(s.block_size, s.prompt_tokens + s.generated_tokens, sum(s.acceptance_lengths or []),
+                            turn.step_s)
 
     def summary_speedup(self, summary: Summary) -> tuple[Optional[float], str]:
-        """`speedup` for a finished turn, from its Summary (the REPL's /stats and the TUI share it)."""
-        lengths = summary.acceptance_lengths
-        step_s = None if summary.draft_s is None or summary.verify_s is None else summary.draft_s + summary.verify_s
-        return self.speedup(summary.decode_tokens_per_s, summary.block_size, summary.prompt_tokens
-                            + summary.generated_tokens, sum(lengths) if lengths else None, step_s)
+        """The figure and its kind for the turn that ended with `summary` (the REPL's /stats; `turn_speedup`
+        has its spread and noise too)."""
+        turn = next((t for t in reversed(self.turns) if t.summary is summary), None)
+        figure = self.turn_speedup(turn) if turn is not None else Speedup()
+        return figure.value, figure.kind
 
-
-def step_speedup(step_tokens: Optional[int], step_s: Optional[float],
-                 block1_seconds_per_token: Optional[float]) -> Optional[float]:
-    """Tokens per second of the speculative steps over tokens per second of block-1 steps:
-    (step_tokens / step_s) / (1 / block1_seconds_per_token). None when a side is unknown or empty."""
-    if not step_tokens or not step_s or step_s <= 0 or not block1_seconds_per_token:
-        return None
-    return step_tokens * block1_seconds_per_token / step_s
+    def session_speedup(self) -> Speedup:
+        """The session's turns together, those whose figure is known: block 1's time for all their tokens over
+        their steps' time (core/speedup.py). A block-1 turn is its own block-1 side."""
+        measured = []
+        for turn in self.turns:
+            s = turn.summary
+            if s is None or not turn.step_s or s.block_size is None:
+                continue
+            probe = self.probe_near(s.prompt_tokens + s.generated_tokens) if s.block_size > 1 else None
+            block1 = typical(turn.step_s) if s.block_size <= 1 else probe.seconds_per_token if probe else None
+            if block1:
+                measured.append((sum(s.acceptance_lengths or []), turn.step_s, block1))
+        return session_speedup(measured)
 
 
 def draft_arch(engine) -> Optional[str]:

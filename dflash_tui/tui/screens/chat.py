@@ -266,13 +266,13 @@ class ChatScreen(Screen):
         d.session_tau = conv.session_tau()
         d.session_mixed = len({t.summary.block_size for t in conv.turns if t.summary}) > 1
         d.context_limit = conv.context_limit() if engine is not None else None  # None while switching engines
-        steps, step_tokens, step_s = 0, None, None
+        steps = step_tokens = 0
+        step_times: list[float] = []
         if self.active is not None:
             s = self.active.stats
             d.tokens_per_s, d.tokens, d.tau, d.histogram = s.tokens_per_s, s.tokens, s.tau, s.histogram()
             d.draft_s, d.verify_s = (s.draft_s, s.verify_s) if s.steps_known else (None, None)
-            steps = len(s.lengths)
-            step_tokens, step_s = sum(s.lengths), s.draft_s + s.verify_s
+            steps, step_tokens, step_times = len(s.lengths), sum(s.lengths), s.step_s
             d.context_tokens = s.prompt_tokens + s.tokens
             d.block_size = turn_block = self.active.block_size
             d.peak_bytes, d.peak_kind = self._last_stats.peak_bytes, self._last_stats.peak_kind
@@ -281,9 +281,9 @@ class ChatScreen(Screen):
             m = conv.turns[-1].summary
             d.tokens_per_s, d.tokens, d.tau, d.histogram = m.decode_tokens_per_s, m.generated_tokens, \
                 m.mean_acceptance_length, m.histogram
-            d.draft_s, d.verify_s, steps = m.draft_s, m.verify_s, len(m.acceptance_lengths or [])
-            step_tokens = sum(m.acceptance_lengths or [])
-            step_s = None if m.draft_s is None or m.verify_s is None else m.draft_s + m.verify_s
+            d.draft_s, d.verify_s = m.draft_s, m.verify_s
+            steps, step_tokens = len(m.acceptance_lengths or []), sum(m.acceptance_lengths or [])
+            step_times = conv.turns[-1].step_s
             d.context_tokens = m.prompt_tokens + m.generated_tokens
             d.peak_bytes, d.peak_kind = m.peak_memory_bytes, m.peak_memory_kind
             if engine is None or (m.engine, m.device) != (engine.name, engine.device):
@@ -292,7 +292,8 @@ class ChatScreen(Screen):
             turn_block = m.block_size or turn_block
             d.state = "done"
         if steps:
-            d.speedup, d.speedup_kind = conv.speedup(d.tokens_per_s, turn_block, d.context_tokens, step_tokens, step_s)
+            d.speedup = conv.speedup(turn_block, d.context_tokens, step_tokens, step_times)
+        d.session_speedup = conv.session_speedup()
         return d
 
     def _show_stats(self, d: StatsData) -> None:

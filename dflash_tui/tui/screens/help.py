@@ -48,9 +48,11 @@ KEY_HELP = [
 
 FIGURES = [
     ("tok/s", "generated tokens per second of decoding (prefill not counted)"),
-    ("speedup", "≈ measured: this turn's tokens per second of draft + verify steps over block 1's, a plain "
-                "target step timed on the same engine at about the same context (both inside the engine, as a "
-                "replay compares them); \"–\" until that is measured, or once the context grew 25% past it"),
+    ("speedup", "≈ measured: this turn's tokens per draft + verify step over its median step time, against block "
+                "1's median step, a plain target step timed on the same engine at about the same context (both inside "
+                "the engine, as a replay compares them); ± the figure's spread over the middle half of this turn's "
+                "steps, \"noisy\" when the steps' times scatter (a busy machine); the session's figure beside it "
+                "(in brackets on the one-line stats); \"–\" until measured, or once the context grew 25% past it"),
     ("tau", "mean tokens each verify pass commits (the session's in brackets; \"mixed\" when its turns ran at "
             "more than one block size, which its tau averages over)"),
     ("block", "block size: each step the draft proposes a block and the target verifies it; 1 is the target alone"),
