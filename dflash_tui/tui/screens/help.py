@@ -41,7 +41,8 @@ KEY_HELP = [
     ("f5", "edit and resend the last prompt"),
     ("f6", "continue a stopped answer"),
     ("shift+tab", "reach the example prompts on the first screen"),
-    ("ctrl+p", "command palette: profile, draft, engine, temperature, theme, system prompt, …"),
+    ("ctrl+p", "command palette: profile, draft, engine, temperature, theme, system prompt, …; type a setting and "
+               "enter: temperature 0.7, top_p 0.9, top_k 20, min_p 0.05, max_new_tokens 512, seed 7, block 3, draft NAME"),
     ("f1", "this help"),
     ("ctrl+q", "quit (a running answer is stopped and saved first)"),
 ]
@@ -60,7 +61,8 @@ FIGURES = [
                  "path through each block; at temperature > 0 its drafts are kept by rejection sampling); ctrl+p, "
                  "Draft: switches between the drafts a profile lists"),
     ("temp", "temperature from the next turn (ctrl+p: pick one, or type any, as temperature 0.7); 0 is greedy"),
-    ("top_p", "shown once set: ctrl+p, type top_p 0.9 (from the next turn)"),
+    ("top_p", "shown once set: ctrl+p, type top_p 0.9 (from the next turn; top_k, min_p, seed and max_new_tokens "
+              "likewise, recorded with each turn)"),
     ("ctx", "tokens in the context: prompt and answer, of the target's limit"),
     ("draft N%", "the share of the decode steps' time spent drafting (the rest verifies with the target)"),
     ("peak", "peak memory of the last turn (peak RSS: the process's, on the CPU)"),
