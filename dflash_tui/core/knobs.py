@@ -42,7 +42,7 @@ KNOBS = (
     Knob("max_new_tokens", r"max(?:[ _-]?new)?[ _-]?tokens", int, "max_new_tokens 512"),
     Knob("seed", r"seed", int, "seed 7"),
     Knob("block_size", r"block(?:[ _-]?size)?", int, "block 4 (1 is the target alone)"),
-    Knob("draft", r"draft", str, "draft NAME, one of the profile's drafts"),
+    Knob("draft", r"draft", str, "draft NAME (one of the profile's drafts)"),
 )
 KNOB = {knob.name: knob for knob in KNOBS}
 # the knob's name, then a space, ":" or "=", then the value: "top_k 20", "temp=0.7", "Block size: 3"

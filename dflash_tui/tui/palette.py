@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from dflash_tui.tui.app import DflashApp
 
 FIRST = 1e9  # a typed setting's hit comes before any fuzzy match of a command's title: it is what was typed
-EXAMPLES = " · ".join(knob.example.split(" (")[0] for knob in KNOBS if knob.name != "draft")
+EXAMPLES = " · ".join(knob.example.split(" (")[0] for knob in KNOBS)
 
 
 def typed_setting(app: "DflashApp", query: str) -> Optional[tuple[str, Callable[[], None], str]]:
@@ -45,10 +45,10 @@ class SettingCommands(Provider):
     app: "DflashApp"
 
     async def discover(self) -> Hits:
-        yield DiscoveryHit("Settings: type one", self._explain, help=f"{EXAMPLES}, draft NAME: from the next turn")
+        yield DiscoveryHit("Settings: type one", self._explain, help=f"{EXAMPLES}: from the next turn")
 
     def _explain(self) -> None:
-        self.app.notify(f"Type a setting in the palette (ctrl+p): {EXAMPLES}, or draft NAME.", timeout=8)
+        self.app.notify(f"Type a setting in the palette (ctrl+p): {EXAMPLES}.", timeout=8)
 
     async def search(self, query: str) -> Hits:
         found = typed_setting(self.app, query)
