@@ -122,7 +122,7 @@ async def live_speedup(app, pilot):
     await pilot.pause()
     app.chat.refresh_chrome()
     stats = app._last_stats
-    return stats.speedup if stats.speedup_kind == "measured" else None
+    return stats.speedup.value if stats.speedup.kind == "measured" else None
 
 
 async def interleaved(profile_ref, engine, settings, prompts, repeats: int):

@@ -9,16 +9,25 @@ few single-token target steps on top of those caches and rolls each one back (do
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
+
+
+def typical(times: Sequence[float]) -> float:
+    """The step time a speedup compares, the same statistic on both sides (a probe's block-1 steps, a turn's
+    block-B steps): the median. A minimum depends on how many steps were timed (a turn has dozens, a probe a
+    few) and a mean takes in every stall a busy machine adds; the median does neither."""
+    return statistics.median(times)
 
 
 @dataclass(frozen=True)
 class Block1Probe:
-    seconds_per_token: float  # best (lowest) of the timed single-token target steps
+    seconds_per_token: float  # the typical (median) timed single-token target step
     context_tokens: int  # the kept context length it was measured at
     steps: int  # how many steps were timed (after one untimed warm-up)
+    times: tuple[float, ...] = ()  # each timed step: how much they scatter says whether the machine was busy
 
 
 @dataclass
@@ -34,8 +43,7 @@ class Block1Step:
 
 def time_block1(step: Block1Step, steps: int) -> Block1Probe:
     """One untimed warm-up, then `steps` timed runs, each undone before the next (untimed), so every run
-    sees the same context. The lowest time is kept: interference (another process, a UI frame) only
-    ever adds to a step."""
+    sees the same context; the probe keeps their `typical` time and each of them."""
     times = []
     for i in range(steps + 1):
         started = time.perf_counter()
@@ -44,4 +52,5 @@ def time_block1(step: Block1Step, steps: int) -> Block1Probe:
         step.undo()
         if i:
             times.append(elapsed)
-    return Block1Probe(seconds_per_token=min(times), context_tokens=step.context_tokens, steps=steps)
+    return Block1Probe(seconds_per_token=typical(times), context_tokens=step.context_tokens, steps=steps,
+                       times=tuple(times))

@@ -68,6 +68,23 @@ def test_doctor_names_what_each_family_needs(tmp_path, pairs):
     assert any(line.endswith("vision/audio tower tensors: left out (neither built nor read)") for line in needs("gemma4"))
 
 
+def test_doctor_asks_engines_about_the_frameworks_and_imports_none_itself():
+    """Issue 46, build 9: doctor's checks (cli/needs.py) imported torch and transformers outside engines/; they
+    ask engines/frameworks.py now, and no module of doctor's imports a framework or an engine's framework code
+    (the lines they print are checked above)."""
+    import ast
+    import importlib
+
+    for name in ("dflash_tui.cli.doctor", "dflash_tui.cli.needs"):
+        module = importlib.import_module(name)
+        tree = ast.parse(Path(module.__file__).read_text())
+        names = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+        names += [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module]
+        reached = [name for name in names if name.split(".")[0] in ("torch", "transformers", "mlx", "mlx_lm")
+                   or name.startswith(("dflash_tui.engines.cuda", "dflash_tui.engines.mlx"))]
+        assert reached == [], (name, reached)
+
+
 def test_shell_completion_offers_profile_names_and_session_ids(data_dir):
     from dflash_tui.core import sessions
 

@@ -181,23 +181,21 @@ def test_a_resumed_session_skips_its_stopped_turn_and_can_continue_it(engine, da
     resumed.close()
 
 
-def step_figures(summary):
-    """(the tokens its steps committed, their draft + verify seconds) of a recorded turn."""
-    return sum(summary.acceptance_lengths), summary.draft_s + summary.verify_s
-
-
 def test_speedup_is_measured_or_unknown(engine):
+    from dflash_tui.core.speedup import Speedup
+
     engine.new_context()
     conv = chat(engine)
-    first = ask(conv, QUESTION).turn.summary
+    turn = ask(conv, QUESTION).turn
+    first = turn.summary
     context = first.prompt_tokens + first.generated_tokens
-    steps = step_figures(first)
-    assert conv.speedup(first.decode_tokens_per_s, 4, context, *steps) == (None, "")  # no estimate from tau
-    assert conv.speedup(first.decode_tokens_per_s, 1, context, *steps) == (1.0, "block 1")
+    steps = sum(first.acceptance_lengths), turn.step_s
+    assert conv.speedup(4, context, *steps) == Speedup()  # no estimate from tau
+    assert conv.speedup(1, context, *steps) == Speedup(1.0, "block 1")
     assert conv.measure_block1() is True
-    speed, kind = conv.speedup(first.decode_tokens_per_s, 4, context, *steps)
-    assert kind == "measured" and speed > 0
-    assert conv.summary_speedup(first) == (speed, kind)
+    figure = conv.speedup(4, context, *steps)
+    assert figure.kind == "measured" and figure.value > 0
+    assert conv.summary_speedup(first) == (figure.value, figure.kind) and conv.turn_speedup(turn) == figure
     assert conv.measure_block1() is False  # a probe stands for this context already
     second = ask(conv, "And 12 * 3?")
     assert second.turn.summary.reused_prompt_tokens > 0  # the probe left the kept caches as they were
@@ -206,38 +204,48 @@ def test_speedup_is_measured_or_unknown(engine):
     ask(unprobed, QUESTION)
     assert ask(unprobed, "And 12 * 3?").emitted == second.emitted
     conv.engine = engine  # another loaded pair (a reload): its speed is not measured yet
-    assert conv.speedup(first.decode_tokens_per_s, 4, context, *steps) == (None, "")
+    assert conv.speedup(4, context, *steps) == Speedup()
 
 
 def test_speedup_is_the_steps_against_the_probe_on_recorded_times():
-    """Issue 32, defect 1: the figure is the turn's own steps (tokens committed over draft + verify time)
-    against the probe's block-1 step, whatever the end-to-end rate; stale ("–") past 25% of context growth."""
-    from dflash_tui.core.conversation import LiveStats, step_speedup
+    """Issue 32, defect 1: the figure is the turn's own steps (tokens committed, each step's draft + verify time)
+    against the probe's block-1 steps, whatever the end-to-end rate; stale ("–") past 25% of context growth.
+    Issue 46, build 7: both sides by their median step, with the spread of the turn's steps and "noisy" when
+    their times (or the probe's) scatter."""
+    from dflash_tui.core.conversation import LiveStats
+    from dflash_tui.core.speedup import Speedup
     from dflash_tui.engines.events import StepEvent
     from dflash_tui.engines.probe import Block1Probe
 
     conv = Conversation.__new__(Conversation)  # no engine: the computation alone
-    conv.turns, conv.probes = [], [Block1Probe(seconds_per_token=0.004, context_tokens=100, steps=4)]
+    quiet = Block1Probe(seconds_per_token=0.004, context_tokens=100, steps=4, times=(0.0041, 0.004, 0.0039, 0.004))
+    conv.turns, conv.probes = [], [quiet]
     stats = LiveStats(block_size=16)
     recorded = [StepEvent(drafted=[], accepted=0, emitted=[1], pieces=[], is_prefill=True)]
     recorded += [StepEvent(drafted=[2] * 15, accepted=a, emitted=[2] * (a + 1), pieces=[],
                            draft_s=d, verify_s=v)
-                 for a, d, v in [(15, 0.002, 0.010), (11, 0.003, 0.011), (7, 0.002, 0.009)]]
+                 for a, d, v in [(15, 0.002, 0.010), (11, 0.003, 0.011), (7, 0.002, 0.009), (11, 0.002, 0.010)]]
     for event in recorded:
         stats.add(event)
-    tokens, seconds = sum(stats.lengths), stats.draft_s + stats.verify_s
-    assert (tokens, round(seconds, 6)) == (16 + 12 + 8, 0.037)
-    expected = (16 + 12 + 8) / 0.037 * 0.004  # block B's tokens/s over block 1's (one token per 4 ms step)
-    slow_ui_rate = 20.0  # the end-to-end rate a loaded UI saw: it plays no part
-    speed, kind = conv.speedup(slow_ui_rate, 16, 110, tokens, seconds)
-    assert kind == "measured" and speed == pytest.approx(expected) == step_speedup(tokens, seconds, 0.004)
-    assert conv.speedup(slow_ui_rate, 16, 125, tokens, seconds)[0] == pytest.approx(expected)  # within 25%
-    assert conv.speedup(slow_ui_rate, 16, 125, tokens, seconds)[0] > 1 > slow_ui_rate * 0.004
-    assert conv.speedup(slow_ui_rate, 16, 125, None, None) == (None, "")  # step times unknown: "–"
-    assert conv.speedup(slow_ui_rate, 16, 125, tokens, 0.0) == (None, "")
-    assert conv.speedup(slow_ui_rate, 16, 125, tokens, None) == (None, "")
-    assert conv.speedup(slow_ui_rate, 16, 126, tokens, seconds) == (None, "")  # grew > 25%: stale
-    assert conv.speedup(slow_ui_rate, None, 110, tokens, seconds) == (None, "")  # a server that does not say
+    tokens, times = sum(stats.lengths), stats.step_s
+    assert tokens == 16 + 12 + 8 + 12 and times == pytest.approx([0.012, 0.014, 0.011, 0.012])
+    # block 1's time for a step's 12 tokens (4 ms each) over the median step (12 ms); the quartiles of the
+    # steps (11.75 and 12.5 ms) give its range, and 0.75 ms of 12 is no noise
+    slow_ui_rate = 20.0  # the end-to-end rate a loaded UI saw: it plays no part (and is no argument now)
+    figure = conv.speedup(16, 110, tokens, times)
+    assert figure == Speedup(pytest.approx(4.0), "measured", spread=pytest.approx((0.048 / 0.01175 - 0.048 / 0.0125) / 2))
+    assert figure.value > 1 > slow_ui_rate * 0.004
+    assert figure.text() == "≈4.0x ±0.1" and not figure.noisy
+    assert conv.speedup(16, 125, tokens, times) == figure  # within 25%
+    assert conv.speedup(16, 125, None, []) == Speedup()  # step times unknown (a resumed turn): "–"
+    assert conv.speedup(16, 125, tokens, [0.0] * 4) == Speedup()
+    assert conv.speedup(16, 126, tokens, times) == Speedup()  # grew > 25%: stale
+    assert conv.speedup(None, 110, tokens, times) == Speedup()  # a server that does not say
+    busy = [0.012, 0.030, 0.011, 0.025]  # a busy machine: half the steps stalled
+    assert conv.speedup(16, 110, tokens, busy).noisy and conv.speedup(16, 110, tokens, busy).text(spread=False) \
+        == "≈2.6x noisy"
+    conv.probes = [Block1Probe(seconds_per_token=0.004, context_tokens=100, steps=4, times=(0.004, 0.009, 0.004, 0.008))]
+    assert conv.speedup(16, 110, tokens, times).noisy  # the probe's own steps scattered
 
 
 def demo_engine():
@@ -267,7 +275,8 @@ def test_speedup_agrees_with_replay_on_the_demo_pair_at_block_16(data_dir):
     import math
     import time
 
-    from dflash_tui.core.conversation import ChatFlags, open_conversation, step_speedup
+    from dflash_tui.core.conversation import ChatFlags, open_conversation
+    from dflash_tui.core.speedup import turn_speedup
     from dflash_tui.measure import replay
 
     profile, engine = demo_engine()
@@ -286,6 +295,7 @@ def test_speedup_agrees_with_replay_on_the_demo_pair_at_block_16(data_dir):
     assert summary.acceptance_lengths == [e.accepted + 1 for e in steps]
     assert summary.draft_s == pytest.approx(sum(e.draft_s for e in steps))
     assert summary.verify_s == pytest.approx(sum(e.verify_s for e in steps))
+    assert active.turn.step_s == [e.draft_s + e.verify_s for e in steps]
     step_tokens, step_s = sum(summary.acceptance_lengths), summary.draft_s + summary.verify_s
     # Disjoint spans of one run, on any machine at any load: the steps and the consumer's turns between
     # events (all but the last, which may come after the engine's clock stopped) lie inside the decode time.
@@ -297,10 +307,9 @@ def test_speedup_agrees_with_replay_on_the_demo_pair_at_block_16(data_dir):
     probe = conv.probe_near(context)
     live, kind = conv.summary_speedup(summary)
     assert kind == "measured" and math.isfinite(live) and live > 0
-    assert live == pytest.approx(step_speedup(step_tokens, step_s, probe.seconds_per_token))
-    # the end-to-end rate (what the slow consumer changed) plays no part in it
-    for rate in (summary.decode_tokens_per_s, summary.decode_tokens_per_s / 10, 0.0):
-        assert conv.speedup(rate, 16, context, step_tokens, step_s) == (live, "measured")
+    assert live == pytest.approx(turn_speedup(step_tokens, active.turn.step_s, probe).value)
+    # the end-to-end rate (what the slow consumer changed) is not even an argument of it
+    assert conv.speedup(16, context, step_tokens, active.turn.step_s).value == live
 
     # A replay of the recorded turn (block 1 its baseline): at block 16 the same tokens in the very steps the
     # figure counted (the replay's speedup shares the turn's tau; its timings are its own, and not compared).

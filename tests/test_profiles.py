@@ -412,6 +412,22 @@ def test_a_copy_keeps_working_and_a_hand_copy_is_caught_by_validate(user_dir):
     assert result.exit_code == 2 and "is neither a folder" in result.stderr and "demo/target" in result.stderr
 
 
+def test_validate_notes_a_hub_model_not_downloaded_yet_and_still_refuses_a_missing_folder(tmp_path):
+    """Issue 46, build 9: validate called a profile invalid when its hub model was simply not downloaded yet;
+    that is a note, exit 0. A local path that is not there stays an error (a hand copy of the demo: above)."""
+    (tmp_path / "draft").mkdir()
+    later = write(tmp_path / "later.toml", '[model]\ntarget = "dflash-test/not-downloaded-yet"\ndraft = "draft"\n')
+    result = run("validate", str(later))
+    assert result.exit_code == 0 and result.stdout.startswith("ok: ") and "not-downloaded-yet + draft" in result.stdout
+    assert result.stderr == ("note: target = 'dflash-test/not-downloaded-yet' is not downloaded yet; a run downloads it "
+                             "(unless HF_HUB_OFFLINE is set), or `hf download dflash-test/not-downloaded-yet` does now.\n")
+    for missing in ("./models/t", str(tmp_path / "gone"), "org/models/t"):
+        path = write(tmp_path / "missing.toml", f'[model]\ntarget = "{missing}"\n')
+        result = run("validate", str(path))
+        assert result.exit_code == 2 and result.stdout == "", result.output
+        assert f"target = {missing!r} is neither a folder" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
 def test_builtin_dflash2_profile_runs_its_draft_at_the_trained_block():
     """The published DFlash 2 pair (docs/dflash2.md): block 8 as its draft was trained, thinking on."""
     p = profiles.load_profile("qwen3.8-27b")

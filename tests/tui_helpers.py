@@ -159,3 +159,18 @@ async def every_theme_reads(pilot, where: str) -> list[str]:
             await pilot.pause()
             failures += [f"{where} on {name}: {text}" for text in unreadable_text(app)]
     return failures
+
+
+async def press_at_once(pilot, *keys: str) -> None:
+    """`keys` as one burst, as a busy terminal delivers fast typing: every event is queued before the app
+    handles the first (`pilot.press` lets the app settle after each key)."""
+    from textual import events
+    from textual.keys import _character_to_key
+
+    app = pilot.app
+    for key in keys:
+        char = key if len(key) == 1 else None
+        event = events.Key(_character_to_key(key) if char is not None else key, char)
+        event.set_sender(app)
+        app._driver.send_message(event)
+    await pilot.pause()

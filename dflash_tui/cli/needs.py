@@ -1,52 +1,27 @@
 """`dflash doctor --profile P`: what the profile's target needs from this machine, read from its config.json
 (once downloaded): which installed framework runs its model type, and the family's parts that change what
 loading and decoding cost (sliding windows, attention sinks, MXFP4 experts, linear-attention rollback,
-mixture of experts, multimodal towers). docs/families.md says why each one matters."""
+mixture of experts, multimodal towers). docs/families.md says why each one matters. What the frameworks can do
+is engines/frameworks.py's to say: torch and transformers are imported inside engines/ only."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
+from dflash_tui.engines import frameworks
 from dflash_tui.engines.checkpoints import safetensors_headers, text_config
 from dflash_tui.engines.memory import TOWER_PREFIXES
 
-
-def _transformers_runs(model_type: str) -> Optional[bool]:
-    try:
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    except ImportError:
-        return None
-    return model_type in CONFIG_MAPPING_NAMES
-
-
-def _mlx_lm_runs(model_type: str) -> Optional[bool]:
-    try:
-        from dflash_tui.engines.mlx.target import mlx_model_types
-    except ImportError:
-        return None
-    return model_type in mlx_model_types()
-
-
-def _mxfp4_kernels() -> str:
-    """Whether transformers could keep MXFP4 experts packed here (engines/cuda/memory.py's rule)."""
-    try:
-        import torch
-
-        from dflash_tui.engines.cuda.memory import mxfp4_stays_packed
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device here, so they load dequantized"
-    return "kept packed here" if mxfp4_stays_packed(torch.device("cuda")) else \
-        "dequantized here (install Triton >= 3.4 and `kernels` to keep them packed)"
+MXFP4_SAID = {"no torch": "torch is not installed", "no CUDA device": "no CUDA device here, so they load dequantized",
+              "packed": "kept packed here",
+              "dequantized": "dequantized here (install Triton >= 3.4 and `kernels` to keep them packed)"}
 
 
 def _framework(model_type: str) -> str:
     said = {True: "runs it", False: "does NOT run it", None: "not installed"}
-    return (f"model type {model_type}: transformers {said[_transformers_runs(model_type)]}, "
-            f"mlx-lm {said[_mlx_lm_runs(model_type)]}")
+    found = frameworks.runs(model_type)
+    return f"model type {model_type}: transformers {said[found.transformers]}, mlx-lm {said[found.mlx_lm]}"
 
 
 def target_needs(folder: Path) -> list[str]:
@@ -64,7 +39,7 @@ def target_needs(folder: Path) -> list[str]:
         lines.append("attention sinks (one learned logit per head)")
     quant = config.get("quantization_config") or text.get("quantization_config") or {}
     if isinstance(quant, dict) and quant.get("quant_method") == "mxfp4":
-        lines.append(f"MXFP4 experts: {_mxfp4_kernels()}; mlx-lm keeps them packed")
+        lines.append(f"MXFP4 experts: {MXFP4_SAID[frameworks.mxfp4_experts()]}; mlx-lm keeps them packed")
     if "linear_attention" in types:
         lines.append(f"{types.count('linear_attention')} linear-attention layers: a rejected draft token is rolled "
                      "back by recomputing their states; CUDA graphs off")

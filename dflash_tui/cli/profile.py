@@ -62,8 +62,8 @@ def path() -> None:
 @profile.command()
 @click.argument("file", metavar="NAME|FILE")
 def validate(file: str) -> None:
-    """Check profile NAME (as `show` finds it) or FILE: exit 0 when it loads, else print what is wrong and where,
-    and exit 2."""
+    """Check profile NAME (as `show` finds it) or FILE: exit 0 when it loads (a hub model not downloaded yet is a
+    note), else print what is wrong and where, and exit 2."""
     file_path = Path(file)  # (not click.Path: a name the file system cannot hold is one sentence here, not a ValueError)
     named = not os.path.lexists(file_path) and os.sep not in file and not file.endswith(".toml")
     if not named and not os.path.exists(file_path):  # a folder, a FIFO: load_profile says what it is instead
@@ -73,16 +73,32 @@ def validate(file: str) -> None:
         file_path = p.path
     checked: list[tuple[str, Optional[str]]] = [("target =", p.target)]
     checked += [("drafts entry", d) for d in p.drafts] if p.drafts else [("draft =", p.draft)]
-    for role, value in checked:
-        if value and not Path(p.local_path(value)).expanduser().is_dir() and not (
-                hub.looks_like_hub_id(value) and hub.cached(value)):
-            beside = p.path.resolve().parent / value if p.path else value
-            raise UserError(printable(f"{file_path}: {role} {value!r} is neither a folder (none at {beside}) nor a "
-                                      f"downloaded hub repo; fix the path, or run `hf download {value}` if it is a hub id."))
+    notes = [_model_note(p, file_path, role, value) for role, value in checked if value]
     draft = f" + {p.draft}" if p.draft else " (no draft)"
     if len(p.drafts) > 1:
         draft += f" (drafts to switch to: {', '.join(p.drafts[1:])})"
     click.echo(f"{styled('ok', fg='green')}: {printable(f'{file_path} is profile {p.name}: {p.target}{draft}')}")
+    for note in filter(None, notes):
+        click.echo(styled(printable(f"note: {note}"), err=True, fg="yellow"), err=True)
+
+
+def _model_note(p: profiles.Profile, file_path: Path, role: str, value: str) -> Optional[str]:
+    """None when the model `value` is here (a folder, or a hub repo in the cache); a note when it is a hub repo
+    not downloaded yet (a run downloads it). A local path that is not there is an error, and so is a hub-like
+    name that is a built-in profile's folder: a copy of that profile elsewhere lost the folder beside it."""
+    if Path(p.local_path(value)).expanduser().is_dir() or (hub.looks_like_hub_id(value) and hub.cached(value)):
+        return None
+    beside = p.path.resolve().parent / value if p.path else value
+    builtin = profiles.builtin_profile_dir() / value
+    lost = not Path(value).is_absolute() and builtin.is_dir()
+    if hub.looks_like_hub_id(value) and not lost:
+        return (f"{role} {value!r} is not downloaded yet; a run downloads it (unless HF_HUB_OFFLINE is set), or "
+                f"`hf download {value}` does now.")
+    fix = (f"it is the built-in profiles' folder {builtin}, which a copy does not take along: write that path, or "
+           "copy with `dflash profile new NAME --from PROFILE`" if lost else
+           f"fix the path, or run `hf download {value}` if it is a hub id")
+    raise UserError(printable(f"{file_path}: {role} {value!r} is neither a folder (none at {beside}) nor a "
+                              f"downloaded hub repo; {fix}."))
 
 
 @profile.command()

@@ -18,11 +18,13 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence
 
 from dflash_tui.core import sessions
 from dflash_tui.core.figures import DRAFT_KINDS, draft_kind
+from dflash_tui.core.knobs import Setting
 from dflash_tui.core.profiles import Profile
+from dflash_tui.core.speedup import Speedup, session_speedup, turn_speedup
 from dflash_tui.core.terminal import printable  # noqa: F401 - re-exported for older imports
 from dflash_tui.engines.checkpoints import check_block_size
 from dflash_tui.engines.config import DEFAULT_EFFORT, EFFORTS, GenerationRequest, Sampling
@@ -30,7 +32,7 @@ from dflash_tui.engines.engine import EngineLike
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.events import StepEvent, Summary
 from dflash_tui.engines.guided import Constraint
-from dflash_tui.engines.probe import Block1Probe
+from dflash_tui.engines.probe import Block1Probe, typical
 from dflash_tui.engines.reasoning import THINK, format_for, takes_effort
 
 BLOCK_CHOICES = (1, 2, 4, 8, 16)
@@ -38,6 +40,8 @@ FULL_CONTEXT_KEEP = 0.75  # a full context drops its oldest turns down to this s
 PROBE_SPAN = 1.25  # a block-1 probe stands for contexts within 25% of the one it was timed at
 DRAFT_THINKING_WARNING = ("This profile's draft was not trained with thinking traces: with thinking on, "
                           "expect fewer accepted draft tokens.")
+NEEDS_THINKING_WARNING = ("Profile {name} needs thinking (needs_thinking = true): with it off, expect wrong answers; "
+                          "ctrl+t turns it back on.")
 
 
 @dataclass
@@ -108,6 +112,7 @@ class Turn:
     prompt_ids: list[int] = field(default_factory=list)  # the ids sent (a continuation's end with the earlier part)
     emitted_ids: list[int] = field(default_factory=list)  # the ids this request generated
     continues: Optional[int] = None  # the index of the stopped turn this one went on with (continue_turn)
+    step_s: list[float] = field(default_factory=list)  # each verify step's draft + verify seconds (a resumed turn: none)
 
     @property
     def cancelled(self) -> bool:
@@ -150,6 +155,7 @@ class LiveStats:
     last_at: Optional[float] = None
     tokens: int = 0
     lengths: list = field(default_factory=list)
+    step_s: list = field(default_factory=list)  # each step's draft + verify seconds, as the engine timed it
     draft_s: float = 0.0
     verify_s: float = 0.0
     prompt_tokens: int = 0
@@ -162,6 +168,7 @@ class LiveStats:
             self.first_at = now
         elif self.steps_known:
             self.lengths.append(event.accepted + 1)
+            self.step_s.append(event.draft_s + event.verify_s)
             self.draft_s += event.draft_s
             self.verify_s += event.verify_s
         self.last_at = now
@@ -231,7 +238,7 @@ class Conversation:
         self.record = record
         self.writer: Optional[sessions.SessionWriter] = None
         self.last_request: Optional[GenerationRequest] = None
-        self._warned_draft_thinking = False
+        self._warned: set[str] = set()  # the warnings this session has given (set_thinking)
         self.on_notice: Optional[Callable[[str], None]] = None
         self.reuse_cache = True  # the engine keeps its caches between turns (False: every turn prefilled whole)
 
@@ -278,14 +285,30 @@ class Conversation:
         self.settings.block_size = block_size
         return block_size
 
+    def apply_setting(self, setting: Setting) -> None:
+        """A setting typed by a person (core/knobs.py), from the next turn. A draft is not the chat's to switch:
+        the front end reloads the engine with it."""
+        if setting.name == "draft":
+            raise ValueError("a draft is switched by loading the engine again, which the front end does")
+        if setting.name == "block_size":
+            assert isinstance(setting.value, int)  # (knobs.py reads a block size as one)
+            self.set_block(setting.value)
+        else:
+            setattr(self.settings, setting.name, setting.value)
+
     def set_thinking(self, on: bool) -> Optional[str]:
-        """Set thinking for the next turns; returns a one-time warning when the draft lacks thinking traces."""
+        """Set thinking for the next turns; returns a warning, once per session, when the profile says the setting
+        goes wrong: thinking on with a draft trained without traces, thinking off on a target that needs it."""
         self.settings.thinking = on
-        if on and not self._warned_draft_thinking and self.profile is not None \
-                and not self.profile.draft_thinking:
-            self._warned_draft_thinking = True
-            return DRAFT_THINKING_WARNING
-        return None
+        profile = self.profile
+        if profile is None:
+            return None
+        warning = DRAFT_THINKING_WARNING if on and not profile.draft_thinking else \
+            NEEDS_THINKING_WARNING.format(name=profile.name) if not on and profile.needs_thinking else None
+        if warning is None or warning in self._warned:
+            return None
+        self._warned.add(warning)
+        return warning
 
     def toggle_thinking(self) -> Optional[str]:
         """The thinking key: on/off, or for a family with an effort (gpt-oss) the next level (it has no off)."""
@@ -482,7 +505,8 @@ class Conversation:
             status = "completed"
         summary_dict = stored(summary)
         turn = Turn(user=active.user, answer=text, status=status, thinking=active.request.thinking, summary=summary,
-                    prompt_ids=active.prompt_ids, emitted_ids=active.emitted, continues=active.continues)
+                    prompt_ids=active.prompt_ids, emitted_ids=active.emitted, continues=active.continues,
+                    step_s=list(active.stats.step_s))
         active.turn = turn
         if status == "error" and not active.emitted:
             return
@@ -544,6 +568,7 @@ class Conversation:
 
     def new_session(self) -> None:
         self.close()
+        self._warned.clear()
         self.turns = []
         self.dropped = 0
         self.writer = None
@@ -630,47 +655,52 @@ class Conversation:
                 if max(p.context_tokens, context_tokens) <= PROBE_SPAN * max(1, min(p.context_tokens, context_tokens))]
         return min(near, key=lambda p: abs(p.context_tokens - context_tokens), default=None)
 
-    def speedup(self, tokens_per_s: float, block_size: Optional[int], context_tokens: int,
-                step_tokens: Optional[int] = None, step_s: Optional[float] = None) -> tuple[Optional[float], str]:
+    def speedup(self, block_size: Optional[int], context_tokens: int, step_tokens: Optional[int],
+                step_times: Sequence[float]) -> Speedup:
         """Block B's decode steps against block 1's, both timed inside the engine: measured, never estimated.
 
-        The block-B side is this turn's own steps: the tokens they committed (`step_tokens`, the sum of the
-        acceptance lengths: tau times the steps) over their measured draft + verify time (`step_s`). The
-        block-1 side is a probe's single-token target step (`measure_block1`), timed on the same engine at
-        about the same context (within PROBE_SPAN). Neither side holds the UI, the pipe or the detokenizer,
-        so the figure agrees with a replay at blocks 1 and B (issue 32) where the turn's end-to-end rate
-        over the bare probe step (`tokens_per_s`, no longer used for it) did not. (None, "") while no
-        probe stands for this context or the steps' times are unknown: the UI shows "–"."""
-        del tokens_per_s  # kept in the signature for older callers: an end-to-end rate is not comparable
-        if step_tokens is None and step_s is None and self.turns and self.turns[-1].summary is not None:
-            last = self.turns[-1].summary  # an older caller asking about the last turn (the REPL's /stats)
-            if last.prompt_tokens + last.generated_tokens == context_tokens and last.block_size == block_size:
-                lengths = last.acceptance_lengths  # the last turn's own steps (None: a server that gives none)
-                step_tokens = sum(lengths) if lengths else None
-                step_s = None if last.draft_s is None or last.verify_s is None else last.draft_s + last.verify_s
+        The block-B side is a turn's own steps: the tokens they committed (`step_tokens`, the sum of the
+        acceptance lengths) and each one's draft + verify seconds (`step_times`). The block-1 side is a probe's
+        single-token target steps (`measure_block1`), timed on the same engine at about the same context (within
+        PROBE_SPAN). Neither side holds the UI, the pipe or the detokenizer, so the figure agrees with a replay
+        at blocks 1 and B (issue 32); both sides take their median step (core/speedup.py, which also says how
+        sure the figure is). Unknown ("–") while no probe stands for this context or the steps' times are not
+        known (a resumed turn, a server's text chunks)."""
         if block_size is None:  # the server did not say which block size it ran
-            return None, ""
+            return Speedup()
         if block_size <= 1:
-            return 1.0, "block 1"
+            return Speedup(1.0, "block 1")
         probe = self.probe_near(context_tokens)
-        figure = step_speedup(step_tokens, step_s, probe.seconds_per_token) if probe is not None else None
-        return (figure, "measured") if figure is not None else (None, "")
+        return turn_speedup(step_tokens or 0, step_times, probe) if probe is not None else Speedup()
+
+    def turn_speedup(self, turn: Turn) -> Speedup:
+        """`speedup` for a finished turn."""
+        s = turn.summary
+        if s is None:
+            return Speedup()
+        return self.speedup(s.block_size, s.prompt_tokens + s.generated_tokens, sum(s.acceptance_lengths or []),
+                            turn.step_s)
 
     def summary_speedup(self, summary: Summary) -> tuple[Optional[float], str]:
-        """`speedup` for a finished turn, from its Summary (the REPL's /stats and the TUI share it)."""
-        lengths = summary.acceptance_lengths
-        step_s = None if summary.draft_s is None or summary.verify_s is None else summary.draft_s + summary.verify_s
-        return self.speedup(summary.decode_tokens_per_s, summary.block_size, summary.prompt_tokens
-                            + summary.generated_tokens, sum(lengths) if lengths else None, step_s)
+        """The figure and its kind for the turn that ended with `summary` (the REPL's /stats; `turn_speedup`
+        has its spread and noise too)."""
+        turn = next((t for t in reversed(self.turns) if t.summary is summary), None)
+        figure = self.turn_speedup(turn) if turn is not None else Speedup()
+        return figure.value, figure.kind
 
-
-def step_speedup(step_tokens: Optional[int], step_s: Optional[float],
-                 block1_seconds_per_token: Optional[float]) -> Optional[float]:
-    """Tokens per second of the speculative steps over tokens per second of block-1 steps:
-    (step_tokens / step_s) / (1 / block1_seconds_per_token). None when a side is unknown or empty."""
-    if not step_tokens or not step_s or step_s <= 0 or not block1_seconds_per_token:
-        return None
-    return step_tokens * block1_seconds_per_token / step_s
+    def session_speedup(self) -> Speedup:
+        """The session's turns together, those whose figure is known: block 1's time for all their tokens over
+        their steps' time (core/speedup.py). A block-1 turn is its own block-1 side."""
+        measured = []
+        for turn in self.turns:
+            s = turn.summary
+            if s is None or not turn.step_s or s.block_size is None:
+                continue
+            probe = self.probe_near(s.prompt_tokens + s.generated_tokens) if s.block_size > 1 else None
+            block1 = typical(turn.step_s) if s.block_size <= 1 else probe.seconds_per_token if probe else None
+            if block1:
+                measured.append((sum(s.acceptance_lengths or []), turn.step_s, block1))
+        return session_speedup(measured)
 
 
 def draft_arch(engine) -> Optional[str]:
@@ -726,7 +756,7 @@ def open_conversation(engine: EngineLike, profile: Profile, flags: ChatFlags,
     (the engine's own warnings are the caller's to show)."""
     profile = profile.resolved(engine.name)
     conv = Conversation(engine, flags.apply(ChatSettings.from_profile(profile)), profile=profile, record=record)
-    warning = conv.set_thinking(True) if conv.settings.thinking else None
+    warning = conv.set_thinking(conv.settings.thinking)  # a flag may start it in a setting the profile warns of
     return conv, [warning] if warning else []
 
 

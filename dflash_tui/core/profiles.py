@@ -56,6 +56,7 @@ class Profile(Sampling):
     draft_window: Optional[int] = None
     max_new_tokens: int = 2048
     thinking: bool = True
+    needs_thinking: bool = False  # [generation] needs_thinking: answers go wrong with thinking off (the chat warns)
     reasoning_effort: Optional[str] = None  # low, medium or high, for a template that reads it (gpt-oss)
     system_prompt: str = ""
     draft_thinking: bool = True  # [dflash] thinking_trained: was the draft trained on thinking traces
@@ -212,6 +213,8 @@ SCHEMA: dict[str, dict[str, _Spec]] = {
         "min_p": _Spec("min_p", "a number from 0 to 1", "min_p = 0.0", lambda v: _is_float(v) and 0 <= v <= 1),
         "max_new_tokens": _Spec("max_new_tokens", "a positive integer", "max_new_tokens = 2048", _int_in(1)),
         "thinking": _Spec("thinking", "true or false", "thinking = true", lambda v: isinstance(v, bool)),
+        "needs_thinking": _Spec("needs_thinking", "true or false", "needs_thinking = true",
+                                lambda v: isinstance(v, bool)),
         "reasoning_effort": _Spec("reasoning_effort", "one of low, medium or high", 'reasoning_effort = "medium"',
                                   lambda v: v in EFFORTS),
         "system_prompt": _Spec("system_prompt", "a string without control characters", 'system_prompt = ""', _plain),
@@ -557,6 +560,7 @@ def new_profile_text(name: str) -> str:
     section("generation", "Left out: the target's generation_config decides.",
             [("max_new_tokens", 2048, None), ("thinking", False, None)],
             ["temperature = 0.7  # 0 = greedy", "top_p = 0.8", "top_k = 20", "min_p = 0.0", 'system_prompt = ""',
+             "needs_thinking = true  # answers go wrong with thinking off: the chat warns once when it is turned off",
              'reasoning_effort = "medium"  # low, medium or high, where the template reads it (gpt-oss)'])
     section("bench", "What `dflash bench` and `dflash tune` measure on when no --dataset is given.", [],
             [f'prompts = "chat"  # a built-in prompt set: {", ".join(PROMPT_SETS)}'])

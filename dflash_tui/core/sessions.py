@@ -427,6 +427,7 @@ PROFILE_FIELDS = {
     "draft": _optional(_name), "engine": _optional(_one_of(ENGINES)), "dtype": _optional(_one_of(DTYPES)),
     "block_size": _optional(_int_from(1, 64)), "draft_window": _optional(_int_from(1)),
     "target_layer_ids": _optional(_ids), "max_new_tokens": _optional(_int_from(1)), "thinking": _optional(_flag),
+    "needs_thinking": _optional(_flag),
     "system_prompt": _optional(_text), "draft_thinking": _optional(_flag), "url": _optional(_text),
     "model": _optional(_text), "bench_prompts": _optional(_text), "examples": _optional(_texts),
     "drafts": _optional(lambda v: isinstance(v, list) and all(_name(t) for t in v)),

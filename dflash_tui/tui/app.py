@@ -16,12 +16,14 @@ from typing import Iterable, Optional
 
 from textual import work
 from textual.app import App, InvalidThemeError, SystemCommand
+from textual.command import CommandPalette
 from textual.message import Message
 from textual.screen import Screen
 
 from dflash_tui.core import sessions
 from dflash_tui.core.conversation import ChatFlags, Conversation, draft_arch, open_conversation, running_draft
 from dflash_tui.core.figures import draft_text
+from dflash_tui.core.knobs import KNOB, Setting
 from dflash_tui.core.profiles import Profile, list_profiles
 from dflash_tui.core.settings import profile_for, server_text
 from dflash_tui.engines import hub
@@ -29,6 +31,7 @@ from dflash_tui.engines.engine import EngineLike, free_memory
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.process import quiet_loaders
 from dflash_tui.tui.contrast import readable_variables
+from dflash_tui.tui.palette import SettingsPalette
 from dflash_tui.tui.preferences import load_preferences, save_preferences
 from dflash_tui.tui.screens import ChatScreen, HelpScreen, LoadErrorScreen, SystemPromptScreen
 from dflash_tui.tui.widgets.header import temperature_text
@@ -255,15 +258,21 @@ class DflashApp(App):
         self._unload()
         self.start_load()
 
-    def _draft_commands(self) -> Iterable[SystemCommand]:
-        """One "Draft: ..." entry per draft the profile lists (`drafts`), where it lists more than one."""
+    def switchable_drafts(self) -> tuple[str, ...]:
+        """The profile's drafts the palette switches between (`drafts`, where it lists more than one); none on
+        a remote engine, whose server runs its own draft."""
         profile = self.profile
         if profile is None or len(profile.drafts) < 2 or self.engine_flag == "remote" or (
-                self.engine is not None and self.engine.name == "remote"):  # a server runs its own draft
-            return
+                self.engine is not None and self.engine.name == "remote"):
+            return ()
+        return profile.drafts
+
+    def _draft_commands(self) -> Iterable[SystemCommand]:
+        """One "Draft: ..." entry per draft the palette switches between."""
+        profile = self.profile
         running = self.engine.config.draft if self.engine is not None else None
-        for draft in profile.drafts:
-            now = running is not None and profile.local_path(draft) == running
+        for draft in self.switchable_drafts():
+            now = running is not None and profile is not None and profile.local_path(draft) == running
             yield SystemCommand(f"Draft: {draft}", "running now" if now else
                                 "reload with this draft of the profile, keeping the conversation",
                                 lambda d=draft: self.switch_draft(d))
@@ -325,22 +334,27 @@ class DflashApp(App):
 
         self.push_screen(SystemPromptScreen(conversation.settings.system_prompt), saved)
 
-    def set_temperature(self, value: Optional[float]) -> None:
-        """From the next turn on; the header shows it, and each turn's record keeps the one it used."""
-        if self.conversation is None:
+    def apply_setting(self, setting: Setting) -> None:
+        """A setting from the palette, typed (core/knobs.py) or picked, from the next turn; the header shows it
+        and each turn's record keeps the one it used. A draft reloads the engine with it, a block size goes the
+        way f7 goes."""
+        conversation = self.conversation
+        if conversation is None:
             return
-        self.conversation.settings.temperature = value
-        self.notify(f"Temperature {temperature_text(value)} from the next turn.", timeout=3)
-        self.chat.refresh_chrome()
-
-    def set_sampling(self, name: str, value: float) -> None:
-        """A value typed in the palette (`SamplingCommands`): temperature or top_p, from the next turn."""
-        if name == "temperature":
-            self.set_temperature(value)
-        elif self.conversation is not None:
-            self.conversation.settings.top_p = value
-            self.notify(f"top_p {value:g} from the next turn.", timeout=3)
+        if setting.name == "draft":
+            self.switch_draft(str(setting.value))
+        elif setting.name == "block_size":
+            assert isinstance(setting.value, int)  # (knobs.py reads a block size as one)
+            self.chat.set_block(setting.value)
+        else:
+            conversation.apply_setting(setting)
+            self.notify(f"From the next turn: {setting}.", timeout=3)
             self.chat.refresh_chrome()
+
+    def action_command_palette(self) -> None:
+        """Textual's palette, but enter applies a setting typed in it (tui/palette.py)."""
+        if self.use_command_palette and not CommandPalette.is_open(self):
+            self.push_screen(SettingsPalette(id="--command-palette"))
 
     def _temperature_commands(self, conversation: Conversation) -> Iterable[SystemCommand]:
         profile = conversation.profile
@@ -351,7 +365,7 @@ class DflashApp(App):
             if value == ours:
                 what += " (the profile's)"
             yield SystemCommand(f"Temperature: {temperature_text(value)}", f"{what}, from the next turn",
-                                lambda v=value: self.set_temperature(v), discover=False)
+                                lambda v=value: self.apply_setting(Setting(KNOB["temperature"], v)), discover=False)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

@@ -17,8 +17,6 @@ trimming, requests, session records) lives in `core.conversation`.
 
 from __future__ import annotations
 
-import math
-import re
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Optional
@@ -40,6 +38,7 @@ from dflash_tui.core.figures import draft_name, fixed, known
 from dflash_tui.core.terminal import counted
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.events import Summary
+from dflash_tui.tui.palette import SettingCommands
 from dflash_tui.tui.screens.replay import ReplayScreen
 from dflash_tui.tui.screens.sessions import RenameScreen, SessionsScreen
 from dflash_tui.tui.widgets import AnswerView, ChatHeader, NoticeLine, PromptInput, StatsLine, StatsPanel, UserMessage
@@ -112,54 +111,6 @@ class AnswerCommands(Provider):
                 yield Hit(score, matcher.highlight(title), callback, help=help_text)
 
 
-# "temperature 0.7", "temp=0.7", "top_p 0.9", "top-p: 0.9" typed in the palette
-FREE_SAMPLING = re.compile(r"^\s*(temperature|temp|top[ _-]?p)\s*[:=]?\s*(\S+)\s*$", re.IGNORECASE)
-
-
-def sampling_entry(query: str) -> Optional[tuple[str, Optional[float], str]]:
-    """A sampling value typed in the palette: (setting, value, "") when it is one the engines take, (setting,
-    None, why not) when it is not, None when the query is not one. Temperature: 0 (greedy) or more; top_p:
-    above 0 up to 1."""
-    match = FREE_SAMPLING.match(query)
-    if not match:
-        return None
-    name = "temperature" if match.group(1).lower().startswith("temp") else "top_p"
-    try:
-        value = float(match.group(2))
-    except ValueError:
-        return name, None, f"{match.group(2)!r} is not a number"
-    if not math.isfinite(value) or value < 0 or (name == "top_p" and not 0 < value <= 1):
-        return name, None, "temperature takes 0 (greedy) or more" if name == "temperature" else \
-            "top_p takes a number above 0, up to 1"
-    return name, value, ""
-
-
-class SamplingCommands(Provider):
-    """Any temperature or top_p typed in the palette ("temperature 0.7", "top_p 0.9"), beside the fixed
-    temperature choices the app offers."""
-
-    app: "DflashApp"
-
-    async def discover(self) -> Hits:
-        yield DiscoveryHit("Temperature or top_p: type a value", self._explain,
-                           help="e.g. temperature 0.7 or top_p 0.9, from the next turn")
-
-    def _explain(self) -> None:
-        self.app.notify("Type a value in the palette (ctrl+p): temperature 0.7, or top_p 0.9.", timeout=6)
-
-    async def search(self, query: str) -> Hits:
-        entry = sampling_entry(query)
-        if entry is None:
-            return
-        name, value, why = entry
-        app = self.app
-        if value is None:
-            yield Hit(1.0, f"{name}: {why}", lambda: app.notify(f"{name}: {why}.", severity="warning"))
-        else:
-            yield Hit(1.0, f"Set {name} to {value:g}", lambda: app.set_sampling(name, value),
-                      help="from the next turn")
-
-
 class TurnFinished(Message, bubble=False):
     """The generate worker is done with a turn (completed, cancelled or failed with `error`)."""
 
@@ -175,7 +126,7 @@ class BlockOneMeasured(Message, bubble=False):
 
 class ChatScreen(Screen):
     BINDINGS = KEYS
-    COMMANDS = {AnswerCommands, SamplingCommands}
+    COMMANDS = {AnswerCommands, SettingCommands}
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
     app: "DflashApp"
@@ -315,13 +266,13 @@ class ChatScreen(Screen):
         d.session_tau = conv.session_tau()
         d.session_mixed = len({t.summary.block_size for t in conv.turns if t.summary}) > 1
         d.context_limit = conv.context_limit() if engine is not None else None  # None while switching engines
-        steps, step_tokens, step_s = 0, None, None
+        steps = step_tokens = 0
+        step_times: list[float] = []
         if self.active is not None:
             s = self.active.stats
             d.tokens_per_s, d.tokens, d.tau, d.histogram = s.tokens_per_s, s.tokens, s.tau, s.histogram()
             d.draft_s, d.verify_s = (s.draft_s, s.verify_s) if s.steps_known else (None, None)
-            steps = len(s.lengths)
-            step_tokens, step_s = sum(s.lengths), s.draft_s + s.verify_s
+            steps, step_tokens, step_times = len(s.lengths), sum(s.lengths), s.step_s
             d.context_tokens = s.prompt_tokens + s.tokens
             d.block_size = turn_block = self.active.block_size
             d.peak_bytes, d.peak_kind = self._last_stats.peak_bytes, self._last_stats.peak_kind
@@ -330,9 +281,9 @@ class ChatScreen(Screen):
             m = conv.turns[-1].summary
             d.tokens_per_s, d.tokens, d.tau, d.histogram = m.decode_tokens_per_s, m.generated_tokens, \
                 m.mean_acceptance_length, m.histogram
-            d.draft_s, d.verify_s, steps = m.draft_s, m.verify_s, len(m.acceptance_lengths or [])
-            step_tokens = sum(m.acceptance_lengths or [])
-            step_s = None if m.draft_s is None or m.verify_s is None else m.draft_s + m.verify_s
+            d.draft_s, d.verify_s = m.draft_s, m.verify_s
+            steps, step_tokens = len(m.acceptance_lengths or []), sum(m.acceptance_lengths or [])
+            step_times = conv.turns[-1].step_s
             d.context_tokens = m.prompt_tokens + m.generated_tokens
             d.peak_bytes, d.peak_kind = m.peak_memory_bytes, m.peak_memory_kind
             if engine is None or (m.engine, m.device) != (engine.name, engine.device):
@@ -341,7 +292,8 @@ class ChatScreen(Screen):
             turn_block = m.block_size or turn_block
             d.state = "done"
         if steps:
-            d.speedup, d.speedup_kind = conv.speedup(d.tokens_per_s, turn_block, d.context_tokens, step_tokens, step_s)
+            d.speedup = conv.speedup(turn_block, d.context_tokens, step_tokens, step_times)
+        d.session_speedup = conv.session_speedup()
         return d
 
     def _show_stats(self, d: StatsData) -> None:
@@ -510,19 +462,23 @@ class ChatScreen(Screen):
         except UserError as exc:  # a server that runs its own block size
             self.toast("block", str(exc), timeout=6)
             return
-        self.toast("block", f"Block size {block} from the next turn.")
-        self.refresh_chrome()
-        self._prepare(self.conversation)
+        self._block_chosen(self.conversation, block)
 
     def set_block(self, block: int) -> None:
+        """Block size `block` from the next turn (the palette's), or the sentence saying why not."""
         if self.conversation is None:
             return
         try:
             self.conversation.set_block(block)
         except UserError as exc:
-            self.notify(str(exc), severity="error")
+            self.notify(str(exc), severity="error", timeout=8)
+            return
+        self._block_chosen(self.conversation, block)
+
+    def _block_chosen(self, conversation: Conversation, block: int) -> None:
+        self.toast("block", f"Block size {block} from the next turn.")
         self.refresh_chrome()
-        self._prepare(self.conversation)
+        self._prepare(conversation)
 
     @work(thread=True, group="prepare", exclusive=True)
     def _prepare(self, conversation: Conversation) -> None:

@@ -41,16 +41,19 @@ KEY_HELP = [
     ("f5", "edit and resend the last prompt"),
     ("f6", "continue a stopped answer"),
     ("shift+tab", "reach the example prompts on the first screen"),
-    ("ctrl+p", "command palette: profile, draft, engine, temperature, theme, system prompt, …"),
+    ("ctrl+p", "command palette: profile, draft, engine, temperature, theme, system prompt, …; type a setting and "
+               "enter: temperature 0.7, top_p 0.9, top_k 20, min_p 0.05, max_new_tokens 512, seed 7, block 3, draft NAME"),
     ("f1", "this help"),
     ("ctrl+q", "quit (a running answer is stopped and saved first)"),
 ]
 
 FIGURES = [
     ("tok/s", "generated tokens per second of decoding (prefill not counted)"),
-    ("speedup", "≈ measured: this turn's tokens per second of draft + verify steps over block 1's, a plain "
-                "target step timed on the same engine at about the same context (both inside the engine, as a "
-                "replay compares them); \"–\" until that is measured, or once the context grew 25% past it"),
+    ("speedup", "≈ measured: this turn's tokens per draft + verify step over its median step time, against block "
+                "1's median step, a plain target step timed on the same engine at about the same context (both inside "
+                "the engine, as a replay compares them); ± the figure's spread over the middle half of this turn's "
+                "steps, \"noisy\" when the steps' times scatter (a busy machine); the session's figure beside it "
+                "(in brackets on the one-line stats); \"–\" until measured, or once the context grew 25% past it"),
     ("tau", "mean tokens each verify pass commits (the session's in brackets; \"mixed\" when its turns ran at "
             "more than one block size, which its tau averages over)"),
     ("block", "block size: each step the draft proposes a block and the target verifies it; 1 is the target alone"),
@@ -58,7 +61,8 @@ FIGURES = [
                  "path through each block; at temperature > 0 its drafts are kept by rejection sampling); ctrl+p, "
                  "Draft: switches between the drafts a profile lists"),
     ("temp", "temperature from the next turn (ctrl+p: pick one, or type any, as temperature 0.7); 0 is greedy"),
-    ("top_p", "shown once set: ctrl+p, type top_p 0.9 (from the next turn)"),
+    ("top_p", "shown once set: ctrl+p, type top_p 0.9 (from the next turn; top_k, min_p, seed and max_new_tokens "
+              "likewise, recorded with each turn)"),
     ("ctx", "tokens in the context: prompt and answer, of the target's limit"),
     ("draft N%", "the share of the decode steps' time spent drafting (the rest verifies with the target)"),
     ("peak", "peak memory of the last turn (peak RSS: the process's, on the CPU)"),

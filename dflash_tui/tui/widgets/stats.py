@@ -1,9 +1,11 @@
 """The live stats: a side panel, folded into one line under the header on small terminals.
 
-The speedup is measured, never estimated: the turn's draft + verify steps against the block-1 step timed
-on the same engine at about the same context length (`Conversation.speedup`); until that is measured, or
-once the context has grown 25% past the probe, it shows "–". So does every figure the engine cannot know (None:
-a server other than `dflash serve` reports no steps, block size, memory or cache reuse).
+The speedup is measured, never estimated: the turn's draft + verify steps against the block-1 steps timed
+on the same engine at about the same context length, the median step of each (`Conversation.speedup`), with
+± the spread over the turn's steps and "noisy" when the machine was busy (core/speedup.py), beside the
+session's figure; until that is measured, or once the context has grown 25% past the probe, it shows "–".
+So does every figure the engine cannot know (None: a server other than `dflash serve` reports no steps,
+block size, memory or cache reuse).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from dflash_tui.core.figures import UNKNOWN, fixed, known
+from dflash_tui.core.speedup import Speedup
 from dflash_tui.tui.widgets.answer import origin_styles, theme_background
 
 BAR = " ▏▎▍▌▋▊▉█"
@@ -34,8 +37,8 @@ class StatsData:
     block_size: Optional[int] = 1  # None: the server runs a block size it does not tell
     draft_s: Optional[float] = 0.0
     verify_s: Optional[float] = 0.0
-    speedup: Optional[float] = None  # measured against block 1; None until measured
-    speedup_kind: str = ""  # "measured", or "block 1" for a block-1 turn (1.0 by definition)
+    speedup: Speedup = Speedup()  # this turn's, measured against block 1 (unknown until measured)
+    session_speedup: Speedup = Speedup()  # the session's measured turns together
     peak_bytes: Optional[int] = 0
     peak_kind: Optional[str] = "device"
     context_tokens: int = 0
@@ -85,11 +88,12 @@ def split_text(d: StatsData) -> str:
     return f"draft {shares[0] * 100:.0f}% · verify {shares[1] * 100:.0f}%"
 
 
-def speedup_text(d: StatsData) -> str:
-    """'≈5.2x' measured (a block-1 turn is 1.0x by definition), '–' until measured or once stale."""
-    if d.speedup is None:
-        return "–"
-    return f"{d.speedup:.1f}x" if d.speedup_kind == "block 1" else f"≈{d.speedup:.1f}x"
+def speedup_line(d: StatsData) -> str:
+    """The one-line stats' speedup: '≈3.1x ±0.4', or '≈3.1x noisy' (at 80 columns the spread of a noisy figure
+    gives way to the word), then the session's in brackets once it pools more than this turn."""
+    turn, session = d.speedup, d.session_speedup
+    pooled = f" ({session.text()})" if session.turns > 1 else ""
+    return f"speedup {turn.text(spread=not turn.noisy)}{pooled}"
 
 
 def context_text(d: StatsData) -> str:
@@ -119,8 +123,11 @@ class StatsPanel(Static):
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(f"{d.tokens_per_s:7.1f} tok/s", style="bold")
         t.append(f"  {d.tokens} tok\n")
-        t.append(f"speedup {speedup_text(d)} (measured)\n" if d.speedup_kind == "measured" else
-                 f"speedup {speedup_text(d)} (block 1)\n" if d.speedup is not None else "speedup – (not yet measured)\n")
+        speedup = d.speedup
+        tag = {"measured": "" if speedup.noisy else " (measured)", "block 1": " (block 1)"}
+        t.append(f"speedup {speedup.text()}{tag.get(speedup.kind, ' (not yet measured)')}\n")
+        if d.session_speedup.value is not None:
+            t.append(f"  session {d.session_speedup.text()}\n")
         t.append(f"tau {fixed(d.tau)}", style="bold")
         t.append(f"   (session {fixed(d.session_tau)}{', mixed blocks' if d.session_mixed else ''})\n\n")
         t.append("acceptance length\n", style="underline")
@@ -196,7 +203,7 @@ class StatsLine(FittedLine):
         shares = split(d)
         draft = UNKNOWN if shares is None else f"{shares[0] * 100:.0f}%"
         mixed = " mixed" if d.session_mixed else ""
-        self.set_fields([(f"{d.tokens_per_s:.0f} tok/s", "bold"), (f"speedup {speedup_text(d)}", ""),
+        self.set_fields([(f"{d.tokens_per_s:.0f} tok/s", "bold"), (speedup_line(d), ""),
                          (f"tau {fixed(d.tau)} ({fixed(d.session_tau)}{mixed})", ""), (f"block {known(d.block_size)}", ""),
                          (f"ctx {context_text(d)}", ""), (f"draft {draft}", ""),
                          (memory_text(d).replace(" RSS", ""), "")])
