@@ -1,7 +1,8 @@
 """The prepared GPU check (`make gpu-check`): everything the CUDA graph path must show on a real GPU, in one
 run of about 5 minutes, written to OUT/gpu-check.json and OUT/gpu-check.md.
 
-1. The CUDA-only tests (they skip on a CPU).
+1. The CUDA-only tests (they skip on a CPU), and structured outputs' lossless tests on the cuda engine (on a GPU
+   they run there: the grammar's masks built on the host between the draft and the verify).
 2. `benchmarks/gpu_speed.py --shape qwen3-8b` (random weights, speed only): eager vs graphs at blocks 1 and
    16, with prompts that land in the 1k, 3k and 8k buckets, and the K/V length each step reads.
 3. bf16 ids, graphs vs eager, on the demo pair with its 16 benchmark prompts and its example prompts, at
@@ -30,11 +31,13 @@ sys.path.insert(0, str(ROOT))
 
 
 def run_tests(out: Path) -> dict:
-    """The CUDA-only tests: every test that skips without a CUDA device."""
+    """The CUDA-only tests (every test that skips without a CUDA device) and the constrained ones on the cuda
+    engine."""
     log = out / "cuda-tests.log"
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                           "tests/test_static_cache.py", "-k", "cuda"], cwd=ROOT, capture_output=True, text=True)
+                           "tests/test_static_cache.py", "tests/test_structured.py", "-k", "cuda"], cwd=ROOT,
+                          capture_output=True, text=True)
     log.write_text(done.stdout + done.stderr)
     last = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
     return {"exit_code": done.returncode, "summary": last, "seconds": round(time.perf_counter() - started, 1)}
