@@ -331,6 +331,12 @@ def strip_stops(ids: list[int], stops: list[int]) -> tuple[list[int], bool]:
 # -- helpers for the peers ---------------------------------------------------------------------------------
 
 
+def stamp(checkpoint: Path) -> str:
+    """What a converted GGUF was made from: each file of the checkpoint folder with its size and time."""
+    return json.dumps(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(checkpoint).iterdir()
+                             if f.is_file()))
+
+
 def run_logged(command: list, log: Path, what: str, env: Optional[dict] = None) -> None:
     """Run a setup step with its output in `log`, saying its latest line every half minute (a build takes ten);
     a failure raises PeerError with the log's last line."""
@@ -599,19 +605,19 @@ class LlamaCpp(PlainAndDflash):
                                 "import numpy, sentencepiece, transformers, torch", "llama.cpp converter")
 
     def gguf(self, pair: Pair) -> tuple[Path, Path]:
-        """The pair in GGUF at its precision, converted once (the draft with the target's tokenizer:
-        --target-model-dir)."""
+        """The pair in GGUF at its precision, converted again whenever its checkpoint changed (a retrained demo
+        pair: `stamp`), the draft with the target's tokenizer (--target-model-dir)."""
         folder = self.folder / "gguf" / pair.name
         target, draft = folder / "target.gguf", folder / "draft.gguf"
         folder.mkdir(parents=True, exist_ok=True)
         convert = [self.python, SCRIPTS / "convert_gguf.py", self.folder / "src"]
-        if not target.exists():
-            run_logged([*convert, pair.target, "--outtype", pair.gguf_type, "--outfile", target],
-                       LOGS / f"gguf-{pair.name}-target.log", f"llama.cpp: converting the {pair.name} target to GGUF")
-        if not draft.exists():
-            run_logged([*convert, pair.draft, "--outtype", pair.gguf_type, "--outfile", draft, "--target-model-dir",
-                        pair.target],
-                       LOGS / f"gguf-{pair.name}-draft.log", f"llama.cpp: converting the {pair.name} draft to GGUF")
+        for source, out, extra in ((pair.target, target, []), (pair.draft, draft, ["--target-model-dir", pair.target])):
+            mark = out.with_suffix(".source")
+            if out.exists() and mark.exists() and mark.read_text() == stamp(source):
+                continue
+            run_logged([*convert, source, "--outtype", pair.gguf_type, "--outfile", out, *extra],
+                       LOGS / f"gguf-{pair.name}-{out.stem}.log", f"llama.cpp: converting the {pair.name} {out.stem} to GGUF")
+            mark.write_text(stamp(source))
         return target, draft
 
     def server(self, pair: Pair, threads: int, speculative: bool) -> Server:
