@@ -17,7 +17,7 @@ pytest.importorskip("textual")
 pytest.importorskip("torch")
 
 from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
-from tests.tui_helpers import SIZE, every_theme_reads, make_app, ready, recorded_turn, send, session_lines, write_session  # noqa: E402 - after the importorskip above
+from tests.tui_helpers import SIZE, burst, every_theme_reads, make_app, ready, recorded_turn, send, session_lines, write_session  # noqa: E402 - after the importorskip above
 
 
 @pytest.fixture
@@ -532,15 +532,6 @@ def write_sessions(count: int) -> list[str]:
     return [s.id for s in sessions.list_sessions()]
 
 
-def burst(app, *keys: str) -> None:
-    """Keys queued at once, as a terminal delivers a fast burst (the pilot's press lets the app settle
-    between keys, which hid the defect)."""
-    from textual import events
-
-    for key in keys:
-        app.post_message(events.Key(key, key if len(key) == 1 else None))
-
-
 @pytest.mark.asyncio
 async def test_the_session_picker_sorts_by_last_use_marks_the_open_one_and_searches(profile, engine, data_dir):
     """Issue 32 (build 6): the picker by last use, the open session marked, a search across sessions."""
@@ -629,7 +620,7 @@ async def test_r_in_the_session_picker_renames_the_row_and_its_file(profile, eng
         assert "Not renamed." in str(picker.query_one("#sessions-status").render())
         await pilot.press("r")
         await waiting.until(pilot, lambda: isinstance(app.screen, RenameScreen))
-        await pilot.press("ctrl+u", *"Fruit talk", "enter")
+        burst(app, "ctrl+u", *"Fruit talk", "enter")  # at once: ctrl+u cleared the title typed behind it (issue 46)
         await waiting.until(pilot, lambda: app.screen is picker and str(table.get_row_at(0)[4]) == "Fruit talk")
         assert picker._selected() == ids[1]  # the renamed row, now the last used, keeps the cursor
         assert "Session renamed 'Fruit talk'." in str(picker.query_one("#sessions-status").render())

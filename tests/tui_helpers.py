@@ -41,6 +41,16 @@ async def steady_cursor(pilot, selector: str = "#prompt"):
     await pilot.pause()
 
 
+def burst(app, *keys: str) -> None:
+    """Keys queued at once, as a terminal delivers a fast burst (the pilot's press lets the app settle
+    between keys, which hid the defects: a binding ran after the text typed behind it)."""
+    from textual import events
+    from textual.keys import _character_to_key
+
+    for key in keys:  # a character stands for its key ("/" is slash), as the pilot's press reads it
+        app.post_message(events.Key(_character_to_key(key), key) if len(key) == 1 else events.Key(key, None))
+
+
 async def send(pilot, text):
     """Type `text`, press enter, wait for the turn to end; returns its `ActiveTurn`."""
     app = pilot.app

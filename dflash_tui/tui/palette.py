@@ -12,11 +12,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional
 
 from textual import on
-from textual.command import CommandList, CommandPalette, DiscoveryHit, Hit, Hits, Provider
+from textual.app import ComposeResult
+from textual.command import CommandInput, CommandList, CommandPalette, DiscoveryHit, Hit, Hits, Provider
 from textual.widgets import Input
 
 from dflash_tui.core.knobs import KNOBS, parse_setting
 from dflash_tui.engines.errors import UserError
+from dflash_tui.tui.widgets.keys import PaletteInput
 
 if TYPE_CHECKING:
     from dflash_tui.tui.app import DflashApp
@@ -58,9 +60,15 @@ class SettingCommands(Provider):
 
 
 class SettingsPalette(CommandPalette):
-    """Textual's palette; enter on a typed setting applies it and closes, unless an option was picked with ↑/↓."""
+    """Textual's palette; enter on a typed setting applies it and closes, unless an option was picked with ↑/↓.
+    Its query box keeps a burst of keys in order (widgets/keys.py)."""
 
     app: "DflashApp"
+
+    def compose(self) -> ComposeResult:
+        for widget in super().compose():  # the palette's own layout, its query box swapped where it stands
+            yield PaletteInput(placeholder=widget.placeholder, select_on_focus=False) \
+                if isinstance(widget, CommandInput) else widget
 
     @on(Input.Submitted)
     def _apply_typed(self, event: Input.Submitted) -> None:

@@ -44,6 +44,7 @@ from dflash_tui.tui.screens.sessions import RenameScreen, SessionsScreen
 from dflash_tui.tui.widgets import AnswerView, ChatHeader, NoticeLine, PromptInput, StatsLine, StatsPanel, UserMessage
 from dflash_tui.tui.widgets.answer import Welcome, recorded_segments, recorded_think_tokens
 from dflash_tui.tui.widgets.header import temperature_text
+from dflash_tui.tui.widgets.keys import TextInput
 from dflash_tui.tui.widgets.stats import StatsData
 
 if TYPE_CHECKING:
@@ -498,7 +499,7 @@ class ChatScreen(Screen):
             find.remove_class("-open")
         elif self.active is None:
             self.mark(None)
-        self._prompt.focus()
+        self.set_focus(self._prompt)  # at once: the keys behind escape in a burst go to the message box
 
     # -- marking, finding and copying any message -------------------------------------------------
     def messages(self) -> list[UserMessage | AnswerView]:
@@ -524,7 +525,7 @@ class ChatScreen(Screen):
     def action_find(self) -> None:
         find = self.query_one("#find", FindInput)
         find.add_class("-open")
-        find.focus()
+        self.set_focus(find)  # at once, not after the keys already queued: those behind ctrl+f are the search
 
     def on_input_changed(self, event) -> None:
         if event.input.id == "find":
@@ -767,7 +768,7 @@ def message_text(widget) -> str:
     return widget.text if isinstance(widget, UserMessage) else widget.raw
 
 
-class FindInput(Input):
+class FindInput(TextInput):
     """The find bar (ctrl+f): enter or up marks the message before, down the one after."""
 
     BINDINGS = [Binding("up", "step(-1)", show=False), Binding("down", "step(1)", show=False)]

@@ -36,6 +36,7 @@ from dflash_tui.measure import replay
 from dflash_tui.measure.report import repeats_note
 from dflash_tui.measure.runs import check_repeats
 from dflash_tui.tui.widgets.answer import origin_styles, theme_background
+from dflash_tui.tui.widgets.keys import TextInput
 
 if TYPE_CHECKING:
     from dflash_tui.engines.engine import EngineLike
@@ -89,12 +90,12 @@ class ReplayScreen(ModalScreen):
             yield Static("replay · re-run every turn of a session at several block sizes", classes="modal-title")
             with Horizontal(id="replay-controls"):
                 yield Static("session")
-                yield Input(self.session_id or self._newest() or "", placeholder="session id", id="replay-session")
+                yield TextInput(self.session_id or self._newest() or "", placeholder="session id", id="replay-session")
                 yield Static("blocks")
-                yield Input(",".join(str(b) for b in replay.DEFAULT_BLOCK_SIZES), id="replay-blocks",
+                yield TextInput(",".join(str(b) for b in replay.DEFAULT_BLOCK_SIZES), id="replay-blocks",
                             placeholder="1,2,4,8,16", select_on_focus=False)  # a selection is 2:1 on some themes
                 yield Static("runs")
-                yield Input(str(replay.DEFAULT_REPEATS), id="replay-repeats", type="integer")
+                yield TextInput(str(replay.DEFAULT_REPEATS), id="replay-repeats", type="integer")
                 yield Button("run", id="replay-run", variant="primary")
             with Horizontal(id="replay-progress-row"):
                 yield ProgressBar(id="replay-progress", show_eta=False)

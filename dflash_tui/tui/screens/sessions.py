@@ -18,6 +18,7 @@ from dflash_tui.core import sessions
 from dflash_tui.core.terminal import counted, one_line, printable
 from dflash_tui.engines import files
 from dflash_tui.engines.errors import UserError
+from dflash_tui.tui.widgets.keys import TextInput
 
 if TYPE_CHECKING:
     from dflash_tui.tui.app import DflashApp
@@ -62,7 +63,7 @@ class RenameScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="rename-box"):
             yield Static("rename session", classes="modal-title")
-            yield Input(self.title_text, max_length=sessions.TITLE_MAX, id="rename-title", compact=True)
+            yield TextInput(self.title_text, max_length=sessions.TITLE_MAX, id="rename-title", compact=True)
             yield Static("enter saves (empty: the first prompt) · escape cancels", classes="modal-hint")
 
     def on_mount(self) -> None:
@@ -102,7 +103,7 @@ class SessionsScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="sessions-box"):
             yield Static("sessions · last used first · ● open here", classes="modal-title")
-            yield Input(placeholder="/ search the prompts and answers of every session", id="sessions-search",
+            yield TextInput(placeholder="/ search the prompts and answers of every session", id="sessions-search",
                         compact=True)
             yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="sessions-status", markup=False)  # titles and errors are text, not markup

@@ -8,6 +8,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static, TextArea
 
+from dflash_tui.tui.widgets.keys import TextBox
+
 
 class SystemPromptScreen(ModalScreen[str | None]):
     BINDINGS = [Binding("ctrl+s", "save", "save", priority=True), Binding("escape", "cancel", "cancel")]
@@ -19,7 +21,7 @@ class SystemPromptScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="system-box"):
             yield Static("system prompt", classes="modal-title")
-            yield TextArea(self.text, id="system-text", soft_wrap=True)
+            yield TextBox(self.text, id="system-text", soft_wrap=True)
             yield Static("ctrl+s saves (applies from the next turn) · escape cancels", classes="modal-hint")
 
     def on_mount(self) -> None:

@@ -1,6 +1,7 @@
 """The message box: enter sends, ctrl+j (or shift+enter where reported) inserts a newline, up on the
 first line recalls earlier prompts, down walks back. ctrl+a, ctrl+e, ctrl+k and ctrl+u act as readline's
-on the logical line (not the wrapped row on screen): a long prompt clears with one ctrl+a ctrl+k."""
+on the logical line (not the wrapped row on screen): a long prompt clears with one ctrl+a ctrl+k. Keys of
+a burst act in the order typed (widgets/keys.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
 
+from dflash_tui.tui.widgets.keys import InTurn
+
 NEWLINE_KEYS = ("ctrl+j", "shift+enter")
 
 
-class PromptInput(TextArea):
+class PromptInput(InTurn, TextArea):
     BINDINGS = [
         Binding("ctrl+a", "line_start", "line start", show=False),
         Binding("ctrl+e", "line_end", "line end", show=False),
