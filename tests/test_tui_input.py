@@ -1,6 +1,7 @@
 """Input you can trust (issue 46): keys that arrive in one burst act in the order typed in every box (the
-message box, the find bar, the palette; the rename box is in test_tui_chat.py). Bursts are queued as one
-batch of events (`burst`), as a terminal delivers fast typing on a busy machine."""
+message box, the find bar, the palette; the rename box is in test_tui_chat.py), ctrl+c clears a message of
+any length (ctrl+z brings it back), and ctrl+x waits for ctrl+e without eating other keys. Bursts are
+queued as one batch of events (`burst`), as a terminal delivers fast typing on a busy machine."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ async def test_a_burst_of_keys_acts_in_the_order_typed_in_every_box(profile, eng
         await waiting.until(pilot, lambda: prompt.text == "world", 60)
         burst(app, "ctrl+u", *"abc def", "ctrl+a", "X", "ctrl+e", *"!!", "backspace", "left", "-")
         await waiting.until(pilot, lambda: prompt.text == "Xabc def-!", 60)
+        burst(app, "ctrl+x", "a")  # ctrl+x waits for ctrl+e; any other key still acts
+        await waiting.until(pilot, lambda: prompt.text == "Xabc def-a!", 60)
         # ctrl+f and escape move the focus at once: the keys behind each go to the box it gives the focus to
         burst(app, "ctrl+u", "ctrl+k", "ctrl+f", *"abc", "backspace", "escape", *"typed on")
         find = app.screen.query_one("#find")
@@ -40,3 +43,21 @@ async def test_a_burst_of_keys_acts_in_the_order_typed_in_every_box(profile, eng
         await pilot.press("enter")
         await waiting.until(pilot, lambda: app.ghosts)
 
+
+@pytest.mark.asyncio
+async def test_ctrl_c_clears_a_message_of_many_lines_and_ctrl_z_brings_it_back(profile, engine, data_dir):
+    """The clear-all: ctrl+c empties the box, in its turn after the keys typed before it; with the box empty
+    it says how to quit, as before."""
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        prompt = app.screen.query_one("#prompt")
+        prompt.load_text("first line\nsecond line\nthird")
+        prompt.move_cursor(prompt.document.end)
+        burst(app, *" and more", "ctrl+c", *"fresh")
+        await waiting.until(pilot, lambda: prompt.text == "fresh", 60)
+        burst(app, "ctrl+z", "ctrl+z")  # "fresh" taken back, then the clear
+        await waiting.until(pilot, lambda: prompt.text == "first line\nsecond line\nthird and more", 60)
+        prompt.load_text("")
+        await pilot.press("ctrl+c")
+        await waiting.until(pilot, lambda: any("to quit" in str(n.message) for n in app._notifications))

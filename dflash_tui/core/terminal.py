@@ -13,9 +13,11 @@ import sys
 from contextlib import contextmanager
 from typing import Optional
 
+from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.text import BIDI, one_line, printable
 
-__all__ = ["color_enabled", "color_forced", "is_terminal", "json_text", "one_line", "printable", "typing_hidden"]
+__all__ = ["color_enabled", "color_forced", "edit_in_editor", "is_terminal", "json_text", "one_line", "printable",
+           "typing_hidden"]
 
 
 def counted(n: int, noun: str) -> str:
@@ -84,3 +86,30 @@ def typing_hidden(stream=None):
         yield
     finally:
         termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def edit_in_editor(text: str) -> str:
+    """`text` as the user leaves it in $VISUAL or $EDITOR (else vi), the hand-off of a shell's ctrl+x ctrl+e:
+    written to a new file only the user may read (mkstemp: 0600, never an existing name), the editor run on it
+    in this terminal, the file read back (the trailing newlines an editor adds dropped) and removed. UserError
+    when no editor runs, or it exits with an error status (vim's :cq): the text is then left as it was."""
+    import shlex
+    import subprocess
+    import tempfile
+
+    command = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+    fd, path = tempfile.mkstemp(prefix="dflash-message-", suffix=".txt")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
+            fh.write(text)
+        try:
+            status = subprocess.run([*shlex.split(command), path]).returncode
+        except (OSError, ValueError) as exc:  # not installed; unbalanced quotes in the variable
+            raise UserError(printable(f"Cannot run the editor {command!r} ({getattr(exc, 'strerror', None) or exc}); "
+                                      "set $EDITOR to one that is installed.")) from None
+        if status:
+            raise UserError(f"The editor exited with status {status}; the message is as it was.")
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().rstrip("\n")
+    finally:
+        os.unlink(path)

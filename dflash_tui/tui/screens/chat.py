@@ -550,15 +550,25 @@ class ChatScreen(Screen):
         self.toast("find", f"{found.index(target) + 1} of {len(found)} messages hold {find.value!r}.")
 
     def action_interrupt(self) -> None:
-        """ctrl+c: stop a running answer; otherwise copy the message box's selection, or say how to quit."""
+        """ctrl+c: stop a running answer; otherwise, in the message box, copy its selection or clear it all (as a
+        shell drops the line it holds), else say how to quit. The box acts in its own turn, after the keys
+        typed before ctrl+c (widgets/keys.py); a priority key runs as soon as it arrives."""
         if self.active is not None:
             self.active.cancel()
             return
+        if self.focused is self._prompt:
+            self._prompt.call_later(self._interrupt_prompt)
+        else:
+            self.app.action_help_quit()
+
+    def _interrupt_prompt(self) -> None:
         prompt = self._prompt
-        if self.focused is prompt and prompt.selected_text:
+        if prompt.selected_text:
             prompt.action_copy()
-            return
-        self.app.action_help_quit()
+        elif prompt.clear_all():
+            self.toast("clear", "Message cleared; ctrl+z brings it back.", timeout=4)
+        else:
+            self.app.action_help_quit()
 
     def action_scroll_chat(self, how: str) -> None:
         getattr(self._view, f"scroll_{how}")(animate=False)

@@ -25,7 +25,9 @@ KEY_HELP = [
     ("ctrl+k / ctrl+u", "delete to the end / start of the line (readline; ctrl+w a word)"),
     ("f7", "next block size (1, 2, 4, 8, 16, the profile's)"),
     ("escape", "stop the answer (it stays, marked cancelled); back to the message box"),
-    ("ctrl+c", "stop the answer; with nothing running, copy the selection or say how to quit"),
+    ("ctrl+c", "stop the answer; with nothing running, copy the selection, else clear the whole message "
+               "(ctrl+z brings it back), or with the box empty say how to quit"),
+    ("ctrl+x ctrl+e", "edit the message in $VISUAL or $EDITOR, as shells do (ctrl+x alone cuts a selection)"),
     ("pageup / pagedown", "scroll the conversation, from the message box too"),
     ("ctrl+home / ctrl+end", "the conversation's top / end"),
     ("tab", "message box ⇄ conversation; typing in the conversation goes to the message box"),
