@@ -628,6 +628,51 @@ async def test_r_in_the_session_picker_renames_the_row_and_its_file(profile, eng
 
 
 @pytest.mark.asyncio
+async def test_the_pickers_export_asks_for_the_file_and_writes_it_private(profile, engine, data_dir, tmp_path):
+    """Issue 46: the picker's exports were 644 in a 755 folder, with no choice of file name. e (Markdown) and
+    j (JSON) offer the exports folder's file, to keep or change; each is written as `sessions export -o` writes:
+    0600, fresh (a link in its place replaced, what it pointed at untouched), the exports folder 0700."""
+    import os
+    import stat
+
+    from dflash_tui.tui.screens import SessionsScreen
+    from dflash_tui.tui.screens.sessions import LineScreen
+
+    (chosen,) = write_sessions(1)
+    exports = data_dir / "exports"
+    exports.mkdir(mode=0o755)
+    os.chmod(exports, 0o755)  # as an earlier dflash left it
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own")
+    (exports / f"{chosen}.md").symlink_to(victim)
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+o")
+        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen))
+        picker = app.screen
+        status = picker.query_one("#sessions-status")
+        await pilot.press("e")
+        await waiting.until(pilot, lambda: isinstance(app.screen, LineScreen))
+        assert app.screen.query_one("Input").value == str(exports / f"{chosen}.md")
+        await pilot.press("enter")
+        await waiting.until(pilot, lambda: "Exported to" in str(status.render()))
+        mine = tmp_path / "mine.json"
+        await pilot.press("j")
+        await waiting.until(pilot, lambda: isinstance(app.screen, LineScreen))
+        burst(app, "ctrl+u", *str(mine), "enter")
+        await waiting.until(pilot, lambda: f"Exported to {mine}" in str(status.render()))
+        await pilot.press("e")
+        await waiting.until(pilot, lambda: isinstance(app.screen, LineScreen))
+        await pilot.press("escape")
+        await waiting.until(pilot, lambda: "Not exported." in str(status.render()))
+    written = exports / f"{chosen}.md"
+    assert not written.is_symlink() and "question 0" in written.read_text() and victim.read_text() == "the user's own"
+    assert json.loads(mine.read_text())["id"] == chosen
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (written, mine, exports)] == [0o600, 0o600, 0o700]
+
+
+@pytest.mark.asyncio
 async def test_the_palette_and_the_picker_rename_the_open_session_through_its_writer(profile, engine, data_dir):
     from dflash_tui.core import sessions
     from dflash_tui.tui.screens import SessionsScreen

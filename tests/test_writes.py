@@ -172,22 +172,6 @@ def test_an_export_streams_to_a_fifo_with_a_reader_and_refuses_one_without(data_
     assert not any(name.startswith(".stdout") for name in os.listdir("/dev"))  # no temporary file beside it
 
 
-def test_the_pickers_export_is_private_and_replaces_a_link(data_dir, victim):
-    """The sessions picker's export (e / j): mode 0600 like every export, a link in its place replaced."""
-    from dflash_tui.tui.screens.sessions import SessionsScreen
-
-    recorded()
-    out = sessions.data_dir() / "exports" / "20260101-120000-abcd.md"
-    plant(out, "symlink", victim)
-    screen = SessionsScreen.__new__(SessionsScreen)
-    shown: list[str] = []
-    screen._selected = lambda: "20260101-120000-abcd"  # type: ignore[method-assign]
-    screen.query_one = lambda *a: type("S", (), {"update": lambda self, text: shown.append(text)})()  # type: ignore
-    screen._export("md")
-    untouched(victim)
-    assert shown == [f"Exported to {out}"] and stat.S_IMODE(out.lstat().st_mode) == 0o600
-
-
 @pytest.mark.parametrize("output", ["/dev/full", "fifo", "session", "session-link"])
 def test_bench_refuses_a_device_a_fifo_or_a_session_before_the_run(data_dir, tmp_path, output):
     """Refused before anything loads: the profile named here does not even exist."""

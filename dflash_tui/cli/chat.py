@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -194,7 +193,7 @@ def sessions_rename(session_id: str, title: tuple[str, ...]) -> None:
 
 @sessions_group.command("export")
 @click.argument("session_id", metavar="ID", shell_complete=complete.session_ids)
-@click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(store.EXPORT_FORMATS), default="md", show_default=True)
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write here (mode 0600) instead of stdout.")
 def sessions_export(session_id: str, fmt: str, output: Optional[str]) -> None:
     """Export a session as Markdown or JSON."""
@@ -202,9 +201,7 @@ def sessions_export(session_id: str, fmt: str, output: Optional[str]) -> None:
     for warning in session.warnings:
         click.echo(printable(f"warning: {warning}"), err=True)
     if output:  # the file gets the session as recorded
-        text = store.to_markdown(session) if fmt == "md" else json.dumps(store.to_json(session), indent=2,
-                                                                          ensure_ascii=False)
-        store.write_export(Path(output), text + "\n")
+        store.export_session(session, fmt, Path(output))
         click.echo(printable(f"Wrote {output}."), err=True)
     else:  # standard output may be a terminal, or a pipe into one: escaped (JSON with \u escapes, still exact)
         click.echo(printable(store.to_markdown(session)) if fmt == "md" else json_text(store.to_json(session), indent=2))

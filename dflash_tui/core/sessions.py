@@ -903,6 +903,48 @@ def delete_session(session: Session) -> list[Path]:
 
 # -- export ----------------------------------------------------------------------------------------
 
+EXPORT_FORMATS = ("md", "json")
+
+
+def exports_dir() -> Path:
+    """Where an export goes unless the user names a file: the data folder's `exports`."""
+    return data_dir() / "exports"
+
+
+def default_export(session_id: str, fmt: str) -> Path:
+    """The file an export of `session_id` goes to unless the user names one."""
+    return exports_dir() / f"{session_id}.{fmt}"
+
+
+def _private_exports() -> None:
+    """The exports folder made, mode 0700; one an earlier dflash made with the umask's mode (0755) is
+    tightened, as it holds conversations."""
+    folder = exports_dir()
+    try:
+        private_dir(folder)
+        st = os.lstat(folder)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) != 0o700:
+            os.chmod(folder, 0o700)
+    except OSError as exc:
+        raise UserError(printable(f"Cannot make the exports folder {folder} ({exc.strerror}); name a file in a "
+                                  "folder you can write.")) from None
+
+
+def export_text(session: Session, fmt: str) -> str:
+    """What an export file holds: the session as Markdown, or as JSON (text kept as it is, not escaped)."""
+    text = to_markdown(session) if fmt == "md" else json.dumps(to_json(session), indent=2, ensure_ascii=False)
+    return text + "\n"
+
+
+def export_session(session: Session, fmt: str, output: Optional[Path] = None) -> Path:
+    """Write `session` as `fmt` to `output` (default: `default_export`) through `write_export`; the path
+    written. A refusal (a folder that is missing, a session file, a FIFO nothing reads) is a UserError."""
+    path = default_export(session.id, fmt) if output is None else Path(output).expanduser()
+    if path.parent == exports_dir():
+        _private_exports()
+    write_export(path, export_text(session, fmt))
+    return path
+
 
 def write_export(output: Path, text: str) -> None:
     """Write an export for the user (mode 0600: it holds the conversation), never over a session file

@@ -1,10 +1,10 @@
-"""The sessions browser: resume, rename, delete (after a confirmation; never the chat open here), export. Sessions
-are listed by last use (the last turn written), the one open here marked ●; `/` searches every session's
-prompts and answers."""
+"""The sessions browser: resume, rename, delete (after a confirmation; never the chat open here), export (to the
+file it offers, or one you name: mode 0600, as `sessions export -o` writes). Sessions are listed by last use
+(the last turn written), the one open here marked ●; `/` searches every session's prompts and answers."""
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -16,7 +16,6 @@ from textual.widgets import DataTable, Input, Static
 
 from dflash_tui.core import sessions
 from dflash_tui.core.terminal import counted, one_line, printable
-from dflash_tui.engines import files
 from dflash_tui.engines.errors import UserError
 from dflash_tui.tui.widgets.keys import TextInput
 
@@ -47,24 +46,24 @@ class ConfirmDeleteScreen(ModalScreen[bool]):
         self.dismiss(delete)
 
 
-class RenameScreen(ModalScreen[str | None]):
-    """A session's title, filled in to edit: enter saves it (empty: back to the first prompt), escape keeps it."""
+class LineScreen(ModalScreen[str | None]):
+    """One line to fill in, in a box over the screen: enter gives it, escape gives None."""
 
     DEFAULT_CSS = """
-    RenameScreen { align: center middle; }
-    #rename-box { width: 70%; max-width: 90; height: auto; border: round $accent; background: $surface; padding: 1 2; }
+    LineScreen { align: center middle; }
+    #line-box { width: 70%; max-width: 90; height: auto; border: round $accent; background: $surface; padding: 1 2; }
     """
     BINDINGS = [Binding("escape", "cancel", "cancel")]
 
-    def __init__(self, title: str) -> None:
+    def __init__(self, heading: str, value: str, hint: str, max_length: int = 0) -> None:
         super().__init__()
-        self.title_text = title
+        self.heading, self.value, self.hint, self.max_length = heading, value, hint, max_length
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="rename-box"):
-            yield Static("rename session", classes="modal-title")
-            yield TextInput(self.title_text, max_length=sessions.TITLE_MAX, id="rename-title", compact=True)
-            yield Static("enter saves (empty: the first prompt) · escape cancels", classes="modal-hint")
+        with Vertical(id="line-box"):
+            yield Static(self.heading, classes="modal-title", markup=False)
+            yield TextInput(self.value, max_length=self.max_length, id="line-value", compact=True)
+            yield Static(self.hint, classes="modal-hint", markup=False)
 
     def on_mount(self) -> None:
         self.query_one(Input).focus()
@@ -75,6 +74,14 @@ class RenameScreen(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class RenameScreen(LineScreen):
+    """A session's title, filled in to edit: enter saves it (empty: back to the first prompt), escape keeps it."""
+
+    def __init__(self, title: str) -> None:
+        super().__init__("rename session", title, "enter saves (empty: the first prompt) · escape cancels",
+                         sessions.TITLE_MAX)
 
 
 class SessionsScreen(ModalScreen[str | None]):
@@ -242,19 +249,27 @@ class SessionsScreen(ModalScreen[str | None]):
         self.app.push_screen(ConfirmDeleteScreen(what), answered)
 
     def _export(self, fmt: str) -> None:
+        """Ask for the file, the exports folder's offered; write it through the one export writer (mode 0600)."""
         chosen = self._selected()
         if not chosen:
             return
-        session = sessions.load_session(chosen)
-        path = sessions.private_dir(sessions.data_dir() / "exports") / f"{chosen}.{fmt}"
-        text = sessions.to_markdown(session) if fmt == "md" else json.dumps(sessions.to_json(session), indent=2)
         status = self.query_one("#sessions-status", Static)
-        try:  # mode 0600 like every export: it holds the conversation; a link in its place is replaced, not followed
-            files.write_file(path, text.encode("utf-8"), mode=0o600)
-        except OSError as exc:
-            status.update(printable(f"Cannot export to {path} ({exc.strerror or type(exc).__name__})."))
-            return
-        status.update(f"Exported to {path}")
+
+        def answered(name: str | None) -> None:
+            if not name or not name.strip():
+                status.update("Not exported.")
+                return
+            try:
+                path = sessions.export_session(sessions.load_session(chosen), fmt, Path(name.strip()))
+            except UserError as exc:
+                status.update(str(exc))
+                return
+            status.update(printable(f"Exported to {path}"))
+
+        what = "Markdown" if fmt == "md" else "JSON"
+        self.app.push_screen(LineScreen(f"export {chosen} as {what}", str(sessions.default_export(chosen, fmt)),
+                                        "enter writes it (mode 0600; the folder must exist) · escape cancels"),
+                             answered)
 
     def action_export(self) -> None:
         self._export("md")
