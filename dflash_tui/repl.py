@@ -1,8 +1,10 @@
 """`dflash chat --plain`: a prompt-toolkit REPL for SSH sessions and small terminals.
 
-Same engines, same conversation controller, same sessions as the TUI. Interactive: a history file in
-the data dir, enter sends, ctrl+j (or escape enter) adds a line, ctrl+t toggles thinking, ctrl+c stops
-an answer. With stdin not a terminal it reads one prompt per line and prints each answer (scriptable).
+Same engines, same conversation controller, same sessions as the TUI, and its commands (the sampling
+settings, sessions, export, copy). Interactive: a history file in the data dir, enter sends, ctrl+j (or escape enter)
+adds a line, ctrl+t toggles thinking, ctrl+x ctrl+e edits the line in $EDITOR, ctrl+c stops an answer,
+clears a line, and twice at an empty prompt quits; keys typed while an answer streams reach the next prompt
+as typed. With stdin not a terminal it reads one prompt per line and prints each answer (scriptable).
 Streaming text is coloured by origin unless NO_COLOR is set or stdout is not a terminal.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Optional, TextIO
 
 from dflash_tui.core import sessions
@@ -26,8 +29,9 @@ from dflash_tui.core.conversation import (
     running_draft_kind,
 )
 from dflash_tui.core.figures import UNKNOWN, draft_text, fixed, known
+from dflash_tui.core.knobs import KNOB, Setting, parse_setting
 from dflash_tui.core.settings import loading_line, profile_for
-from dflash_tui.core.terminal import color_enabled, counted, printable, typing_hidden
+from dflash_tui.core.terminal import clipboard, color_enabled, counted, edit_in_editor, is_terminal, printable, typing_hidden
 from dflash_tui.engines import files, load_engine
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.process import quiet_loaders
@@ -37,19 +41,29 @@ ANSI = {"draft": "\033[1;32m", "target": "\033[36m", "ghost": "\033[2;9;31m", "d
 HELP = """commands:
   /thinking [on|off]  thinking for the next turns (also ctrl+t; gpt-oss: /thinking [low|medium|high], its effort)
   /block N            block size (1 = plain decoding)
+  /temperature T      sampling from the next turn, checked as the palette checks it; also /top_p, /top_k,
+                      /min_p, /max_new_tokens, /seed (default: the model's; alone: the value in use)
   /ghosts             show rejected draft tokens
   /stats              the last turn's figures (speedup: measured against a timed block-1 step, – until then)
   /continue           go on with the last answer where it was stopped (a stopped answer is not sent as history)
+  /copy               copy the last answer, its thinking left out (through the terminal: OSC 52)
   /system TEXT        set the system prompt (/system alone clears it)
   /rename TEXT        give this session a title (/rename alone clears it: the first prompt shows)
+  /sessions [ID]      saved sessions, last used first (● this one); with an id, or its start, resume that one
+  /export [md|json] [FILE]
+                      write this session (mode 0600); no FILE: the exports folder, as the sessions picker does
   /new                start a new session
-  /quit               leave (also ctrl+d)"""
+  /quit               leave (also ctrl+d, or ctrl+c twice)
+keys: ctrl+t thinking · ctrl+j new line · ctrl+x ctrl+e the line in $EDITOR · ctrl+c clears the line"""
+SHOWN_TURNS = 3  # of a resumed session, shown before its prompt
+SETTINGS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "seed")  # /block has its own; a draft reloads
 
 
 class Repl:
     def __init__(self, conversation: Conversation, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-                 colour: Optional[bool] = None):
+                 colour: Optional[bool] = None, flags: Optional[ChatFlags] = None):
         self.conv = conversation
+        self.flags = flags or ChatFlags()  # the command line's: they win over what a resumed session recorded
         self.out, self.err = out, err
         self.colour = color_enabled(out) if colour is None else colour
         self.ghosts = False
@@ -103,6 +117,8 @@ class Repl:
                 self.info("usage: /block N (1 = plain decoding)")
             except UserError as exc:
                 self.info(str(exc))
+        elif name in SETTINGS:
+            self.set_value(name, arg)
         elif name == "ghosts":
             self.ghosts = not self.ghosts
             self.info(f"ghosts {'on' if self.ghosts else 'off'}")
@@ -123,6 +139,12 @@ class Repl:
                 self.info(sessions.renamed(sessions.rename_open(self.conv.writer, arg)))
             except UserError as exc:
                 self.info(str(exc))
+        elif name == "copy":
+            self.copy()
+        elif name == "sessions":
+            self.sessions(arg)
+        elif name == "export":
+            self.export(arg)
         elif name == "new":
             self.conv.new_session()
             self.info("new session")
@@ -130,6 +152,99 @@ class Repl:
             self.info(HELP)
         else:
             self.info(f"unknown command /{name}; /help lists them")
+
+    def set_value(self, name: str, arg: str) -> None:
+        """/temperature 0.7, /top_k 20, …: read and checked as the palette reads a typed setting (core/knobs.py);
+        alone, the value in use."""
+        if not arg:
+            self.info(f"{Setting(KNOB[name], getattr(self.conv.settings, name))} now; /{KNOB[name].example} sets it")
+            return
+        try:
+            setting = parse_setting(f"{name} {arg}")
+        except UserError as exc:
+            self.info(str(exc))
+            return
+        assert setting is not None  # the name is a knob's and a value follows it
+        self.conv.apply_setting(setting)
+        self.info(f"From the next turn: {setting}.")
+
+    def copy(self) -> None:
+        """The last answer without its thinking, as the TUI's f3 copies it, to the terminal's clipboard."""
+        turn = self.conv.turns[-1] if self.conv.turns else None
+        if turn is None:
+            self.info("There is no answer to copy yet.")
+            return
+        if not is_terminal(self.out):
+            self.info("/copy asks the terminal for its clipboard; the output here is not a terminal.")
+            return
+        _, _, start = self.conv.format.layout(turn.answer, bool(turn.thinking))
+        text = turn.answer[start:]
+        self.out.write(clipboard(text))
+        self.out.flush()
+        self.info(f"Copied the answer ({len(text)} characters).")
+
+    def sessions(self, arg: str) -> None:
+        """No id: the saved sessions as the picker orders them; an id: resume that one, as the picker's enter."""
+        if not arg:
+            found = sessions.by_last_use(sessions.list_sessions())
+            self.info("\n".join(sessions.listing(found, self.conv.session_id)) if found else "No sessions yet.")
+            return
+        try:
+            session = sessions.load_session(arg)
+        except UserError as exc:
+            self.info(str(exc))
+            return
+        if session.id == self.conv.session_id:
+            self.info(f"Session {session.id} is the one open here.")
+            return
+        try:  # open in another dflash: one sentence, the chat here stays
+            self.resume(session, show=True)
+        except UserError as exc:
+            self.info(str(exc))
+
+    def resume(self, session: sessions.Session, show: bool) -> None:
+        """Continue `session` here (the command-line flags still win over what it recorded); `show`: print its
+        last turns, as a terminal shows what it continues (not into a script's output). UserError: refused
+        (open in another dflash), nothing changed."""
+        for warning in session.warnings:
+            self.info(warning)
+        resume(self.conv, session, self.flags)
+        self.info(f"resumed session {session.id} ({counted(len(session.turns), 'turn')})")
+        if show:
+            self.show_turns()
+
+    def show_turns(self) -> None:
+        """The chat's last turns, its thinking dim as it streamed; their origins are not kept in colour."""
+        shown = self.conv.turns[-SHOWN_TURNS:]
+        if len(self.conv.turns) > len(shown):
+            self.info(f"… {counted(len(self.conv.turns) - len(shown), 'earlier turn')} "
+                      f"(dflash sessions show {self.conv.session_id})")
+        for turn in shown:
+            if turn.continues is None:
+                self.out.write(f"{self.paint('you>', 'dim')} {printable(turn.user)}\n")
+            start, end, _ = self.conv.format.layout(turn.answer, bool(turn.thinking))
+            self.out.write(self.paint(turn.answer[:end], "think") + self.paint(turn.answer[end:], "answer")
+                           if start < end else self.paint(turn.answer, "answer"))
+            self.out.write("\n")
+        self.out.flush()
+
+    def export(self, arg: str) -> None:
+        """/export [md|json] [FILE]: the session as saved, through the one export writer (mode 0600); without a
+        format a FILE ending in .json is JSON."""
+        fmt, _, rest = arg.partition(" ")
+        if fmt not in sessions.EXPORT_FORMATS:
+            fmt, rest = ("json" if arg.endswith(".json") else "md"), arg
+        rest = rest.strip()
+        if self.conv.writer is None:
+            self.info("There is no session to export yet: it is saved with the first answer.")
+            return
+        try:
+            path = sessions.export_session(sessions.load_session(self.conv.session_id), fmt,
+                                           Path(rest) if rest else None)
+        except UserError as exc:
+            self.info(str(exc))
+            return
+        self.info(printable(f"Exported to {path}"))
 
     def stats_text(self) -> str:
         turn = self.conv.turns[-1] if self.conv.turns else None
@@ -167,10 +282,18 @@ class Repl:
         self.run_turn(active)
 
     def run_turn(self, active: ActiveTurn) -> None:
-        """Stream a turn (a new one, or a stopped one continued), then time block 1 while the prompt waits."""
+        """Stream a turn (a new one, or a stopped one continued), then time block 1 while the prompt waits.
+        ctrl+c stops the answer, and does nothing while block 1 is timed after it."""
         previous = None
         if threading_main():
             previous = signal.signal(signal.SIGINT, lambda *_: active.cancel())
+        try:
+            self._stream(active)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    def _stream(self, active: ActiveTurn) -> None:
         raw = active.earlier  # a continuation's text so far is on screen already: it only sets the thinking layout
         thinking = active.request.thinking
         try:
@@ -188,9 +311,6 @@ class Repl:
         except UserError as exc:
             self.failed = True
             self.info(str(exc))
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
         self.out.write("\n")
         self.out.flush()
         turn = active.turn
@@ -255,10 +375,13 @@ class Repl:
 
     def run_interactive(self) -> None:
         from prompt_toolkit import PromptSession
+        from prompt_toolkit.application import get_app, run_in_terminal
+        from prompt_toolkit.filters import Condition
         from prompt_toolkit.key_binding import KeyBindings
 
         history = self.history(sessions.private_dir(sessions.data_dir()) / "repl_history")
         kb = KeyBindings()
+        cleared = False  # the last ctrl+c dropped a line (the next one at an empty prompt only warns)
 
         @kb.add("c-t")
         def _(event):
@@ -272,6 +395,32 @@ class Repl:
         def _(event):
             event.current_buffer.insert_text("\n")
 
+        @kb.add("c-c")
+        def _(event):  # as a shell: a line is dropped; at an empty prompt the loop warns, then quits
+            nonlocal cleared
+            cleared = bool(event.current_buffer.text)
+            event.app.exit(exception=KeyboardInterrupt())
+
+        @kb.add("c-d", filter=Condition(lambda: bool(get_app().current_buffer.text)))
+        def _(event):  # readline's delete-char: the character under the cursor (prompt-toolkit's needs one before it)
+            event.current_buffer.delete(event.arg)
+
+        @kb.add("c-x", "c-e")
+        async def _(event):
+            buffer = event.current_buffer
+
+            def edit() -> Optional[str]:
+                try:
+                    return edit_in_editor(buffer.text)
+                except UserError as exc:
+                    self.info(str(exc))
+                    return None
+
+            text = await run_in_terminal(edit)
+            if text is not None:
+                buffer.text = text
+                buffer.cursor_position = len(text)
+
         session: PromptSession[str] = PromptSession(history=history, key_bindings=kb, multiline=False,
                                 bottom_toolbar=lambda: f" {self.status()} · ctrl+t thinking · ctrl+j newline · /help ",
                                 prompt_continuation="… ")
@@ -281,14 +430,25 @@ class Repl:
         saved = len(sessions.session_paths())
         if saved and not self.conv.turns:  # a fresh chat: say how to pick up the last one instead
             self.info(f"{counted(saved, 'saved session')}: dflash chat --plain -c continues the last one")
-        while not self.quit:
-            try:
-                line = session.prompt("you> ")
-            except KeyboardInterrupt:
-                continue
-            except EOFError:
-                break
-            self.handle(line)
+        warned = False  # a ctrl+c at an empty prompt said that a second one quits
+        with typing_hidden(raw=True):  # between prompts (an answer, a command) keys wait as typed for the next
+            while not self.quit:
+                try:
+                    line = session.prompt("you> ")
+                except KeyboardInterrupt:
+                    if warned and not cleared:
+                        break
+                    warned = not cleared
+                    if warned:
+                        self.info("ctrl+c again quits (so do ctrl+d and /quit)")
+                    continue
+                except EOFError:
+                    break
+                warned = False
+                try:
+                    self.handle(line)
+                except KeyboardInterrupt:  # ctrl+c between the steps of a command: it stopped there
+                    self.info("interrupted")
 
 
 def threading_main() -> bool:
@@ -312,16 +472,14 @@ def run_repl(profile_ref=None, engine: Optional[str] = None, block_size: Optiona
     conv, notices = open_conversation(loaded, profile, flags)
     for warning in loaded.warnings:
         err.write(printable(f"note: {warning}\n"))
-    repl = Repl(conv, out=out, err=err)
+    repl = Repl(conv, out=out, err=err, flags=flags)
     conv.on_notice = repl.info
     for notice in notices:
         repl.info(notice)
-    if session is not None:
-        for warning in session.warnings:
-            repl.info(warning)
-        resume(conv, session, flags)
-        repl.info(f"resumed session {session.id} ({counted(len(session.turns), 'turn')})")
-    if stdin.isatty() and out.isatty():
+    interactive = stdin.isatty() and out.isatty()
+    if session is not None:  # a refusal here (open elsewhere) is the command's error: exit 2
+        repl.resume(session, show=interactive)
+    if interactive:
         repl.run_interactive()
     else:
         repl.run_piped(stdin)

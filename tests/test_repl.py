@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -345,3 +347,171 @@ def test_rename_titles_the_open_session_in_order_with_its_turns_and_alone_clears
     Repl(again, out=io.StringIO(), err=err, colour=False).run_piped(io.StringIO("/rename\n"))
     again.close()
     assert "Session title cleared" in err.getvalue() and sessions.load_session(session.id).title == "first"
+
+
+class Terminal:
+    """A real pseudo-terminal for the REPL, run in this process: it reads keys from the slave end (sys.stdin
+    and prompt-toolkit's input), and `person` types on the master end as someone who waits for the screen
+    does: when a text has shown up and the prompt reads keys (prompt-toolkit's raw mode, ISIG off), so that a
+    ctrl+c reaches the prompt and not the signal. A run that hangs (the defects did) is ended at the limit
+    by closing the master end, which the REPL reads as the end of input."""
+
+    def __init__(self, monkeypatch):
+        import pty
+
+        self.master, slave = pty.openpty()
+        self.slave = os.fdopen(slave, "r")
+        monkeypatch.setattr(sys, "stdin", self.slave)
+        self.out, self.err = Shown(), Shown()
+        self.ended = False
+        self.closing = threading.Lock()
+
+    def reading(self) -> bool:
+        import termios
+
+        return not termios.tcgetattr(self.slave.fileno())[3] & termios.ISIG
+
+    def person(self, *steps: tuple[str, bytes]):
+        """A thread that types each step's keys once its text is in the output and the prompt reads keys."""
+        def run():
+            end = time.monotonic() + waiting.limit(120)
+            for text, keys in steps:
+                while not (text in self.out.getvalue() + self.err.getvalue() and self.reading()):
+                    if time.monotonic() > end or self.ended:
+                        return self.close()
+                    time.sleep(0.02)
+                os.write(self.master, keys)
+            while time.monotonic() < end and not self.ended:  # the REPL should end by itself now
+                time.sleep(0.02)
+            self.close()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def close(self) -> None:
+        with self.closing:
+            if not self.ended:
+                self.ended = True
+                os.close(self.master)
+
+    def app_session(self):
+        from prompt_toolkit.application import create_app_session
+        from prompt_toolkit.input import create_input
+        from prompt_toolkit.output import DummyOutput
+
+        return create_app_session(input=create_input(self.slave), output=DummyOutput())
+
+
+class Shown(io.StringIO):
+    """A terminal's output as the REPL writes it (a terminal: /copy and the interactive loop need one)."""
+
+    on_write = None
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        written = super().write(text)
+        if self.on_write is not None:
+            self.on_write(text)
+        return written
+
+
+def test_keys_typed_while_an_answer_streams_reach_the_next_prompt_as_typed(engine, data_dir, monkeypatch):
+    """Issue 46: enter typed while an answer streamed became a new line (the terminal turned it into ctrl+j),
+    so `/stats` enter `/ghosts` enter waited as one message of two lines, then an unknown command."""
+    from dflash_tui.core.conversation import ChatSettings, Conversation
+    from dflash_tui.repl import Repl
+
+    terminal = Terminal(monkeypatch)
+    conv = Conversation(engine, ChatSettings(max_new_tokens=16, thinking=False))
+    repl = Repl(conv, out=terminal.out, err=terminal.err, colour=False)
+
+    def types_ahead(text):  # the answer's first piece is on screen: the person types ahead
+        terminal.out.on_write = None
+        os.write(terminal.master, b"/stats\r/ghosts\r/quit\r")
+
+    terminal.out.on_write = types_ahead
+    terminal.person(("dflash ·", b"count to ten\r"))
+    try:
+        with terminal.app_session():
+            repl.run_interactive()
+    finally:
+        conv.close()
+        terminal.close()
+    err = terminal.err.getvalue()
+    assert [t.user for t in conv.turns] == ["count to ten"]
+    assert "unknown command" not in err and "ghosts on" in err and "(session" in err, err  # /stats' tau line
+    assert repl.quit  # by /quit, typed ahead too
+
+
+def test_ctrl_c_twice_quits_with_the_session_line_and_ctrl_d_deletes_forward(engine, profile, data_dir, monkeypatch):
+    """Issue 46: `-c` did not show the turns it continues; one ctrl+c at an empty prompt did not say that a
+    second quits (nor did a second quit, with the session line); ctrl+d with the cursor at the start of a
+    line did nothing (prompt-toolkit deletes only with text before the cursor, readline the one under it).
+    A ctrl+c with text drops the line, as a shell does, and does not count toward quitting."""
+    from dflash_tui.core.conversation import ChatSettings, Conversation
+    from dflash_tui.repl import Repl, run_repl
+
+    earlier = Conversation(engine, ChatSettings(max_new_tokens=4, thinking=False))
+    Repl(earlier, out=io.StringIO(), err=io.StringIO(), colour=False).run_piped(io.StringIO("first question\n"
+                                                                                           "second question\n"))
+    earlier.close()
+    monkeypatch.setenv("NO_COLOR", "1")
+    terminal = Terminal(monkeypatch)
+    terminal.person(("you> second question", b"x/ghosts\x01\x04\r"),  # ctrl+a, ctrl+d: /ghosts
+                    ("ghosts on", b"abc\x03/ghosts\r"),  # the line dropped, then the next one read
+                    ("ghosts off", b"\x03"),
+                    ("ctrl+c again quits", b"\x03"))
+    try:
+        with terminal.app_session():
+            code = run_repl(str(profile), session=sessions.load_session(earlier.session_id), stdin=terminal.slave,
+                            out=terminal.out, err=terminal.err)
+    finally:
+        terminal.close()
+    out, err = terminal.out.getvalue(), terminal.err.getvalue()
+    assert code == 0 and "you> first question" in out and "you> second question" in out, out
+    assert err.count("ctrl+c again quits") == 1, err
+    assert err.rstrip().splitlines()[-1].startswith(f"session {earlier.session_id}"), err
+    assert [t["user"] for t in sessions.load_session(earlier.session_id).turns] == ["first question",
+                                                                                    "second question"]
+
+
+def test_the_tuis_commands_in_the_repl_temperature_sessions_export_copy(engine, data_dir, tmp_path):
+    """Issue 46: the REPL had no /temperature, /sessions, /export or /copy. Each goes through the code the TUI
+    uses: the palette's reading of a typed setting (/top_k too), the picker's order and resume, the one export
+    writer (0600; the exports folder 0700), and the OSC 52 copy of the last answer without its thinking."""
+    import base64
+    import stat
+
+    from dflash_tui.core.conversation import ChatSettings, Conversation
+    from dflash_tui.repl import Repl
+
+    other = Conversation(engine, ChatSettings(max_new_tokens=4, thinking=False))
+    Repl(other, out=io.StringIO(), err=io.StringIO(), colour=False).run_piped(io.StringIO("an older question\n"))
+    other.close()
+    conv = Conversation(engine, ChatSettings(max_new_tokens=4, thinking=False))
+    out, err = Shown(), io.StringIO()
+    mine = tmp_path / "mine.json"
+    Repl(conv, out=out, err=err, colour=False).run_piped(io.StringIO(
+        "/export\n/temperature 0.3\n/top_k 20\n/top_k many\nfirst\n/temperature -1\n/temperature\n/copy\n/export\n"
+        f"/export json {mine}\n/sessions\n/sessions {other.session_id[-4:]}\nafter resuming\n"))
+    conv.close()
+    said = err.getvalue()
+    assert "There is no session to export yet" in said and "unknown command" not in said, said
+    (first,) = [s for s in sessions.list_sessions() if s.turns[0]["user"] == "first"]  # the one /sessions left
+    assert first.turns[0]["settings"]["temperature"] == 0.3 and "From the next turn: temperature 0.3." in said
+    assert first.turns[0]["settings"]["top_k"] == 20 and "top_k takes a whole number or default" in said
+    assert "Temperature -1.0 is outside" in said and "temperature 0.3 now; /temperature 0.7 (0 is greedy) sets it" in said
+    answer = first.turns[0]["answer"]
+    assert f"\033]52;c;{base64.b64encode(answer.encode()).decode()}\a" in out.getvalue()
+    assert f"Copied the answer ({len(answer)} characters)." in said
+    exported = data_dir / "exports" / f"{first.id}.md"
+    assert f"Exported to {exported}" in said and f"Exported to {mine}" in said
+    assert "first" in exported.read_text() and json.loads(mine.read_text())["id"] == first.id
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (exported, mine, exported.parent)] == [0o600, 0o600, 0o700]
+    listing = said[said.index("id "):]  # the open session first (last used), marked
+    assert listing.index(f"{first.id} ●") < listing.index(other.session_id)
+    assert f"resumed session {other.session_id} (1 turn)" in said and "you> an older question" in out.getvalue()
+    assert [t["user"] for t in sessions.load_session(other.session_id).turns] == ["an older question", "after resuming"]

@@ -166,10 +166,8 @@ def sessions_list(as_json: bool) -> None:
     if not found:
         click.echo(printable(f"No sessions yet in {store.sessions_dir()}."))
         return
-    click.echo(f"{'id':<22} {'created':<17} {'profile':<14} {'turns':>5}  title")
-    for s in found:
-        click.echo(printable(f"{s.id:<22} {s.created[:16].replace('T', ' '):<17} {(s.profile_name or '?')[:14]:<14} "
-                             f"{len(s.turns):>5}  {s.title[:50]}"))
+    for row in store.listing(found):
+        click.echo(row)
 
 
 @sessions_group.command("show")

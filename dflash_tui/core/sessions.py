@@ -670,6 +670,17 @@ def list_sessions(skipped: Optional[list[UserError]] = None) -> list[Session]:
     return out
 
 
+def listing(found: list[Session], open_id: Optional[str] = None) -> list[str]:
+    """The table `sessions list` prints, as the REPL's /sessions does too: a header row, then a row per session
+    (the one open here marked ●), escaped for the terminal."""
+    rows = [f"{'id':<22} {'created':<17} {'profile':<14} {'turns':>5}  title"]
+    for s in found:
+        ident = f"{s.id} ●" if s.id == open_id else s.id
+        rows.append(printable(f"{ident:<22} {s.created[:16].replace('T', ' '):<17} {(s.profile_name or '?')[:14]:<14} "
+                              f"{len(s.turns):>5}  {s.title[:50]}"))
+    return rows
+
+
 def by_last_use(found: list[Session]) -> list[Session]:
     """Sessions by their last turn written (the file's modification time), the last used first."""
     def used(session: Session) -> float:

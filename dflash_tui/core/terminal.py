@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Optional
 
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.text import BIDI, one_line, printable
 
-__all__ = ["color_enabled", "color_forced", "edit_in_editor", "is_terminal", "json_text", "one_line", "printable",
-           "typing_hidden"]
+__all__ = ["clipboard", "color_enabled", "color_forced", "edit_in_editor", "is_terminal", "json_text", "one_line",
+           "printable", "typing_hidden"]
 
 
 def counted(n: int, noun: str) -> str:
@@ -64,10 +64,14 @@ def json_text(value, **kwargs) -> str:
 
 
 @contextmanager
-def typing_hidden(stream=None):
+def typing_hidden(stream=None, raw: bool = False):
     """While an answer streams to a terminal: ctrl+c is not echoed as `^C` into the answer's text (ECHOCTL),
-    nor is text typed ahead (ECHO; the next prompt gets it). The terminal's modes are restored after. A
-    stream that is no terminal (a pipe, a file) is left alone."""
+    nor is text typed ahead (ECHO; the next prompt gets it). With `raw`, for a next prompt that reads keys
+    raw (prompt-toolkit's), the keys typed ahead also reach it as typed: not a line at a time (ICANON, whose
+    erase and kill keys would act on them) and enter not turned into ctrl+j (ICRNL), which the prompt reads
+    as a new line, so `/stats` enter `/help` enter became one message of two lines. ctrl+c still interrupts
+    (ISIG). The terminal's modes are restored after. A stream that is no terminal (a pipe, a file) is left
+    alone."""
     stream = sys.stdin if stream is None else stream
     try:
         import termios
@@ -80,12 +84,23 @@ def typing_hidden(stream=None):
         yield
         return
     quiet = list(saved)
-    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)
+    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL | (termios.ICANON if raw else 0))
+    if raw:
+        quiet[0] &= ~termios.ICRNL
     termios.tcsetattr(fd, termios.TCSANOW, quiet)
     try:
         yield
     finally:
-        termios.tcsetattr(fd, termios.TCSANOW, saved)
+        with suppress(termios.error):  # a terminal that went away (a closed SSH session) keeps no modes
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def clipboard(text: str) -> str:
+    """The sequence (OSC 52) that asks the terminal to put `text` on its clipboard, as Textual's copy does:
+    it reaches the clipboard of the machine the terminal runs on, over SSH too, where the terminal allows it."""
+    import base64
+
+    return f"\033]52;c;{base64.b64encode(text.encode('utf-8', errors='surrogateescape')).decode('ascii')}\a"
 
 
 def edit_in_editor(text: str) -> str:
