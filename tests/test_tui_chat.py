@@ -17,7 +17,18 @@ pytest.importorskip("textual")
 pytest.importorskip("torch")
 
 from tests.tiny import write_profile  # noqa: E402 - after the importorskip above
-from tests.tui_helpers import SIZE, burst, every_theme_reads, make_app, ready, recorded_turn, send, session_lines, write_session  # noqa: E402 - after the importorskip above
+from tests.tui_helpers import (  # noqa: E402 - after the importorskip above
+    SIZE,
+    burst,
+    every_theme_reads,
+    make_app,
+    ready,
+    recorded_turn,
+    send,
+    session_lines,
+    write_session,
+    write_sessions,
+)
 
 
 @pytest.fixture
@@ -517,19 +528,6 @@ async def test_page_keys_scroll_the_conversation_from_the_message_box(profile, e
         await pilot.press("ctrl+end")
         await waiting.until(pilot, lambda: view.scroll_y == bottom)
         assert app.focused is prompt
-
-
-def write_sessions(count: int) -> list[str]:
-    """`count` one-turn session files; their ids in the order the picker lists them."""
-    from dflash_tui.core import sessions
-
-    for n in range(count):
-        writer = sessions.SessionWriter({"created": f"2026-01-0{n + 1}T10:00:00+00:00", "profile": {"name": "tiny"},
-                                         "engine": "cuda"}, session_id=f"2026010{n + 1}-100000-000{n}")
-        writer.append_turn({"index": 0, "status": "completed", "user": f"question {n}", "answer": "…",
-                            "settings": {}, "prompt_ids": [], "emitted_ids": [], "steps": [], "summary": None})
-        writer.close()
-    return [s.id for s in sessions.list_sessions()]
 
 
 @pytest.mark.asyncio

@@ -1,5 +1,6 @@
 """Input you can trust (issue 46): keys that arrive in one burst act in the order typed in every box (the
-message box, the find bar, the palette; the rename box is in test_tui_chat.py), ctrl+c clears a message of
+message box, the find bar, the palette, the picker's search and rename boxes opened in the same burst; the
+rename box alone is in test_tui_chat.py), ctrl+c clears a message of
 any length (ctrl+z brings it back), and ctrl+x waits for ctrl+e without eating other keys. Bursts are
 queued as one batch of events (`burst`), as a terminal delivers fast typing on a busy machine."""
 
@@ -12,7 +13,7 @@ from tests import waiting
 pytest.importorskip("textual")
 pytest.importorskip("torch")
 
-from tests.tui_helpers import SIZE, burst, make_app, ready  # noqa: E402 - after the importorskip above
+from tests.tui_helpers import SIZE, burst, make_app, ready, write_sessions  # noqa: E402 - after the importorskip above
 
 
 @pytest.mark.asyncio
@@ -61,3 +62,30 @@ async def test_ctrl_c_clears_a_message_of_many_lines_and_ctrl_z_brings_it_back(p
         prompt.load_text("")
         await pilot.press("ctrl+c")
         await waiting.until(pilot, lambda: any("to quit" in str(n.message) for n in app._notifications))
+
+
+@pytest.mark.asyncio
+async def test_the_keys_behind_one_that_opens_a_box_in_the_picker_reach_that_box(profile, engine, data_dir):
+    """`/` then `red` searched for nothing (the letters reached the list, r opening a rename); `r` then a title
+    and enter renamed nothing (the title reached the list). The keys that open a box act as they arrive, the
+    box taking the focus at once; while the search box has it, r, e, j and d are text."""
+    from dflash_tui.core import sessions
+    from dflash_tui.tui.screens import SessionsScreen
+
+    ids = write_sessions(2)
+    app = make_app(profile, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+o")
+        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen))
+        picker = app.screen
+        search = picker.query_one("#sessions-search")
+        burst(app, "/", *"jredquestion 0", "ctrl+u", *"question 1")
+        await waiting.until(pilot, lambda: search.value == "question 1", 60)
+        assert picker is app.screen and picker._selected() == ids[0]
+        await pilot.press("escape")  # closes the picker from its search
+        await waiting.until(pilot, lambda: not isinstance(app.screen, SessionsScreen))
+        await pilot.press("ctrl+o")
+        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen))
+        burst(app, "r", "ctrl+u", *"Pears", "enter")
+        await waiting.until(pilot, lambda: sessions.load_session(ids[0]).title == "Pears", 60)

@@ -159,6 +159,19 @@ def write_session(session_id: str, *turns: dict) -> str:
     return session_id
 
 
+def write_sessions(count: int) -> list[str]:
+    """`count` one-turn session files; their ids in the order the picker lists them."""
+    from dflash_tui.core import sessions
+
+    for n in range(count):
+        writer = sessions.SessionWriter({"created": f"2026-01-0{n + 1}T10:00:00+00:00", "profile": {"name": "tiny"},
+                                         "engine": "cuda"}, session_id=f"2026010{n + 1}-100000-000{n}")
+        writer.append_turn({"index": 0, "status": "completed", "user": f"question {n}", "answer": "…",
+                            "settings": {}, "prompt_ids": [], "emitted_ids": [], "steps": [], "summary": None})
+        writer.close()
+    return [s.id for s in sessions.list_sessions()]
+
+
 async def every_theme_reads(pilot, where: str) -> list[str]:
     """The text on the screen under 3:1 on each built-in theme (ANSI themes paint in the terminal's own
     colours, which are the terminal's to pick)."""

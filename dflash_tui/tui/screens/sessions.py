@@ -87,7 +87,9 @@ class RenameScreen(LineScreen):
 class SessionsScreen(ModalScreen[str | None]):
     """The picker's row is its own (`row`), moved by priority keys from the moment the screen is pushed:
     keys of a fast burst (ctrl+o, down, down, enter) can arrive before the table is mounted, focused and
-    filled, and once opened the first row; now each acts on the list read when the screen was made."""
+    filled, and once opened the first row; now each acts on the list read when the screen was made. The keys
+    that open a box (/, r, e, j, d) are priority keys too, acting as they arrive, so that the keys behind
+    them in a burst reach that box and not the list; while the search box has the focus they are text."""
 
     app: DflashApp
 
@@ -99,12 +101,12 @@ class SessionsScreen(ModalScreen[str | None]):
         Binding("pageup", "move(-10)", show=False, priority=True),
         Binding("home", "move(-1000000)", show=False, priority=True),
         Binding("end", "move(1000000)", show=False, priority=True),
-        Binding("r", "rename", "rename"),
-        Binding("d,delete", "delete", "delete"),
-        Binding("e", "export", "export md"),
-        Binding("j", "export_json", "export json"),
+        Binding("r", "rename", "rename", priority=True),
+        Binding("d,delete", "delete", "delete", priority=True),
+        Binding("e", "export", "export md", priority=True),
+        Binding("j", "export_json", "export json", priority=True),
         Binding("escape,q", "close", "close"),
-        Binding("slash,ctrl+f", "search", "search"),
+        Binding("slash,ctrl+f", "search", "search", priority=True),
     ]
 
     def compose(self) -> ComposeResult:
@@ -131,8 +133,14 @@ class SessionsScreen(ModalScreen[str | None]):
         self.reload(self.found)
         table.focus()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """The letter keys are text while the search box has the focus."""
+        if action in ("rename", "delete", "export", "export_json", "search") and isinstance(self.focused, Input):
+            return False
+        return True
+
     def action_search(self) -> None:
-        self.query_one("#sessions-search", Input).focus()
+        self.set_focus(self.query_one("#sessions-search", Input))  # at once: the keys behind / are the search
 
     def on_input_changed(self, event: Input.Changed) -> None:
         """Only the sessions whose prompts or answers hold every word typed (any case)."""
