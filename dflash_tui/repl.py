@@ -30,7 +30,9 @@ from dflash_tui.core.conversation import (
 )
 from dflash_tui.core.figures import UNKNOWN, draft_text, fixed, known
 from dflash_tui.core.knobs import KNOB, Setting, parse_setting
+from dflash_tui.core.sessions import Session  # (the class: `sessions` is also a method's name here)
 from dflash_tui.core.settings import loading_line, profile_for
+from dflash_tui.core.structured import schema_constraint
 from dflash_tui.core.terminal import clipboard, color_enabled, counted, edit_in_editor, is_terminal, printable, typing_hidden
 from dflash_tui.engines import files, load_engine
 from dflash_tui.engines.errors import UserError
@@ -43,6 +45,8 @@ HELP = """commands:
   /block N            block size (1 = plain decoding)
   /temperature T      sampling from the next turn, checked as the palette checks it; also /top_p, /top_k,
                       /min_p, /max_new_tokens, /seed (default: the model's; alone: the value in use)
+  /json FILE          answers from the next turn on are JSON matching the schema in FILE (after the reasoning
+                      when thinking is on); /json off frees them; /json alone: the schema in use
   /ghosts             show rejected draft tokens
   /stats              the last turn's figures (speedup: measured against a timed block-1 step, – until then)
   /continue           go on with the last answer where it was stopped (a stopped answer is not sent as history)
@@ -119,6 +123,8 @@ class Repl:
                 self.info(str(exc))
         elif name in SETTINGS:
             self.set_value(name, arg)
+        elif name == "json":
+            self.json_schema(arg)
         elif name == "ghosts":
             self.ghosts = not self.ghosts
             self.info(f"ghosts {'on' if self.ghosts else 'off'}")
@@ -152,6 +158,25 @@ class Repl:
             self.info(HELP)
         else:
             self.info(f"unknown command /{name}; /help lists them")
+
+    def json_schema(self, arg: str) -> None:
+        """/json FILE constrains the next turns' answers to a JSON schema (structured outputs, engines/guided.py;
+        recorded with each turn, so a replay constrains the same way); /json off frees them."""
+        if not arg:
+            c = self.conv.settings.constraint
+            self.info(f"answers follow the schema from {c.field}" if c else "answers are free text (/json FILE constrains them)")
+            return
+        if arg.lower() == "off":
+            self.conv.settings.constraint = None
+            self.info("answers are free text from the next turn")
+            return
+        try:
+            constraint = schema_constraint(arg, f"/json {arg}")
+        except UserError as exc:
+            self.info(str(exc))
+            return
+        self.conv.settings.constraint = constraint
+        self.info(f"answers are JSON matching {arg} from the next turn")
 
     def set_value(self, name: str, arg: str) -> None:
         """/temperature 0.7, /top_k 20, …: read and checked as the palette reads a typed setting (core/knobs.py);
@@ -202,7 +227,7 @@ class Repl:
         except UserError as exc:
             self.info(str(exc))
 
-    def resume(self, session: sessions.Session, show: bool) -> None:
+    def resume(self, session: Session, show: bool) -> None:
         """Continue `session` here (the command-line flags still win over what it recorded); `show`: print its
         last turns, as a terminal shows what it continues (not into a script's output). UserError: refused
         (open in another dflash), nothing changed."""
@@ -235,11 +260,12 @@ class Repl:
         if fmt not in sessions.EXPORT_FORMATS:
             fmt, rest = ("json" if arg.endswith(".json") else "md"), arg
         rest = rest.strip()
-        if self.conv.writer is None:
+        session_id = self.conv.session_id
+        if self.conv.writer is None or session_id is None:
             self.info("There is no session to export yet: it is saved with the first answer.")
             return
         try:
-            path = sessions.export_session(sessions.load_session(self.conv.session_id), fmt,
+            path = sessions.export_session(sessions.load_session(session_id), fmt,
                                            Path(rest) if rest else None)
         except UserError as exc:
             self.info(str(exc))

@@ -515,3 +515,33 @@ def test_the_tuis_commands_in_the_repl_temperature_sessions_export_copy(engine, 
     assert listing.index(f"{first.id} ●") < listing.index(other.session_id)
     assert f"resumed session {other.session_id} (1 turn)" in said and "you> an older question" in out.getvalue()
     assert [t["user"] for t in sessions.load_session(other.session_id).turns] == ["an older question", "after resuming"]
+
+
+def test_json_constrains_the_next_turns_and_the_session_replays_them_constrained(engine, data_dir, tmp_path):
+    """/json FILE (issue 45): the next answers are JSON matching the schema (a random tiny target: the enum
+    forces the whole object), each turn records its constraint, a replay of the turn at another block size
+    gives the recorded ids, /json off frees the next turn, and a missing file is one sentence."""
+    pytest.importorskip("llguidance")
+    from dflash_tui.core.conversation import ChatSettings, Conversation
+    from dflash_tui.measure.replay import recorded_turns
+    from dflash_tui.repl import Repl
+
+    schema = tmp_path / "pick.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"pick": {"enum": ["left", "right"]}},
+                                  "required": ["pick"]}))
+    conv = Conversation(engine, ChatSettings(max_new_tokens=40, thinking=False))
+    err = io.StringIO()
+    Repl(conv, out=Shown(), err=err, colour=False).run_piped(io.StringIO(
+        f"/json {tmp_path / 'missing.json'}\n/json {schema}\n/json\nwhich way?\n/json off\nand now?\n"))
+    conv.close()
+    said = err.getvalue()
+    assert "The schema file" in said and "cannot be read" in said
+    assert f"answers are JSON matching {schema}" in said and "answers follow the schema" in said
+    session = sessions.load_session(conv.session_id)
+    constrained, free = session.turns
+    assert json.loads(constrained["answer"])["pick"] in ("left", "right")
+    assert constrained["settings"]["constraint"]["value"]["properties"]["pick"]["enum"] == ["left", "right"]
+    assert free["settings"]["constraint"] is None
+    turn = recorded_turns(session)[0]
+    list(engine.generate(turn.request(block_size=1)))
+    assert engine.last_summary.token_ids == turn.recorded_ids
