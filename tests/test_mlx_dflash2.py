@@ -159,7 +159,7 @@ class MostlyRightDraftCache(DraftCache):
         super().__init__(draft, None)
         self.reference, self.prompt_len = reference, prompt_len
 
-    def propose_sampled(self, block, embed, lm_head, temperature=0.0, noise=None):
+    def propose_sampled(self, block, embed, lm_head, temperature=0.0, noise=None, steer=None):
         ids = mx.array(oracle_proposals(self.reference, self.length, self.prompt_len, block.shape[1] - 1), dtype=mx.int32)
         vocab = lm_head.weight.shape[0]
         return ids, (mx.arange(vocab)[None, :] == ids[:, None]).astype(mx.float32)

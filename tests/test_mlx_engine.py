@@ -39,7 +39,7 @@ class OracleDraftCache(DraftCache):
         super().__init__(draft, window)
         self.reference, self.prompt_len = reference, prompt_len
 
-    def propose(self, block, embed, lm_head):
+    def propose(self, block, embed, lm_head, steer=None):
         ids = oracle_proposals(self.reference, self.length, self.prompt_len, block.shape[1] - 1)
         return mx.array(ids, dtype=mx.int32)
 

@@ -57,7 +57,7 @@ class CudaOracle(CudaDraftCache):
         super().__init__(draft, None)
         self.reference, self.prompt_len, self.q = reference, prompt_len, q
 
-    def propose(self, block, embed, lm_head, noise=None, temperature=None):
+    def propose(self, block, embed, lm_head, noise=None, temperature=None, steer=None):
         ids = torch.tensor(oracle_proposals(self.reference, self.length, self.prompt_len, block.shape[1] - 1))
         return Proposal(ids, ids[:, None], torch.ones(len(ids), 1)) if self.q else Proposal(ids)
 
@@ -68,10 +68,10 @@ def mlx_oracle(draft, reference, prompt_len):
     from dflash_tui.engines.mlx.draft import DraftCache
 
     class MlxOracle(DraftCache):
-        def propose(self, block, embed, lm_head):
+        def propose(self, block, embed, lm_head, steer=None):
             return mx.array(oracle_proposals(reference, self.length, prompt_len, block.shape[1] - 1), dtype=mx.int32)
 
-        def propose_sampled(self, block, embed, lm_head, temperature=0.0, noise=None):
+        def propose_sampled(self, block, embed, lm_head, temperature=0.0, noise=None, steer=None):
             ids = self.propose(block, embed, lm_head)
             return ids, (mx.arange(lm_head.weight.shape[0])[None, :] == ids[:, None]).astype(mx.float32)
 

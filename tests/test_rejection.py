@@ -135,7 +135,7 @@ class MostlyRightDraftCache(DraftCache):
         self.greedy, self.prompt_len = greedy, prompt_len
         self.gen = torch.Generator().manual_seed(10_000 + seed)
 
-    def propose(self, block, embed, lm_head, noise=None, temperature=None):
+    def propose(self, block, embed, lm_head, noise=None, temperature=None, steer=None):
         n = block.shape[1] - 1
         first = self.length - self.prompt_len + 1
         right = torch.tensor([self.greedy[i] if i < len(self.greedy) else 0 for i in range(first, first + n)])
