@@ -50,7 +50,9 @@ def start_server(profile: str, host: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind((host, 0))
         port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k != "DFLASH_API_KEY"}
+    # eager steps unless the caller says otherwise: with the background compile (serve's default on a CPU) the
+    # first requests would share the cores with inductor, which is not the load this measures
+    env = {"DFLASH_COMPILE": "0", **{k: v for k, v in os.environ.items() if k != "DFLASH_API_KEY"}}
     proc = subprocess.Popen([sys.executable, "-m", "dflash_tui", "serve", "--profile", profile, "--host", host,
                              "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     root = f"http://{host}:{port}"

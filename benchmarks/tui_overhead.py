@@ -32,6 +32,9 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The TUI's engine process compiles its steps in the background after the first answer (DFLASH_COMPILE unset);
+# the direct runs here are eager, so both sides run eager steps unless the caller says otherwise.
+os.environ.setdefault("DFLASH_COMPILE", "0")
 
 from dflash_tui.engines import GenerationRequest, load_engine  # noqa: E402 - after the sys.path line above
 
