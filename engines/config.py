@@ -193,3 +193,15 @@ class GenerationRequest(Sampling, Penalties):
         k = self.top_logprobs
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_LOGPROBS:
             raise UserError(f"top_logprobs {k} is outside 0 to {MAX_TOP_LOGPROBS}.")
+
+
+def request_takes(name: str):
+    """Whether a request would take `value` for its field `name`: the one check a profile's and a session's
+    recorded settings go through, so a value every request refuses is refused where it was written."""
+    def ok(value) -> bool:
+        try:
+            GenerationRequest(prompt_ids=[], **{name: value})
+        except (UserError, TypeError, ValueError, OverflowError):  # OverflowError: 10**400 for a float
+            return False
+        return True
+    return ok

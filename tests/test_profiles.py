@@ -132,6 +132,11 @@ BAD = [
     ('[model]\ntarget = "a"\n[generation]\ntop_p = 0\n', "generation.top_p", 4),
     ('[model]\ntarget = "a"\n[generation]\ntop_p = 1.5\n', "generation.top_p", 4),
     ('[model]\ntarget = "a"\n[generation]\ntemperature = nan\n', "generation.temperature", 4),
+    # what every request refuses is refused in the profile (the request's own rules): min_p 1, a temperature
+    # below the smallest one sampling takes, or above 100
+    ('[model]\ntarget = "a"\n[generation]\nmin_p = 1.0\n', "generation.min_p", 4),
+    ('[model]\ntarget = "a"\n[generation]\ntemperature = 0.0001\n', "generation.temperature", 4),
+    ('[model]\ntarget = "a"\n[generation]\ntemperature = 101\n', "generation.temperature", 4),
     ('[model]\ntarget = "a"\n[engine]\ndefault = "rocm"\n', "engine.default", 4),
     ('[model]\ntarget = "a"\n[engine]\ndtype = "fp8"\n', "engine.dtype", 4),
     ('[model]\ntarget = "a"\n[engines.cuda]\ndtype = "int4"\n', "engines.cuda.dtype", 4),

@@ -26,7 +26,16 @@ import tomlkit
 
 from dflash_tui.core.terminal import printable
 from dflash_tui.engines import choose_engine
-from dflash_tui.engines.config import DTYPES, EFFORTS, ENGINES, MAX_BLOCK_SIZE, EngineConfig, Sampling
+from dflash_tui.engines.config import (
+    DTYPES,
+    EFFORTS,
+    ENGINES,
+    MAX_BLOCK_SIZE,
+    MIN_TEMPERATURE,
+    EngineConfig,
+    Sampling,
+    request_takes,
+)
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.text import has_control
 from dflash_tui.measure.prompts import NAMES as PROMPT_SETS
@@ -205,12 +214,14 @@ SCHEMA: dict[str, dict[str, _Spec]] = {
                                   lambda v: isinstance(v, bool)),
     },
     "generation": {
-        "temperature": _Spec("temperature", "a number of at least 0 (0 = greedy)", "temperature = 0.6",
-                             lambda v: _is_float(v) and v >= 0),
+        # the sampling values a request takes, checked by the request's own rules (engines/config.py)
+        "temperature": _Spec("temperature", f"0 (greedy) or a number from {MIN_TEMPERATURE:g} to 100",
+                             "temperature = 0.6", lambda v: _is_float(v) and request_takes("temperature")(v)),
         "top_p": _Spec("top_p", "a number above 0 and at most 1", "top_p = 0.95",
-                       lambda v: _is_float(v) and 0 < v <= 1),
+                       lambda v: _is_float(v) and request_takes("top_p")(v)),
         "top_k": _Spec("top_k", "an integer of at least 0 (0 = off)", "top_k = 20", _int_in(0)),
-        "min_p": _Spec("min_p", "a number from 0 to 1", "min_p = 0.0", lambda v: _is_float(v) and 0 <= v <= 1),
+        "min_p": _Spec("min_p", "a number from 0 up to, not including, 1", "min_p = 0.0",
+                       lambda v: _is_float(v) and request_takes("min_p")(v)),
         "max_new_tokens": _Spec("max_new_tokens", "a positive integer", "max_new_tokens = 2048", _int_in(1)),
         "thinking": _Spec("thinking", "true or false", "thinking = true", lambda v: isinstance(v, bool)),
         "needs_thinking": _Spec("needs_thinking", "true or false", "needs_thinking = true",

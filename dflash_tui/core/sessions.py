@@ -40,7 +40,7 @@ from typing import Iterable, Optional
 from dflash_tui.core.figures import draft_kind, draft_text, fixed, known
 from dflash_tui.core.terminal import counted, printable
 from dflash_tui.engines import files
-from dflash_tui.engines.config import DTYPES, ENGINES, SAMPLING_FIELDS, GenerationRequest
+from dflash_tui.engines.config import DTYPES, ENGINES, SAMPLING_FIELDS, request_takes
 from dflash_tui.engines.errors import UserError, parse_json
 from dflash_tui.engines.text import finite_number as _number
 from dflash_tui.engines.text import has_control
@@ -395,21 +395,9 @@ def _one_of(names: tuple):
     return lambda value: isinstance(value, str) and value in names
 
 
-def _request_takes(name: str):
-    """A setting the engine's own request check accepts: replay and a resumed chat build requests from it,
-    and a value refused there would be refused without naming the file."""
-    def ok(value) -> bool:
-        try:
-            GenerationRequest(prompt_ids=[], **{name: value})
-        except (UserError, TypeError, ValueError, OverflowError):  # OverflowError: 10**400 for a float
-            return False
-        return True
-    return ok
-
-
 STATUSES = ("completed", "cancelled", "error")
 LOCAL_ENGINES = ("cuda", "mlx")  # they record every id they emit (a remote server may send text only)
-_REQUEST = {name: _request_takes(name) for name in (*SAMPLING_FIELDS, "max_new_tokens", "seed", "block_size",
+_REQUEST = {name: request_takes(name) for name in (*SAMPLING_FIELDS, "max_new_tokens", "seed", "block_size",
                                                     "reasoning_effort")}
 
 
