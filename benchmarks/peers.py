@@ -250,16 +250,23 @@ class Dflash:
         self.name = "dflash compiled" if compiled else "dflash"
 
     def engine(self, pair: Pair):
-        if pair.name not in self.engines:
+        """The pair's engine at the current thread count: compiled steps are compiled (from inductor's cache)
+        under the thread count they run at, since dynamo sends a step whose thread count changed through its
+        guarded path (twice as slow at block 1)."""
+        import torch
+
+        key = (pair.name, torch.get_num_threads())
+        if key not in self.engines:
             from dflash_tui.core.settings import load_settings
             from dflash_tui.engines import load_engine
 
             _, config = load_settings(None, "cuda", str(pair.target), str(pair.draft), dtype=pair.dtype)
             config.compile_steps = self.compiled
             if self.compiled:
-                say(f"dflash: compiling the decode steps for {pair.name} (inductor; cached after the first run)")
-            self.engines[pair.name] = load_engine(config)
-        return self.engines[pair.name]
+                say(f"dflash: compiling the decode steps for {pair.name} at {key[1]} thread(s) (inductor; cached "
+                    "after the first run)")
+            self.engines[key] = load_engine(config)
+        return self.engines[key]
 
     def prepare(self, pair: Pair, texts: list[str]) -> None:
         """The prompt ids every peer gets (chat-rendered, thinking on) and the stop ids (none on `big`)."""
