@@ -371,9 +371,9 @@ async def test_sessions_screen_asks_refuses_the_open_chat_and_removes_replays(en
     pytest.importorskip("textual")
     from textual.widgets import DataTable
 
-    from dflash_tui.tui.screens.sessions import ConfirmDeleteScreen, SessionsScreen
+    from dflash_tui.tui.screens.sessions import ConfirmDeleteScreen
     from tests.tiny import write_profile
-    from tests.tui_helpers import SIZE, make_app, ready, send
+    from tests.tui_helpers import SIZE, make_app, open_sessions, ready, send
 
     old = sessions.SessionWriter({"created": "2026-01-01T10:00:00+00:00", "profile": {"name": "tiny"}},
                                  session_id="20260101-100000-0000")
@@ -386,9 +386,7 @@ async def test_sessions_screen_asks_refuses_the_open_chat_and_removes_replays(en
         await ready(pilot)
         await send(pilot, "hello")
         open_id = app.conversation.session_id
-        await pilot.press("ctrl+o")
-        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen))
-        screen = app.screen
+        screen = await open_sessions(pilot)
         table = screen.query_one(DataTable)
 
         def status() -> str:

@@ -22,6 +22,7 @@ from tests.tui_helpers import (  # noqa: E402 - after the importorskip above
     burst,
     every_theme_reads,
     make_app,
+    open_sessions,
     ready,
     recorded_turn,
     send,
@@ -577,15 +578,12 @@ async def test_the_session_picker_acts_on_the_row_fast_keys_reached(profile, eng
 
 @pytest.mark.asyncio
 async def test_the_session_picker_follows_a_click_and_keys_after_it(profile, engine, data_dir):
-    from dflash_tui.tui.screens import SessionsScreen
 
     ids = write_sessions(3)
     app = make_app(profile, engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        await pilot.press("ctrl+o")
-        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen))
-        picker = app.screen
+        picker = await open_sessions(pilot)
         await waiting.until(pilot, lambda: picker.query_one("DataTable").row_count == 3)
         await pilot.press("end", "up")
         assert picker._selected() == ids[1]
@@ -599,16 +597,13 @@ async def test_the_session_picker_follows_a_click_and_keys_after_it(profile, eng
 async def test_r_in_the_session_picker_renames_the_row_and_its_file(profile, engine, data_dir):
     """Issue 32 (build 6): r opens the title filled in; enter saves it and redraws the row, escape keeps it."""
     from dflash_tui.core import sessions
-    from dflash_tui.tui.screens import SessionsScreen
     from dflash_tui.tui.screens.sessions import RenameScreen
 
     ids = write_sessions(2)
     app = make_app(profile, engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        await pilot.press("ctrl+o")
-        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen))
-        picker = app.screen
+        picker = await open_sessions(pilot)
         table = picker.query_one("DataTable")
         await pilot.press("down", "r")
         await waiting.until(pilot, lambda: isinstance(app.screen, RenameScreen))
@@ -633,7 +628,6 @@ async def test_the_pickers_export_asks_for_the_file_and_writes_it_private(profil
     import os
     import stat
 
-    from dflash_tui.tui.screens import SessionsScreen
     from dflash_tui.tui.screens.sessions import LineScreen
 
     (chosen,) = write_sessions(1)
@@ -646,9 +640,7 @@ async def test_the_pickers_export_asks_for_the_file_and_writes_it_private(profil
     app = make_app(profile, engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        await pilot.press("ctrl+o")
-        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen))
-        picker = app.screen
+        picker = await open_sessions(pilot)
         status = picker.query_one("#sessions-status")
         await pilot.press("e")
         await waiting.until(pilot, lambda: isinstance(app.screen, LineScreen))

@@ -13,7 +13,7 @@ from tests import waiting
 pytest.importorskip("textual")
 pytest.importorskip("torch")
 
-from tests.tui_helpers import SIZE, burst, make_app, ready, write_sessions  # noqa: E402 - after the importorskip above
+from tests.tui_helpers import SIZE, burst, make_app, open_sessions, ready, write_sessions  # noqa: E402 - after the importorskip above
 
 
 @pytest.mark.asyncio
@@ -76,9 +76,7 @@ async def test_the_keys_behind_one_that_opens_a_box_in_the_picker_reach_that_box
     app = make_app(profile, engine)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
-        await pilot.press("ctrl+o")
-        await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen))
-        picker = app.screen
+        picker = await open_sessions(pilot)
         search = picker.query_one("#sessions-search")
         burst(app, "/", *"jredquestion 0", "ctrl+u", *"question 1")
         await waiting.until(pilot, lambda: search.value == "question 1", 60)

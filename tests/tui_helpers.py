@@ -51,6 +51,16 @@ def burst(app, *keys: str) -> None:
         app.post_message(events.Key(_character_to_key(key), key) if len(key) == 1 else events.Key(key, None))
 
 
+async def open_sessions(pilot):
+    """ctrl+o, then the session picker once it is the screen."""
+    from dflash_tui.tui.screens import SessionsScreen
+    from tests import waiting
+
+    await pilot.press("ctrl+o")
+    await waiting.until(pilot, lambda: isinstance(pilot.app.screen, SessionsScreen))
+    return pilot.app.screen
+
+
 async def send(pilot, text):
     """Type `text`, press enter, wait for the turn to end; returns its `ActiveTurn`."""
     app = pilot.app
@@ -185,15 +195,6 @@ async def every_theme_reads(pilot, where: str) -> list[str]:
 
 
 async def press_at_once(pilot, *keys: str) -> None:
-    """`keys` as one burst, as a busy terminal delivers fast typing: every event is queued before the app
-    handles the first (`pilot.press` lets the app settle after each key)."""
-    from textual import events
-    from textual.keys import _character_to_key
-
-    app = pilot.app
-    for key in keys:
-        char = key if len(key) == 1 else None
-        event = events.Key(_character_to_key(key) if char is not None else key, char)
-        event.set_sender(app)
-        app._driver.send_message(event)
+    """`burst`, then the app settles: every key is queued before the app handles the first."""
+    burst(pilot.app, *keys)
     await pilot.pause()
