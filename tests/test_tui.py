@@ -387,8 +387,8 @@ async def test_the_replay_screen_reads_at_3_to_1_on_every_builtin_theme(profile,
     from rich.style import Style
 
     from dflash_tui.core import sessions
+    from dflash_tui.tui.contrast import theme_background
     from dflash_tui.tui.screens import ReplayScreen
-    from dflash_tui.tui.widgets.answer import theme_background
 
     writer = sessions.SessionWriter({"profile": {"name": "tiny"}, "engine": "cuda"})
     writer.append_turn({"status": "completed", "user": "What is 48 + 75?", "answer": "48 + 75 = 123.", "settings": {}})

@@ -888,9 +888,9 @@ async def test_every_text_on_screen_reaches_3_to_1_on_every_builtin_theme(profil
     from textual.widgets._toast import Toast
 
     from dflash_tui.core import sessions
+    from dflash_tui.tui.contrast import origin_styles
     from dflash_tui.tui.screens import SessionsScreen
     from dflash_tui.tui.widgets import AnswerView
-    from dflash_tui.tui.widgets.answer import origin_styles
 
     session = write_session("20260101-100000-0000",
                             recorded_turn(engine, "stopped", "half an answ", status="cancelled"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from rich.color import Color as RichColor
 from rich.color import ColorSystem
+from rich.style import Style
 from textual.color import Color, ColorParseError
 from textual.theme import Theme
 
@@ -102,3 +103,19 @@ def readable_variables(variables: dict[str, str]) -> dict[str, str]:
         if not all(reads_on(colour, b) for b in backgrounds):
             fixed[name] = readable(colour, *backgrounds).hex
     return fixed
+
+
+# (colour, attributes) per origin, for dark and for light backgrounds. No "dim": it would blend the ghosts
+# into the background; the strike-through sets them apart.
+PALETTES = {
+    True: {"draft": ("#56d364", "bold"), "target": ("#79c0ff", ""), "ghost": ("#f85149", "strike")},
+    False: {"draft": ("#1a7f37", "bold"), "target": ("#0550ae", ""), "ghost": ("#cf222e", "strike")},
+}
+
+
+def origin_styles(background: Color) -> dict[str, Style]:
+    """The answer's styles for text on `background`: draft, target, ghost and plain."""
+    palette = PALETTES[background.brightness < 0.5]
+    styles = {kind: Style.parse(f"{attrs} {readable(Color.parse(colour), background).hex}".strip())
+              for kind, (colour, attrs) in palette.items()}
+    return {**styles, "plain": Style()}

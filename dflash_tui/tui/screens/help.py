@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from dflash_tui.engines.config import EFFORTS
-from dflash_tui.tui.widgets.answer import origin_styles, theme_background
+from dflash_tui.tui.contrast import origin_styles, theme_background
 
 KEY_HELP = [
     ("enter", "send the message"),

@@ -35,7 +35,7 @@ from dflash_tui.core.terminal import printable
 from dflash_tui.measure import replay
 from dflash_tui.measure.report import repeats_note
 from dflash_tui.measure.runs import check_repeats
-from dflash_tui.tui.widgets.answer import origin_styles, theme_background
+from dflash_tui.tui.contrast import origin_styles, theme_background
 from dflash_tui.tui.widgets.keys import TextInput
 
 if TYPE_CHECKING:

@@ -12,7 +12,6 @@ import time
 from typing import Iterable, Optional
 
 from rich.cells import cell_len
-from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.color import Color
@@ -25,25 +24,9 @@ from textual.widgets._collapsible import CollapsibleTitle
 from dflash_tui.core.terminal import printable
 from dflash_tui.engines.detokenize import StreamingDetokenizer
 from dflash_tui.engines.reasoning import THINK
-from dflash_tui.tui.contrast import MIN_CONTRAST, in_256_colours, readable, theme_background  # noqa: F401 - re-exported
+from dflash_tui.tui.contrast import origin_styles, theme_background
 
 LAYOUT_EVERY_S = 0.3  # while streaming, a new row shows within this; text in existing rows every frame
-# (colour, attributes) per origin, for dark and for light backgrounds. No "dim": it would blend the ghosts
-# into the background; the strike-through sets them apart.
-PALETTES = {
-    True: {"draft": ("#56d364", "bold"), "target": ("#79c0ff", ""), "ghost": ("#f85149", "strike")},
-    False: {"draft": ("#1a7f37", "bold"), "target": ("#0550ae", ""), "ghost": ("#cf222e", "strike")},
-}
-
-
-def origin_styles(background: Color) -> dict[str, Style]:
-    """The answer's styles for text on `background`: draft, target, ghost and plain."""
-    palette = PALETTES[background.brightness < 0.5]
-    styles = {kind: Style.parse(f"{attrs} {readable(Color.parse(colour), background).hex}".strip())
-              for kind, (colour, attrs) in palette.items()}
-    return {**styles, "plain": Style()}
-
-
 def recorded_segments(decode, prompt_ids: list[int], emitted_ids: list[int], steps: list) -> list[tuple[str, str]]:
     """A recorded turn's text split by origin, ghosts included, as it streamed: the first id is the
     target's (sampled from the prefill), then each step emitted its `accepted` drafted ids and one of

@@ -18,7 +18,7 @@ from textual.widgets import Static
 
 from dflash_tui.core.figures import UNKNOWN, fixed, known
 from dflash_tui.core.speedup import Speedup
-from dflash_tui.tui.widgets.answer import origin_styles, theme_background
+from dflash_tui.tui.contrast import origin_styles, theme_background
 
 BAR = " ▏▎▍▌▋▊▉█"
 Field = tuple[str | Text, str]  # a fitted line's text and its style
