@@ -115,7 +115,8 @@ class Repl:
             self.info(f"thinking {'ON' if on else 'OFF'}")
         elif name == "block":
             try:
-                self.conv.set_block(int(arg))
+                for warning in self.conv.set_block(int(arg)):
+                    self.info(warning)
                 self.info(f"block size {self.conv.settings.block_size}")
             except ValueError:
                 self.info("usage: /block N (1 = plain decoding)")
@@ -190,7 +191,8 @@ class Repl:
             self.info(str(exc))
             return
         assert setting is not None  # the name is a knob's and a value follows it
-        self.conv.apply_setting(setting)
+        for warning in self.conv.apply_setting(setting):
+            self.info(warning)
         self.info(f"From the next turn: {setting}.")
 
     def copy(self) -> None:

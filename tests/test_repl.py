@@ -34,7 +34,7 @@ def run_plain(args, stdin_text, data_dir, extra_env=None):
 
 def test_piped_stdin_reads_prompts_line_by_line(profile, data_dir):
     script = "\n".join(["first question", "/thinking off", "/block 2", "/ghosts", "second question", "/stats",
-                        "/bogus", "/new", "third question", "/quit", "never sent"]) + "\n"
+                        "/bogus", "/new", "third question", "/block 20", "/quit", "never sent"]) + "\n"
     result = run_plain(["--profile", str(profile)], script, data_dir)
     err = result.stderr.decode()
     assert result.returncode == 0, err
@@ -42,6 +42,7 @@ def test_piped_stdin_reads_prompts_line_by_line(profile, data_dir):
     assert "\033[" not in out  # not a terminal: no colour codes
     assert "thinking OFF" in err and "block size 2" in err and "ghosts on" in err
     assert "tau" in err and "x (measured)" in err and "unknown command /bogus" in err  # timed after each turn
+    assert "Block size 20 is above the draft's trained block size 16; acceptance usually drops beyond it." in err
     assert err.count("tokens ·") == 3 + 1  # three answers, and /stats
     found = sorted(sessions.list_sessions(), key=lambda s: s.created)
     assert len(found) == 2  # /new started a second session

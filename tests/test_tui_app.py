@@ -270,6 +270,23 @@ async def test_every_sampling_knob_typed_in_the_palette_applies_on_enter_and_clo
         "top_k": None, "min_p": 0.05, "max_new_tokens": 30, "seed": 7, "block_size": 3}
 
 
+@pytest.mark.asyncio
+async def test_a_block_size_above_the_drafts_trained_one_is_set_and_said(profile, engine, data_dir):
+    """A block size above the draft's trained size runs (acceptance usually drops), but the palette and f7's path
+    set it without a word: the person is told, as `dflash generate` tells them."""
+    from textual.widgets import Input
+
+    said = "Block size 20 is above the draft's trained block size 16; acceptance usually drops beyond it."
+    app = make_app(profile, engine)
+    async with app.run_test(size=SMALL) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+p")
+        await waiting.until(pilot, lambda: isinstance(app.screen, CommandPalette) and isinstance(app.focused, Input))
+        await press_at_once(pilot, *"block 20", "enter")
+        await waiting.until(pilot, lambda: notified(app, said) == 1)
+        assert app.conversation.settings.block_size == 20
+
+
 # -- a known-bad setting, said before it is used ----------------------------------------------------------
 
 

@@ -279,22 +279,24 @@ class Conversation:
         self.settings.block_size = later[0] if later else choices[0]
         return self.settings.block_size
 
-    def set_block(self, block_size: int) -> int:
+    def set_block(self, block_size: int) -> list[str]:
+        """Block size `block_size` from the next turn (UserError when it cannot run); returns the warnings for a
+        questionable one (above the draft's trained block size), for the front end to show."""
         self._block_settable()
-        check_block_size(block_size, self.engine.trained_block_size, self.has_draft)
+        warnings = check_block_size(block_size, self.engine.trained_block_size, self.has_draft)
         self.settings.block_size = block_size
-        return block_size
+        return warnings
 
-    def apply_setting(self, setting: Setting) -> None:
-        """A setting typed by a person (core/knobs.py), from the next turn. A draft is not the chat's to switch:
-        the front end reloads the engine with it."""
+    def apply_setting(self, setting: Setting) -> list[str]:
+        """A setting typed by a person (core/knobs.py), from the next turn; returns its warnings (`set_block`'s).
+        A draft is not the chat's to switch: the front end reloads the engine with it."""
         if setting.name == "draft":
             raise ValueError("a draft is switched by loading the engine again, which the front end does")
         if setting.name == "block_size":
             assert isinstance(setting.value, int)  # (knobs.py reads a block size as one)
-            self.set_block(setting.value)
-        else:
-            setattr(self.settings, setting.name, setting.value)
+            return self.set_block(setting.value)
+        setattr(self.settings, setting.name, setting.value)
+        return []
 
     def set_thinking(self, on: bool) -> Optional[str]:
         """Set thinking for the next turns; returns a warning, once per session, when the profile says the setting

@@ -174,10 +174,12 @@ class TurnActions(ChatBase):
         if self.conversation is None:
             return
         try:
-            self.conversation.set_block(block)
+            warnings = self.conversation.set_block(block)
         except UserError as exc:
             self.notify(str(exc), severity="error", timeout=8)
             return
+        for warning in warnings:  # above the draft's trained size: it runs, and the person knows what to expect
+            self.notify(warning, severity="warning", timeout=8)
         self._block_chosen(self.conversation, block)
 
     def _block_chosen(self, conversation: Conversation, block: int) -> None:
