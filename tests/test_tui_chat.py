@@ -857,6 +857,28 @@ async def test_ghosts_keep_the_line_the_reader_was_on(profile, engine, data_dir)
 
 
 @pytest.mark.asyncio
+async def test_ctrl_g_on_a_marked_answer_shows_its_ghosts_alone(profile, engine, data_dir):
+    """Issue 46, build 6: ghosts "toggled per message", so the answer being studied shows its rejected proposals
+    while the others still read plainly; with nothing marked, ctrl+g sets every answer (and the next ones)."""
+    from dflash_tui.tui.widgets import AnswerView
+
+    app = make_app(profile, engine, block_size=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        for n in range(2):
+            await send(pilot, f"question {n}")
+        first, second = app.screen.query(AnswerView)
+        assert any(kind == "ghost" for _, kind in first.segments)
+        await pilot.press("alt+up", "alt+up", "alt+up")  # the second answer, its question, the first answer
+        assert app.chat.marked is first
+        await pilot.press("ctrl+g")
+        await waiting.until(pilot, lambda: first.ghosts)
+        assert not second.ghosts and not app.chat.ghosts
+        await pilot.press("escape", "ctrl+g")  # unmarked: every answer
+        await waiting.until(pilot, lambda: app.chat.ghosts and second.ghosts)
+
+
+@pytest.mark.asyncio
 async def test_a_resize_keeps_the_line_a_reader_who_scrolled_up_was_on(profile, engine, data_dir):
     """Build 3: "Resize and ctrl+g keep the line the reader was on". A narrower terminal rewraps the answers
     above the reader: the view kept its scroll offset, so another line came to the top."""

@@ -154,6 +154,14 @@ class TurnActions(ChatBase):
         self.refresh_chrome()
 
     def action_toggle_ghosts(self) -> None:
+        """ctrl+g: show or hide the rejected proposals of the marked answer (alt+up/down, ctrl+f), so one answer
+        can be studied while the rest read plainly; with none marked, of every answer and the next ones."""
+        marked = self.marked if isinstance(self.marked, AnswerView) and self.marked.is_attached else None
+        if marked is not None:
+            marked.set_ghosts(not marked.ghosts)
+            shown = "shown" if marked.ghosts else "hidden"
+            self.toast("ghosts", f"Ghosts {shown} in the marked answer; escape unmarks it, then ctrl+g sets all.")
+            return
         self.ghosts = not self.ghosts
         for view in self.query(AnswerView):  # the conversation keeps the reader's line as the heights change
             view.set_ghosts(self.ghosts)
