@@ -23,7 +23,7 @@ else
 endif
 EXTRAS := cuda,mlx,serve,dev
 
-.PHONY: install chat lint test test-min test-latest lock latest-venv bench peers demo-models gpu-check smoke-pythons clean
+.PHONY: install chat lint test test-min test-latest lock latest-venv bench peers demo-models screenshots gpu-check smoke-pythons clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,10 @@ peers: $(STAMP)
 
 demo-models: $(STAMP)
 	$(PY) scripts/make_demo_models.py
+
+# The README's screenshots (docs/screenshots/*.svg), from the real app on the demo pair, headless.
+screenshots: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) scripts/screenshots.py
 
 # The prepared GPU check (scripts/gpu_check.py): CUDA-only tests, gpu_speed at three bucket sizes, bf16
 # graph-vs-eager ids on the demo pair; one JSON and one Markdown table under GPU_CHECK_OUT. About 5 minutes.
