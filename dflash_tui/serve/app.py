@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from dflash_tui.engines.config import GenerationRequest
+from dflash_tui.engines.engine import EngineLike
 from dflash_tui.engines.errors import MAX_DEPTH, describe, too_deep
 from dflash_tui.engines.guided import Constraint
 from dflash_tui.engines.hub import looks_like_hub_id
@@ -46,7 +47,7 @@ log = logging.getLogger("dflash.serve")
 
 @dataclass
 class ServeState:
-    engine: Any
+    engine: EngineLike
     worker: EngineWorker
     metrics: Metrics
     names: list[str]  # served model names; the first is listed
@@ -72,7 +73,7 @@ class ServeState:
             "block_size": e.block_size, "trained_block_size": e.trained_block_size,
             "target": public_name(e.config.target), "draft": public_name(e.config.draft),
             "max_model_len": self.max_positions, "stop_ids": list(e.stop_ids()),
-            "draft_window": getattr(e.config, "draft_window", None),
+            "draft_window": e.config.draft_window,
             "generation_config": _jsonable(e.generation_config or {}),
         }
         return {"id": name or self.names[0], "object": "model", "created": self.created, "owned_by": "dflash",
@@ -332,13 +333,9 @@ async def pieces(state: ServeState, job: Job, params: Params, split: Optional[Th
         yield piece
 
 
-def _vocab(state: ServeState) -> Optional[int]:
-    return getattr(state.engine.target_info, "vocab_size", None)
-
-
 def check_ids(state: ServeState, ids: list[int], param: str) -> None:
     """Token ids from a client: each in the target's vocabulary (a 400, never a tokenizer crash)."""
-    vocab = _vocab(state)
+    vocab = state.engine.target_info.vocab_size
     if ids and vocab and not 0 <= min(ids) <= max(ids) < vocab:
         raise ApiError(400, f"Token ids must be from 0 to {vocab - 1}; got {min(ids)} .. {max(ids)}.", param)
 
@@ -453,7 +450,7 @@ def _render(state: ServeState, params: Params, thinking: bool) -> Prepared:
 def _effort(state: ServeState, params: Params) -> Optional[str]:
     """The request's reasoning effort, else the served profile's; a 400 naming the field for a model whose
     template does not read it (a profile's default is simply not used there)."""
-    tokenizer = getattr(state.engine, "tokenizer", None)
+    tokenizer = state.engine.tokenizer
     takes = tokenizer is not None and takes_effort(tokenizer)
     if params.reasoning_effort is not None and not takes:
         raise refuse_effort()
@@ -606,7 +603,7 @@ def build_app(state: ServeState):
             opened = thinking and not prepared.opening and fmt.opened_by(state.engine.decode(ids[-8:]))
             split = fmt.splitter(opened=opened, prefix=prepared.opening)
         parser = parser_for(prepared.tool_format, prepared.opening) if prepared.tool_format else None
-        shaper = ChatShaper(params, ids, chat, getattr(state.engine, "tokenizer", None))
+        shaper = ChatShaper(params, ids, chat, state.engine.tokenizer)
         if params.stream:
             return EventStream(shaper.stream(pieces(state, job, params, split, parser)),
                                lambda: state.worker.cancel(job))
