@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from dflash_tui.core import sessions
 from dflash_tui.core.figures import DRAFT_KINDS, draft_kind
-from dflash_tui.core.knobs import Setting
+from dflash_tui.core.knobs import Knob, Setting
 from dflash_tui.core.profiles import Profile
 from dflash_tui.core.speedup import Speedup, session_speedup, turn_speedup
 from dflash_tui.core.terminal import printable  # noqa: F401 - re-exported for older imports
@@ -69,6 +69,13 @@ class ChatSettings(Sampling):
 
     def to_dict(self) -> dict:
         return {**asdict(self), "constraint": self.constraint.to_dict() if self.constraint else None}
+
+    def setting(self, knob: Knob) -> Setting:
+        """The value in use of a knob these settings hold (core/knobs.py; not the draft, which is the engine's):
+        what `Conversation.apply_setting` sets."""
+        values = {**self.sampling(), "max_new_tokens": self.max_new_tokens, "seed": self.seed,
+                  "block_size": self.block_size}
+        return Setting(knob, values[knob.name])
 
     def update(self, data: dict) -> None:
         for key, value in data.items():

@@ -378,10 +378,10 @@ def _generation_request(state: ServeState, params: Params, ids: list[int], think
         base = [] if params.ignore_eos else list(state.engine.stop_ids())
         stop_ids = list(dict.fromkeys(base + params.stop_token_ids))
     seed = params.seed if params.seed is not None else fresh_seed()
-    pick = lambda key: getattr(params, key) if getattr(params, key) is not None else d.get(key)  # noqa: E731 - a one-line lookup
+    sampling: dict[str, Any] = {name: value if value is not None else d.get(name)  # the request's, else the profile's
+                                for name, value in params.sampling().items()}
     return check_request(lambda: GenerationRequest(
-        prompt_ids=ids, max_new_tokens=max_new, temperature=pick("temperature"), top_p=pick("top_p"),
-        top_k=pick("top_k"), min_p=pick("min_p"), seed=seed, block_size=params.block_size,
+        prompt_ids=ids, max_new_tokens=max_new, **sampling, seed=seed, block_size=params.block_size,
         thinking=thinking, stop_ids=stop_ids, presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
         logit_bias=params.logit_bias, logprobs=params.logprobs, top_logprobs=params.top_logprobs,
