@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from typing import Optional
@@ -60,7 +61,7 @@ def read_stdin(limit: Optional[int] = None) -> str:
     stream = sys.stdin
     if stream is None:  # started with stdin closed (`<&-`)
         raise UserError("PROMPT is '-' but standard input is closed; pipe the prompt in, or pass it as an argument.")
-    source = getattr(stream, "buffer", stream)
+    source = stream.buffer if isinstance(stream, io.TextIOWrapper) else stream  # a StringIO put in its place has none
     try:
         data = source.read(limit + 1)  # a buffered read: until limit + 1 bytes (characters) or the end
     except (OSError, ValueError) as exc:  # a closed or unreadable descriptor

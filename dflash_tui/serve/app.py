@@ -18,6 +18,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable, Optional
 
 import anyio
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -638,8 +639,8 @@ def build_app(state: ServeState):
         Route("/v1/completions", guarded(completions, state, "/v1/completions"), methods=["POST"]),
     ]
 
-    async def not_found(request: Request, exc) -> Response:
-        status = getattr(exc, "status_code", 404)
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 404  # starlette raises 404 and 405 as these
         message = "No such route." if status == 404 else f"Method {request.method} is not allowed here."
         return error_response(ApiError(status, f"{message} ({request.url.path})", code="not_found" if status == 404
                                        else "method_not_allowed", kind="invalid_request_error"))
