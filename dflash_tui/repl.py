@@ -29,7 +29,7 @@ from dflash_tui.core.conversation import (
     running_draft_kind,
 )
 from dflash_tui.core.figures import UNKNOWN, draft_text, fixed, known
-from dflash_tui.core.knobs import KNOB, Setting, parse_setting
+from dflash_tui.core.knobs import KNOB, parse_setting
 from dflash_tui.core.sessions import Session  # (the class: `sessions` is also a method's name here)
 from dflash_tui.core.settings import loading_line, profile_for
 from dflash_tui.core.structured import schema_constraint
@@ -183,7 +183,7 @@ class Repl:
         """/temperature 0.7, /top_k 20, …: read and checked as the palette reads a typed setting (core/knobs.py);
         alone, the value in use."""
         if not arg:
-            self.info(f"{Setting(KNOB[name], getattr(self.conv.settings, name))} now; /{KNOB[name].example} sets it")
+            self.info(f"{self.conv.settings.setting(KNOB[name])} now; /{KNOB[name].example} sets it")
             return
         try:
             setting = parse_setting(f"{name} {arg}")

@@ -108,12 +108,18 @@ class TargetLike(Protocol):
     @property
     def max_positions(self) -> Optional[int]: ...  # the context size, None when unknown
 
+    @property
+    def vocab_size(self) -> Optional[int]: ...  # the target's embedding rows, None where a server does not say
+
 
 class DraftLike(Protocol):
     """What a front end reads of an engine's draft: `DraftInfo` here, a remote engine's `RemoteDraft`."""
 
     @property
     def path(self) -> Union[str, Path]: ...
+
+    @property
+    def arch(self) -> Optional[str]: ...  # 'dflash' or 'dflash2' as its config declares; None where a server does not say
 
 
 @runtime_checkable
@@ -128,7 +134,7 @@ class EngineLike(Protocol):
     block_size: int  # the default block size (the draft's trained one unless configured)
     warnings: list[str]  # notes from loading, one sentence each
     generation_config: dict  # the target's generation_config.json (sampling defaults)
-    tokenizer: Any
+    tokenizer: Any  # the target's (transformers); None for a remote engine that has none here (the server tokenizes)
     last_summary: Optional[Summary]  # set when a generation's stream ends
 
     @property
@@ -139,6 +145,9 @@ class EngineLike(Protocol):
 
     @property
     def trained_block_size(self) -> Optional[int]: ...
+
+    @property
+    def reports_steps(self) -> bool: ...  # False: the events are a server's text chunks, not verify steps
 
     def prepare(self, request: GenerationRequest) -> list[int]: ...
 
@@ -157,7 +166,13 @@ class EngineLike(Protocol):
 
     def measure_block1(self, steps: int = 4) -> Optional[Block1Probe]: ...
 
+    def new_context(self) -> None: ...  # forget the caches kept from earlier requests
+
+    def prepare_steps(self, block_size: int) -> bool: ...  # between requests: what a request at block_size needs
+
     def close(self) -> None: ...
+
+    def kill(self) -> None: ...  # stop at once, for a process that must exit now (close waits)
 
 
 Progress = Callable[[str], None]  # a stage of loading or capturing, said as it starts ("loading the target")
@@ -171,6 +186,7 @@ class Engine:
     """Base of the CUDA and MLX engines. Subclasses set name/device/dtype and implement `_decode`."""
 
     name = "?"
+    reports_steps = True  # every event is a verify step
 
     def __init__(self, config: EngineConfig, progress: Optional[Progress] = None):
         self.config = config
@@ -208,6 +224,9 @@ class Engine:
 
     def close(self) -> None:
         """Nothing to stop in this process; the weights go with the last reference."""
+
+    def kill(self) -> None:
+        """Nothing runs apart from this process: its exit ends the engine."""
 
     def new_context(self) -> None:
         """Forget the caches kept from earlier requests: the next one prefills its whole prompt."""

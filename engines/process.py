@@ -182,6 +182,8 @@ class ProcessEngine:
     failed). `progress` hears the child's stages (loading, capturing CUDA graphs) whenever they run: during
     the load, and later in prepare_steps or a request that needs a capture."""
 
+    reports_steps = True  # the child's events are its engine's verify steps
+
     def __init__(self, config: EngineConfig, progress: Optional[Progress] = None):
         self.config = config
         self.progress = progress

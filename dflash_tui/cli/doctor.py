@@ -94,7 +94,7 @@ def head(path: Path, limit: int = HEAD_BYTES) -> Optional[bytes]:
     """The first `limit` bytes of the regular file at `path`; None for anything else (a FIFO, a device, a
     folder, an unreadable file). Opened without blocking (a FIFO with no writer never hangs the open) and
     checked on the open descriptor, so a file swapped after the check is not read either; never read whole."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY  # (POSIX, as dflash is: Linux and macOS)
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None

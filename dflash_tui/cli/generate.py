@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from typing import Optional
@@ -17,6 +18,7 @@ from dflash_tui.core.structured import flags_constraint
 from dflash_tui.core.terminal import printable
 from dflash_tui.engines import load_engine
 from dflash_tui.engines.config import EFFORTS
+from dflash_tui.engines.engine import EngineLike
 from dflash_tui.engines.errors import UserError
 from dflash_tui.engines.prompting import chat_ids, check_text, preflight
 from dflash_tui.engines.reasoning import THINK, format_for
@@ -59,7 +61,7 @@ def read_stdin(limit: Optional[int] = None) -> str:
     stream = sys.stdin
     if stream is None:  # started with stdin closed (`<&-`)
         raise UserError("PROMPT is '-' but standard input is closed; pipe the prompt in, or pass it as an argument.")
-    source = getattr(stream, "buffer", stream)
+    source = stream.buffer if isinstance(stream, io.TextIOWrapper) else stream  # a StringIO put in its place has none
     try:
         data = source.read(limit + 1)  # a buffered read: until limit + 1 bytes (characters) or the end
     except (OSError, ValueError) as exc:  # a closed or unreadable descriptor
@@ -113,13 +115,13 @@ class AnswerFilter:
         return [(text, origin) for text, origin in out if text]
 
 
-def with_tools(loaded, request, tools):
+def with_tools(loaded: EngineLike, request, tools):
     """The request's messages rendered with `tools` by the target's template (as `dflash serve` does)."""
     import dataclasses
 
     from dflash_tui.serve.tools import tool_format
 
-    tokenizer = getattr(loaded, "tokenizer", None)
+    tokenizer = loaded.tokenizer
     if tokenizer is None:
         raise UserError("--tools needs the target's tokenizer here; on a server, send tools through its API.")
     fmt = tool_format(tokenizer)

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from dflash_tui.core import sessions
 from dflash_tui.core.figures import DRAFT_KINDS, draft_kind
-from dflash_tui.core.knobs import Setting
+from dflash_tui.core.knobs import Knob, Setting
 from dflash_tui.core.profiles import Profile
 from dflash_tui.core.speedup import Speedup, session_speedup, turn_speedup
 from dflash_tui.core.terminal import printable  # noqa: F401 - re-exported for older imports
@@ -69,6 +69,13 @@ class ChatSettings(Sampling):
 
     def to_dict(self) -> dict:
         return {**asdict(self), "constraint": self.constraint.to_dict() if self.constraint else None}
+
+    def setting(self, knob: Knob) -> Setting:
+        """The value in use of a knob these settings hold (core/knobs.py; not the draft, which is the engine's):
+        what `Conversation.apply_setting` sets."""
+        values = {**self.sampling(), "max_new_tokens": self.max_new_tokens, "seed": self.seed,
+                  "block_size": self.block_size}
+        return Setting(knob, values[knob.name])
 
     def update(self, data: dict) -> None:
         for key, value in data.items():
@@ -327,7 +334,7 @@ class Conversation:
     @property
     def efforts(self) -> tuple:
         """The reasoning efforts the target's template takes; () for on/off thinking."""
-        tokenizer = getattr(self.engine, "tokenizer", None)
+        tokenizer = self.engine.tokenizer
         return EFFORTS if tokenizer is not None and takes_effort(tokenizer) else ()
 
     @property
@@ -578,9 +585,7 @@ class Conversation:
 
     def new_context(self) -> None:
         """Clear the engine's kept caches: the next turn prefills its whole prompt (the history stays)."""
-        clear = getattr(self.engine, "new_context", None)  # a remote server keeps its own caches
-        if clear is not None:
-            clear()
+        self.engine.new_context()
 
     def restore(self, session: sessions.Session) -> None:
         """Continue a recorded session: its history, its last settings, appending to its file.
@@ -635,14 +640,11 @@ class Conversation:
     def prepare_steps(self) -> bool:
         """Between turns, after the block size changed: let the engine make ready what the next turn at
         that size needs (the cuda engine captures its graphs), so that sending does not wait for it; True
-        when it did something. An engine without the method (a remote server) has nothing to prepare."""
-        prepare = getattr(self.engine, "prepare_steps", None)
-        if prepare is None:
-            return False
+        when it did something (a remote server has nothing to prepare)."""
         with self._engine_use:
             if self._running:
                 return False
-            return prepare(self.settings.block_size)
+            return self.engine.prepare_steps(self.settings.block_size or self.engine.block_size)
 
     @contextmanager
     def lend_engine(self) -> Iterator[Optional[EngineLike]]:
@@ -705,15 +707,15 @@ class Conversation:
         return session_speedup(measured)
 
 
-def draft_arch(engine) -> Optional[str]:
+def draft_arch(engine: EngineLike) -> Optional[str]:
     """The running draft's architecture as its config declares it: 'dflash' (DFlash 1) or 'dflash2' (DFlash 2, a
     candidate selector); None without a draft, or where the engine does not say (a remote server's)."""
     info = engine.draft_info
-    arch = getattr(info, "arch", None) if info is not None else None
+    arch = info.arch if info is not None else None
     return arch if arch in DRAFT_KINDS else None
 
 
-def running_draft(engine) -> Optional[str]:
+def running_draft(engine: EngineLike) -> Optional[str]:
     """The running draft as it was given (hub id or path); a server's own for a remote engine (whose profile may
     name a local draft it never runs); None without one."""
     info = engine.draft_info
@@ -722,7 +724,7 @@ def running_draft(engine) -> Optional[str]:
     return str(info.path) if engine.name == "remote" else (engine.config.draft or str(info.path))
 
 
-def running_draft_kind(engine) -> Optional[str]:
+def running_draft_kind(engine: EngineLike) -> Optional[str]:
     """What the header and the stats call the running draft: 'DFlash 1', 'DFlash 2', or 'no draft' (the target
     alone); None where the engine does not say which kind its draft is (a remote server)."""
     if not reports_steps(engine):  # a server that is not ours does not say whether it drafts at all
@@ -732,9 +734,9 @@ def running_draft_kind(engine) -> Optional[str]:
     return draft_kind(draft_arch(engine))
 
 
-def reports_steps(engine) -> bool:
-    """Whether `engine`'s events are verify steps (False: a server's text chunks; absent means True)."""
-    return bool(getattr(engine, "reports_steps", True))
+def reports_steps(engine: EngineLike) -> bool:
+    """Whether `engine`'s events are verify steps (False: a server's text chunks)."""
+    return engine.reports_steps
 
 
 def session_tau(summaries: list[Summary]) -> Optional[float]:

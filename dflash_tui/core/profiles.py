@@ -121,11 +121,10 @@ class Profile(Sampling):
             raise UserError(f"Engine {engine!r} is unknown; choose one of {', '.join(ENGINES)}.")
         name = choose_engine(engine) if engine == "auto" else engine
         p = self.resolved(name)
-        keys = ("target", "draft", "dtype", "block_size", "draft_window", "target_layer_ids", "url", "model", "api_key",
-                "max_new_tokens")
-        values = {k: getattr(p, k) for k in keys}
-        for key in ("target", "draft"):  # a directory beside the profile file wins over a hub id
-            values[key] = self.local_path(values[key])
+        values: dict[str, Any] = dict(
+            target=self.local_path(p.target), draft=self.local_path(p.draft),  # a directory beside the file wins over a hub id
+            dtype=p.dtype, block_size=p.block_size, draft_window=p.draft_window, target_layer_ids=p.target_layer_ids,
+            url=p.url, model=p.model, api_key=p.api_key, max_new_tokens=p.max_new_tokens)
         given = {k: v for k, v in flags.items() if v is not None}
         if given:  # a bad flag is blamed on the command line, not on the profile
             EngineConfig(target=values["target"] or "-", engine=name, source="the command line", **given)

@@ -120,7 +120,8 @@ def edit_in_editor(text: str) -> str:
         try:
             status = subprocess.run([*shlex.split(command), path]).returncode
         except (OSError, ValueError) as exc:  # not installed; unbalanced quotes in the variable
-            raise UserError(printable(f"Cannot run the editor {command!r} ({getattr(exc, 'strerror', None) or exc}); "
+            reason = (exc.strerror if isinstance(exc, OSError) else None) or exc
+            raise UserError(printable(f"Cannot run the editor {command!r} ({reason}); "
                                       "set $EDITOR to one that is installed.")) from None
         if status:
             raise UserError(f"The editor exited with status {status}; the message is as it was.")

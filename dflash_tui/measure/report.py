@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import Optional
 
 from dflash_tui.core.figures import UNKNOWN
@@ -112,9 +113,9 @@ def chart(rows, colour: bool = False, width: int = 80, height: int = 14) -> str:
 def _plotext_chart(labels, speedups, taus, width, height) -> str:
     import plotext as plt
 
-    figure = getattr(plt, "figure", None)
-    if figure is not None and hasattr(figure, "build") and not callable(getattr(plt, "bar", None)):
-        figure.clear()  # plotext 6: the explicit-figure API
+    if int(version("plotext").split(".")[0]) >= 6:  # plotext 6: the explicit-figure API
+        figure = plt.figure
+        figure.clear()
         figure.subplots(1, 2)
         figure.theme("simple")  # coloured bars on the terminal's own background
         figure.plot_size(width, height)

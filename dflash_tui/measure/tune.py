@@ -304,9 +304,9 @@ def _set(doc, table_path: tuple[str, ...], key: str, value, comment: Optional[st
             del table[key]
         return
     table[key] = value
-    trivia = getattr(table[key], "trivia", None)  # tomlkit keeps the old line's comment, of the old value
-    if trivia is not None and not isinstance(table, tomlkit.items.InlineTable):
-        trivia.comment_ws, trivia.comment = ("  ", f"# {comment}") if comment else ("", "")
+    item = table[key]  # tomlkit keeps the old line's comment, of the old value, in the item's trivia
+    if isinstance(item, tomlkit.items.Item) and not isinstance(table, tomlkit.items.InlineTable):
+        item.trivia.comment_ws, item.trivia.comment = ("  ", f"# {comment}") if comment else ("", "")
 
 
 def _expected(plain: dict, edits) -> dict:

@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from dflash_tui.engines.config import EFFORTS, MAX_BLOCK_SIZE, MAX_SEED, MAX_TOP_LOGPROBS
+from dflash_tui.engines.config import EFFORTS, MAX_BLOCK_SIZE, MAX_SEED, MAX_TOP_LOGPROBS, Sampling
 from dflash_tui.engines.errors import UserError, parse_json
 from dflash_tui.engines.guided import Constraint
 from dflash_tui.engines.remote.wire import EXTENSION
@@ -107,18 +107,14 @@ def refuse_unsupported(body: dict, chat: bool) -> None:
 
 
 @dataclass
-class Params:
-    """A validated request."""
+class Params(Sampling):
+    """A validated request (its temperature, top_p, top_k and min_p: `Sampling`'s, None where it sends none)."""
 
     model: str
     stream: bool = False
     include_usage: bool = False
     max_tokens: Optional[int] = None
     max_tokens_key: str = "max_tokens"
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
     seed: Optional[int] = None  # None: a fresh random seed for this request (vLLM's default)
     stop: list[str] = field(default_factory=list)
     thinking: Optional[bool] = None

@@ -18,11 +18,13 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable, Optional
 
 import anyio
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from dflash_tui.engines.config import GenerationRequest
+from dflash_tui.engines.engine import EngineLike
 from dflash_tui.engines.errors import MAX_DEPTH, describe, too_deep
 from dflash_tui.engines.guided import Constraint
 from dflash_tui.engines.hub import looks_like_hub_id
@@ -46,7 +48,7 @@ log = logging.getLogger("dflash.serve")
 
 @dataclass
 class ServeState:
-    engine: Any
+    engine: EngineLike
     worker: EngineWorker
     metrics: Metrics
     names: list[str]  # served model names; the first is listed
@@ -72,7 +74,7 @@ class ServeState:
             "block_size": e.block_size, "trained_block_size": e.trained_block_size,
             "target": public_name(e.config.target), "draft": public_name(e.config.draft),
             "max_model_len": self.max_positions, "stop_ids": list(e.stop_ids()),
-            "draft_window": getattr(e.config, "draft_window", None),
+            "draft_window": e.config.draft_window,
             "generation_config": _jsonable(e.generation_config or {}),
         }
         return {"id": name or self.names[0], "object": "model", "created": self.created, "owned_by": "dflash",
@@ -332,13 +334,9 @@ async def pieces(state: ServeState, job: Job, params: Params, split: Optional[Th
         yield piece
 
 
-def _vocab(state: ServeState) -> Optional[int]:
-    return getattr(state.engine.target_info, "vocab_size", None)
-
-
 def check_ids(state: ServeState, ids: list[int], param: str) -> None:
     """Token ids from a client: each in the target's vocabulary (a 400, never a tokenizer crash)."""
-    vocab = _vocab(state)
+    vocab = state.engine.target_info.vocab_size
     if ids and vocab and not 0 <= min(ids) <= max(ids) < vocab:
         raise ApiError(400, f"Token ids must be from 0 to {vocab - 1}; got {min(ids)} .. {max(ids)}.", param)
 
@@ -381,10 +379,10 @@ def _generation_request(state: ServeState, params: Params, ids: list[int], think
         base = [] if params.ignore_eos else list(state.engine.stop_ids())
         stop_ids = list(dict.fromkeys(base + params.stop_token_ids))
     seed = params.seed if params.seed is not None else fresh_seed()
-    pick = lambda key: getattr(params, key) if getattr(params, key) is not None else d.get(key)  # noqa: E731 - a one-line lookup
+    sampling: dict[str, Any] = {name: value if value is not None else d.get(name)  # the request's, else the profile's
+                                for name, value in params.sampling().items()}
     return check_request(lambda: GenerationRequest(
-        prompt_ids=ids, max_new_tokens=max_new, temperature=pick("temperature"), top_p=pick("top_p"),
-        top_k=pick("top_k"), min_p=pick("min_p"), seed=seed, block_size=params.block_size,
+        prompt_ids=ids, max_new_tokens=max_new, **sampling, seed=seed, block_size=params.block_size,
         thinking=thinking, stop_ids=stop_ids, presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty, repetition_penalty=params.repetition_penalty,
         logit_bias=params.logit_bias, logprobs=params.logprobs, top_logprobs=params.top_logprobs,
@@ -453,7 +451,7 @@ def _render(state: ServeState, params: Params, thinking: bool) -> Prepared:
 def _effort(state: ServeState, params: Params) -> Optional[str]:
     """The request's reasoning effort, else the served profile's; a 400 naming the field for a model whose
     template does not read it (a profile's default is simply not used there)."""
-    tokenizer = getattr(state.engine, "tokenizer", None)
+    tokenizer = state.engine.tokenizer
     takes = tokenizer is not None and takes_effort(tokenizer)
     if params.reasoning_effort is not None and not takes:
         raise refuse_effort()
@@ -606,7 +604,7 @@ def build_app(state: ServeState):
             opened = thinking and not prepared.opening and fmt.opened_by(state.engine.decode(ids[-8:]))
             split = fmt.splitter(opened=opened, prefix=prepared.opening)
         parser = parser_for(prepared.tool_format, prepared.opening) if prepared.tool_format else None
-        shaper = ChatShaper(params, ids, chat, getattr(state.engine, "tokenizer", None))
+        shaper = ChatShaper(params, ids, chat, state.engine.tokenizer)
         if params.stream:
             return EventStream(shaper.stream(pieces(state, job, params, split, parser)),
                                lambda: state.worker.cancel(job))
@@ -641,8 +639,8 @@ def build_app(state: ServeState):
         Route("/v1/completions", guarded(completions, state, "/v1/completions"), methods=["POST"]),
     ]
 
-    async def not_found(request: Request, exc) -> Response:
-        status = getattr(exc, "status_code", 404)
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 404  # starlette raises 404 and 405 as these
         message = "No such route." if status == 404 else f"Method {request.method} is not allowed here."
         return error_response(ApiError(status, f"{message} ({request.url.path})", code="not_found" if status == 404
                                        else "method_not_allowed", kind="invalid_request_error"))

@@ -110,8 +110,8 @@ def serve(profile, engine, block_size, host, port, api_key, max_queue, reasoning
     from dflash_tui.cli.downloads import ensure_local
 
     ensure_local(config)  # a pair not yet downloaded: its size and a question at a terminal, else one sentence
-    defaults = {k: getattr(settings, k) for k in ("max_new_tokens", "temperature", "top_p", "top_k", "min_p",
-                                                    "thinking", "reasoning_effort")}
+    defaults = {"max_new_tokens": settings.max_new_tokens, **settings.sampling(), "thinking": settings.thinking,
+                "reasoning_effort": settings.reasoning_effort}
     from .app import public_name
 
     # a local target is served under its folder's name, never its path (/v1/models and every 404 list these)

@@ -14,6 +14,7 @@ import time
 from typing import Any, Optional
 
 from dflash_tui.core.terminal import color_enabled
+from dflash_tui.engines.engine import EngineLike
 from dflash_tui.engines.errors import UserError
 
 from .app import MAX_BODY, ServeState, build_app
@@ -92,12 +93,10 @@ def exit_now() -> None:
     os._exit(0)
 
 
-def _leave(engine) -> None:
+def _leave(engine: EngineLike) -> None:
     """The backstop when stopping overruns grace + STOP_SLACK_S (an engine step that does not end, a client
     that does not read): the engine process is killed and this process exits at once."""
-    kill = getattr(engine, "kill", None)
-    if kill is not None:
-        kill()
+    engine.kill()
     exit_now()
 
 

@@ -39,7 +39,8 @@ PYTHON_TAG = "<|python_tag|>"
 
 
 def template_text(tokenizer) -> str:
-    template = getattr(tokenizer, "chat_template", None) or ""
+    """The target's chat template ('' without one, or without a tokenizer: a remote engine's may have none)."""
+    template = (tokenizer.chat_template if tokenizer is not None else None) or ""
     if isinstance(template, dict):  # named templates: the default one, or any with a tools branch
         template = template.get("tool_use") or template.get("default") or ""
     return str(template)

@@ -55,6 +55,8 @@ class RemoteConfig:
 class RemoteTarget:
     """What front ends read of a target, as far as the server tells it."""
 
+    vocab_size: Optional[int] = None  # no server says: token ids from a client are the server's to check
+
     def __init__(self, path: str, max_positions: Optional[int], stop_ids: list[int], generation_config: dict):
         self.path, self.max_positions = path, max_positions
         self._stop_ids, self._generation_config = list(stop_ids), dict(generation_config)
@@ -68,6 +70,8 @@ class RemoteTarget:
 
 class RemoteDraft:
     """What front ends read of a draft: the server's path for it (or the name it was given)."""
+
+    arch: Optional[str] = None  # no server says whether its draft is DFlash 1 or 2
 
     def __init__(self, path: str):
         self.path = path
@@ -393,6 +397,15 @@ class RemoteEngine:
         from here (docs/engine-contract.md, "The block-1 probe")."""
         return None
 
+    # -- the server's own: its caches and its process ----------------------------------------------
+    def new_context(self) -> None:
+        """Nothing kept here: the server keeps its own caches (`dflash serve` reuses them when a request's ids
+        share a prefix with the previous request's)."""
+
+    def prepare_steps(self, block_size: int) -> bool:
+        """Nothing to make ready here: the server runs its own steps."""
+        return False
+
     # -- generating --------------------------------------------------------------------------------
     def _body(self, request: GenerationRequest) -> tuple[str, dict]:
         body: dict = {"model": self.model, "stream": True, "stream_options": {"include_usage": True},
@@ -610,3 +623,6 @@ class RemoteEngine:
 
     def close(self) -> None:
         self.client.close()
+
+    def kill(self) -> None:
+        """Nothing runs apart from this process: the server goes on, and this process's exit drops the connection."""
