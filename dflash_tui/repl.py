@@ -23,7 +23,6 @@ from dflash_tui.core.conversation import (
     Conversation,
     draft_arch,
     open_conversation,
-    reports_steps,
     resume,
     running_draft,
     running_draft_kind,
@@ -87,7 +86,7 @@ class Repl:
 
     def status(self) -> str:
         s = self.conv.settings
-        block = s.block_size if reports_steps(self.conv.engine) else UNKNOWN  # a foreign server runs its own
+        block = s.block_size if self.conv.engine.reports_steps else UNKNOWN  # a foreign server runs its own
         thinking = f"effort {self.conv.effort}" if self.conv.effort else f"thinking {'ON' if s.thinking else 'OFF'}"
         kind = running_draft_kind(self.conv.engine)  # None: a server that does not say
         return f"block {block}{f' · {kind}' if kind else ''} · {thinking} · ghosts {'on' if self.ghosts else 'off'}"

@@ -274,7 +274,7 @@ class Conversation:
         return sorted(set(BLOCK_CHOICES) | {int(self.profile_block_size)})
 
     def _block_settable(self) -> None:
-        if not reports_steps(self.engine):
+        if not self.engine.reports_steps:
             raise UserError("This server runs the block size it was launched with and does not say which; it cannot "
                             "be set from here (`dflash serve` takes one per request).")
 
@@ -435,7 +435,7 @@ class Conversation:
         request.reuse_cache = self.reuse_cache
         self.last_request = request
         block = self.settings.block_size or self.engine.block_size
-        steps = reports_steps(self.engine)
+        steps = self.engine.reports_steps
         return ActiveTurn(user=user, request=request, prompt_ids=ids, messages=messages, dropped=self.dropped,
                           block_size=block if steps else None,
                           stats=LiveStats(block_size=block if steps else 1, prompt_tokens=len(ids), steps_known=steps))
@@ -727,16 +727,11 @@ def running_draft(engine: EngineLike) -> Optional[str]:
 def running_draft_kind(engine: EngineLike) -> Optional[str]:
     """What the header and the stats call the running draft: 'DFlash 1', 'DFlash 2', or 'no draft' (the target
     alone); None where the engine does not say which kind its draft is (a remote server)."""
-    if not reports_steps(engine):  # a server that is not ours does not say whether it drafts at all
+    if not engine.reports_steps:  # a server that is not ours does not say whether it drafts at all
         return None
     if engine.draft_info is None:
         return "no draft"
     return draft_kind(draft_arch(engine))
-
-
-def reports_steps(engine: EngineLike) -> bool:
-    """Whether `engine`'s events are verify steps (False: a server's text chunks)."""
-    return engine.reports_steps
 
 
 def session_tau(summaries: list[Summary]) -> Optional[float]:

@@ -11,7 +11,7 @@ from textual.notifications import Notification, Notify
 from textual.screen import Screen
 
 from dflash_tui.core import sessions
-from dflash_tui.core.conversation import ActiveTurn, Conversation, reports_steps, running_draft, running_draft_kind
+from dflash_tui.core.conversation import ActiveTurn, Conversation, running_draft, running_draft_kind
 from dflash_tui.core.figures import draft_name
 from dflash_tui.core.profiles import Profile, builtin_profile_dir
 from dflash_tui.tui.screens.chat.view import ConversationView
@@ -80,7 +80,7 @@ class ChatBase(Screen):
         else:
             # the block size the next turn runs with; unknown ("–") on a server that runs its own and does not
             # say which (never the profile's, which it does not use)
-            block = (conv.settings.block_size if conv else engine.block_size) if reports_steps(engine) else None
+            block = (conv.settings.block_size if conv else engine.block_size) if engine.reports_steps else None
             header.show(name, engine.name, engine.device, engine.dtype, block, thinking, self.ghosts,
                         temperature=temperature, top_p=conv.settings.top_p if conv else None,
                         effort=conv.effort if conv else None, draft=running_draft_kind(engine))
@@ -89,7 +89,7 @@ class ChatBase(Screen):
     def _stats_data(self) -> StatsData:
         d = StatsData()
         conv, engine = self.conversation, self.app.engine
-        known_steps = engine is None or reports_steps(engine)  # False: a server's text chunks, not steps
+        known_steps = engine is None or engine.reports_steps  # False: a server's text chunks, not steps
         if engine is not None:
             d.engine, d.device, d.dtype = engine.name, engine.device, engine.dtype
             d.draft_kind = running_draft_kind(engine)
