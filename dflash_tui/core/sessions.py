@@ -85,7 +85,10 @@ def now_iso() -> str:
 
 
 def template_hash(tokenizer) -> Optional[str]:
-    template = getattr(tokenizer, "chat_template", None)
+    """The hash of the chat template a session's prompts are rendered with, for its header. `tokenizer` is a
+    transformers tokenizer (every one has `chat_template`, None when it holds none), or None: a remote engine
+    without the target's tokenizer in the local HF cache."""
+    template = tokenizer.chat_template if tokenizer is not None else None
     if not template:
         return None
     if not isinstance(template, str):
