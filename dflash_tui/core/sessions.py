@@ -34,9 +34,11 @@ import stat
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import Iterable, Optional
 
+from dflash_tui.core import search
 from dflash_tui.core.figures import draft_kind, draft_text, fixed, known
 from dflash_tui.core.terminal import counted, printable
 from dflash_tui.engines import files
@@ -85,7 +87,10 @@ def now_iso() -> str:
 
 
 def template_hash(tokenizer) -> Optional[str]:
-    template = getattr(tokenizer, "chat_template", None)
+    """The hash of the chat template a session's prompts are rendered with, for its header. `tokenizer` is a
+    transformers tokenizer (every one has `chat_template`, None when it holds none), or None: a remote engine
+    without the target's tokenizer in the local HF cache."""
+    template = tokenizer.chat_template if tokenizer is not None else None
     if not template:
         return None
     if not isinstance(template, str):
@@ -331,6 +336,13 @@ class Session:
             if text:
                 return text[0]
         return ""
+
+    @cached_property
+    def passages(self) -> tuple[search.Passage, ...]:
+        """Its prompts and answers turn by turn, then its name: made once for a session read, however many
+        searches read it (the picker searches at each key typed)."""
+        texts = [(n, text) for n, t in enumerate(self.turns, 1) for text in (t.get("user"), t.get("answer")) if text]
+        return search.passages([*texts, (0, self.name)])
 
     def history(self) -> list[dict]:
         """Every turn as the chat shows it, with its ids (a stopped turn is continued from them)."""

@@ -1,12 +1,15 @@
 """The sessions browser: resume, rename, delete (after a confirmation; never the chat open here), export (to the
 file it offers, or one you name: mode 0600, as `sessions export -o` writes). Sessions are listed by last use
-(the last turn written), the one open here marked ●; `/` searches every session's prompts and answers."""
+(the last turn written), the one open here marked ●; `/` searches every session's prompts and answers, each row
+found showing where (its turn, and a line around the words, highlighted); ↓ goes from the search to the list
+and ↑ on its first row back."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -14,13 +17,18 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
-from dflash_tui.core import sessions
+from dflash_tui.core import search, sessions
 from dflash_tui.core.terminal import counted, one_line, printable
 from dflash_tui.engines.errors import UserError
 from dflash_tui.tui.widgets.keys import TextInput
 
 if TYPE_CHECKING:
     from dflash_tui.tui.app import DflashApp
+
+LISTING = ("id", "created", "profile", "turns", "title")  # the columns while nothing is searched
+PLACE = "turn {} · "  # where a search hit lies, before its excerpt
+PLACE_CELLS = len(PLACE.format(999))  # its room: a turn of three digits
+FOUND = Style(reverse=True)  # the words found: reverse reads on every theme, and with NO_COLOR too
 
 
 class ConfirmDeleteScreen(ModalScreen[bool]):
@@ -89,18 +97,27 @@ class SessionsScreen(ModalScreen[str | None]):
     keys of a fast burst (ctrl+o, down, down, enter) can arrive before the table is mounted, focused and
     filled, and once opened the first row; now each acts on the list read when the screen was made. The keys
     that open a box (/, r, e, j, d) are priority keys too, acting as they arrive, so that the keys behind
-    them in a burst reach that box and not the list; while the search box has the focus they are text."""
+    them in a burst reach that box and not the list; while the search box has the focus they are text, and
+    ↓ leaves it for the list (↑ on the list's first row goes back; ↑, home and end in the box are its own)."""
 
     app: DflashApp
+    AUTO_FOCUS = "#sessions-table"  # not the search box, the first in the box: a burst's ↓ moves the row
+
+    # The list's row while the search box has the focus: Textual's blurred cursor ($primary at 30% under the
+    # text) falls under 3:1 on some themes (tokyo-night, solarized-dark); $panel is one of the backgrounds
+    # the theme's text is made to read on (tui/contrast.py)
+    DEFAULT_CSS = """
+    #sessions-table:blur > .datatable--cursor { background: $panel; color: $foreground; }
+    """
 
     BINDINGS = [
         Binding("enter", "resume", "resume", priority=True),
-        Binding("down", "move(1)", show=False, priority=True),
-        Binding("up", "move(-1)", show=False, priority=True),
+        Binding("down", "down", show=False, priority=True),
+        Binding("up", "up", show=False, priority=True),
         Binding("pagedown", "move(10)", show=False, priority=True),
         Binding("pageup", "move(-10)", show=False, priority=True),
-        Binding("home", "move(-1000000)", show=False, priority=True),
-        Binding("end", "move(1000000)", show=False, priority=True),
+        Binding("home", "edge(-1000000)", show=False, priority=True),
+        Binding("end", "edge(1000000)", show=False, priority=True),
         Binding("r", "rename", "rename", priority=True),
         Binding("d,delete", "delete", "delete", priority=True),
         Binding("e", "export", "export md", priority=True),
@@ -112,8 +129,10 @@ class SessionsScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="sessions-box"):
             yield Static("sessions · last used first · ● open here", classes="modal-title")
+            # not select_on_focus: back from the list (↑, /) the query is kept to go on typing (ctrl+u clears
+            # it), and no selection made when the focus event lands can swallow the keys of a burst behind it
             yield TextInput(placeholder="/ search the prompts and answers of every session", id="sessions-search",
-                        compact=True)
+                            compact=True, select_on_focus=False)
             yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="sessions-status", markup=False)  # titles and errors are text, not markup
             yield Static("enter resume · / search · r rename · d delete · e export md · j export json · escape close",
@@ -123,19 +142,17 @@ class SessionsScreen(ModalScreen[str | None]):
         super().__init__()
         self.open_id = open_id  # the chat's own session: marked, and never deleted from here
         self.every = sessions.by_last_use(sessions.list_sessions())  # read before any key can reach the screen
-        self.found = self.every
+        self.found = search.search(self.every, "")
         self.query_text = ""
         self.row = 0
 
     def on_mount(self) -> None:
-        table = self.query_one(DataTable)
-        table.add_columns("id", "created", "profile", "turns", "title")
         self.reload(self.found)
-        table.focus()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """The letter keys are text while the search box has the focus."""
-        if action in ("rename", "delete", "export", "export_json", "search") and isinstance(self.focused, Input):
+        """The letter keys are text while the search box has the focus; ↑, home and end move in it."""
+        if action in ("rename", "delete", "export", "export_json", "search", "up", "edge") \
+                and isinstance(self.focused, Input):
             return False
         return True
 
@@ -143,15 +160,34 @@ class SessionsScreen(ModalScreen[str | None]):
         self.set_focus(self.query_one("#sessions-search", Input))  # at once: the keys behind / are the search
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        """Only the sessions whose prompts or answers hold every word typed (any case)."""
+        """Only the sessions whose prompts, answers or titles hold every word typed (any case), read from the
+        sessions loaded when the picker opened (each one's text made searchable once)."""
         self.query_text = event.value
-        self.found = [s for s in self.every if matches(s, event.value)]
         self.row = 0
-        self.reload(self.found, search=True)
+        self.reload(self._search())
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         self.action_resume()
+
+    def action_down(self) -> None:
+        """From the search box to the list, at its highlighted row; in the list, one row on."""
+        if isinstance(self.focused, Input):
+            if self.found:
+                self.set_focus(self.query_one(DataTable))  # at once: the keys behind ↓ act on the list
+            return
+        self.action_move(1)
+
+    def action_up(self) -> None:
+        """One row back; from the list's first row, to the search box."""
+        if self.row == 0 and isinstance(self.focused, DataTable):
+            self.action_search()
+            return
+        self.action_move(-1)
+
+    def action_edge(self, by: int) -> None:
+        """home and end: the list's first and last row (in the search box, the text's ends: check_action)."""
+        self.action_move(by)
 
     def action_move(self, by: int) -> None:
         self.row = max(0, min(self.row + by, len(self.found) - 1))
@@ -169,21 +205,48 @@ class SessionsScreen(ModalScreen[str | None]):
         if table.row_count == len(self.found) and event.cursor_row == table.cursor_row:
             self.row = event.cursor_row
 
-    def reload(self, found=None, search: bool = False) -> None:
+    def _inside(self) -> int:
+        """The cells across the box: 90% of the screen, up to 150, less its border and padding."""
+        return min(int(self.app.size.width * 0.9), 150) - 6
+
+    def _snippet_width(self) -> int:
+        """The cells a search hit's excerpt gets, up to SNIPPET_WIDTH: what the id column (22 cells and its
+        padding), the hit's own padding, a scroll bar and its turn leave, so that it fits at 80 columns."""
+        return max(10, min(search.SNIPPET_WIDTH, self._inside() - 24 - 2 - 2 - PLACE_CELLS))
+
+    def _search(self) -> list[search.Match]:
+        return search.search(self.every, self.query_text, self._snippet_width())
+
+    def on_resize(self) -> None:
+        """The columns fit the new width: the titles', or the excerpts of a search's hits."""
+        self.reload(self._search())
+
+    def reload(self, found: list[search.Match] | None = None) -> None:
         table = self.query_one(DataTable)
-        table.clear()
         if found is None:  # read again (after a deletion), the search kept
             self.every = sessions.by_last_use(sessions.list_sessions())
-            found = [s for s in self.every if matches(s, self.query_text)]
+            found = self._search()
+        searching = bool(self.query_text.split())
+        table.clear(columns=True)  # one line a row either way: a search's hits take the listing's columns
+        if searching:
+            table.add_column("id")
+            table.add_column("where it matches", width=self._snippet_width() + PLACE_CELLS)
+        else:
+            table.add_columns(*LISTING)
         self.found = found
         self.row = max(0, min(self.row, len(found) - 1))
-        # the title gets the width the other columns leave in the box (90% of the screen, up to 150)
-        width = max(40, min(int(self.app.size.width * 0.9), 150) - 6 - 58)
-        for s in found:
+        # the title gets the width the other columns leave in the box
+        width = max(40, self._inside() - 58)
+        for hit in found:
+            s = hit.session
+            ident = ("● " if s.id == self.open_id else "") + s.id
+            if searching:
+                table.add_row(ident, where(hit), key=s.id)
+                continue
             shown = one_line(s.title)  # a first prompt or a title: escaped (core/terminal.py), never markup
             title = shown if len(shown) <= width else shown[:width - 1] + "…"
-            table.add_row(("● " if s.id == self.open_id else "") + s.id, s.created[:16].replace("T", " "),
-                          Text(one_line(s.profile_name or "?")), str(len(s.turns)), Text(title), key=s.id)
+            table.add_row(ident, s.created[:16].replace("T", " "), Text(one_line(s.profile_name or "?")),
+                          str(len(s.turns)), Text(title), key=s.id)
         count = counted(len(found), "session")
         if self.query_text:
             count += f" of {len(self.every)} " + (f"hold {self.query_text!r}" if found else
@@ -192,7 +255,7 @@ class SessionsScreen(ModalScreen[str | None]):
         self._show_row()
 
     def _selected(self) -> str | None:
-        return self.found[self.row].id if self.found else None
+        return self.found[self.row].session.id if self.found else None
 
     def action_resume(self) -> None:
         chosen = self._selected()
@@ -206,7 +269,7 @@ class SessionsScreen(ModalScreen[str | None]):
         """Ask for the highlighted session's title; the chat open here is renamed through its own writer."""
         if not self.found:
             return
-        session = self.found[self.row]
+        session = self.found[self.row].session
         status = self.query_one("#sessions-status", Static)
 
         def answered(text: str | None) -> None:
@@ -222,7 +285,7 @@ class SessionsScreen(ModalScreen[str | None]):
                 status.update(str(exc))
                 return
             self.reload()  # the file was written to: the row moves to where its last use puts it
-            self.row = next((n for n, s in enumerate(self.found) if s.id == session.id), self.row)
+            self.row = next((n for n, hit in enumerate(self.found) if hit.session.id == session.id), self.row)
             self._show_row()
             status.update(sessions.renamed(title))
 
@@ -286,10 +349,11 @@ class SessionsScreen(ModalScreen[str | None]):
         self._export("json")
 
 
-def matches(session, text: str) -> bool:
-    """Whether every word of `text` is in the session's title, prompts or answers (any case); no words: all do."""
-    words = text.lower().split()
-    if not words:
-        return True
-    body = "\n".join([session.name, *(f"{t.get('user') or ''}\n{t.get('answer') or ''}" for t in session.turns)]).lower()
-    return all(word in body for word in words)
+def where(hit: search.Match) -> Text:
+    """A search hit's cell: its turn ("title" when only its title holds the words), then its excerpt with the
+    words found highlighted (the excerpt is printable text, never markup)."""
+    place = PLACE.format(hit.turn) if hit.turn else "title · "
+    text = Text(place + hit.snippet, no_wrap=True, overflow="ellipsis")
+    for start, end in hit.spans:
+        text.stylize(FOUND, len(place) + start, len(place) + end)
+    return text
