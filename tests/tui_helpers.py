@@ -1,5 +1,5 @@
 """What the TUI tests share: starting the app on a loaded engine, waiting for it, sending a message, the
-session file's records, and the WCAG contrast oracle. The fixtures (the tiny pair, its engines, its
+session file's records (the WCAG contrast oracle is in test_contrast.py). The fixtures (the tiny pair, its engines, its
 profile) are in conftest.py."""
 
 from __future__ import annotations
@@ -78,70 +78,6 @@ def session_lines(app) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] != "prompt"]
 
 
-def wcag(a, b) -> float:
-    """WCAG 2 contrast ratio of two (r, g, b) colours, written out here as the oracle."""
-    def lum(rgb):
-        c = [v / 255 for v in rgb]
-        c = [v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in c]
-        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
-
-    hi, lo = sorted((lum(a), lum(b)), reverse=True)
-    return (hi + 0.05) / (lo + 0.05)
-
-
-def in_256_colours(rgb) -> tuple:
-    """An (r, g, b) colour as a 256-colour terminal (tmux's default) shows it."""
-    from rich.color import Color, ColorSystem
-
-    c = Color.from_rgb(*rgb).downgrade(ColorSystem.EIGHT_BIT).get_truecolor()
-    return (c.red, c.green, c.blue)
-
-
-def _is_text(ch: str) -> bool:
-    """A character read as text: not a space, a box or block drawing (borders, scrollbars, bars) or braille."""
-    import unicodedata
-
-    code = ord(ch)
-    if ch.isspace() or 0x2500 <= code <= 0x259F or 0x2800 <= code <= 0x28FF:
-        return False
-    return unicodedata.category(ch)[0] in "LNPS"
-
-
-def unreadable_text(app) -> list[str]:
-    """Every run of text on the screen as the terminal gets it (after Textual's own filters) that stays under
-    3:1 against its background, in truecolor or in 256 colours: "text (ratio, how)". A modal screen is
-    checked inside its box only (the screen behind it is meant to fade). Dim text counts as half-way to
-    its background (Textual's own rendering of dim); text in the terminal's default colours is skipped."""
-    from textual.command import CommandPalette
-    from textual.screen import ModalScreen
-
-    screen = app.screen
-    if isinstance(screen, CommandPalette):
-        region = screen.query_one("#--container").region
-    elif isinstance(screen, ModalScreen):
-        region = screen.children[0].region
-    else:
-        region = screen.region
-    found = []
-    for y, strip in enumerate(screen._compositor.render_strips()):
-        x = 0
-        for segment in strip:
-            at, x = x, x + segment.cell_length
-            style = segment.style
-            if not region.contains(at, y) or style is None or not any(map(_is_text, segment.text)):
-                continue
-            fg, bg = (style.bgcolor, style.color) if style.reverse else (style.color, style.bgcolor)
-            if fg is None or bg is None or fg.is_default or bg.is_default:
-                continue
-            f, b = fg.get_truecolor(), bg.get_truecolor()
-            if style.dim:
-                f = tuple(int(b[i] + (f[i] - b[i]) * 0.5) for i in range(3))
-            for how, a, c in (("truecolor", tuple(f), tuple(b)), ("256 colours", in_256_colours(f), in_256_colours(b))):
-                if wcag(a, c) < 3:
-                    found.append(f"{segment.text.strip()!r} ({wcag(a, c):.2f}, {how})")
-    return found
-
-
 def recorded_turn(engine, user: str, answer: str, status: str = "completed", block: int = 4) -> dict:
     """A session record of `answer` as the engine's tokens, streamed at `block`: the first id the target's,
     then steps that each accept block - 2 drafted ids, reject one (a ghost) and add the target's own."""
@@ -180,18 +116,6 @@ def write_sessions(count: int) -> list[str]:
                             "settings": {}, "prompt_ids": [], "emitted_ids": [], "steps": [], "summary": None})
         writer.close()
     return [s.id for s in sessions.list_sessions()]
-
-
-async def every_theme_reads(pilot, where: str) -> list[str]:
-    """The text on the screen under 3:1 on each built-in theme (ANSI themes paint in the terminal's own
-    colours, which are the terminal's to pick)."""
-    app, failures = pilot.app, []
-    for name in app.available_themes:
-        if not name.startswith("ansi"):
-            app.theme = name
-            await pilot.pause()
-            failures += [f"{where} on {name}: {text}" for text in unreadable_text(app)]
-    return failures
 
 
 async def press_at_once(pilot, *keys: str) -> None:

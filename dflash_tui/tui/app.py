@@ -294,8 +294,8 @@ class DflashApp(App):
 
     # -- the theme, readable and remembered -----------------------------------------------------------
     def get_css_variables(self) -> dict[str, str]:
-        """The theme's variables, with every text colour at 3:1 or more on its background (contrast.py)."""
-        variables = readable_variables(super().get_css_variables())
+        """The theme's variables, with every text colour at 4.5:1 or more on its background (contrast.py)."""
+        variables = readable_variables(super().get_css_variables(), self.current_theme.dark)
         self.theme_variables = variables
         return variables
 

@@ -86,11 +86,12 @@ def legend(styles: dict) -> Text:
     text = Text()
     text.append("Colours: ")
     text.append("accepted draft tokens", style=styles["draft"])
-    text.append(" came free from the draft; ")
+    text.append(" (bold) came free from the draft; ")
     text.append("target tokens", style=styles["target"])
     text.append(" are the target's own (one per verify step, or where it disagreed); ")
     text.append("ghosts", style=styles["ghost"])
-    text.append(" are draft proposals the target rejected (ctrl+g shows them).")
+    text.append(" (italic, underlined) are draft proposals the target rejected (ctrl+g shows them). "
+                "The side panel names them too, or the header's right end where the panel is folded away.")
     return text
 
 

@@ -2,7 +2,9 @@
 device, dtype (always visible).
 
 What the next turn is generated with comes first, so an 80-column terminal drops only the engine details,
-whole fields with a "…" (`FittedLine`).
+whole fields with a "…" (`FittedLine`). Where the side panel (and its colour legend) is folded away, the
+answer's colours are named at the right end, in them, on the answer's background (`colour_key`); the
+footer says f1 there.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from textual.containers import Horizontal
 from textual.widgets import Static
 
 from dflash_tui.core.figures import known
+from dflash_tui.tui.contrast import origin_styles, theme_background
 from dflash_tui.tui.widgets.stats import Field, FittedLine
 
 
@@ -23,10 +26,28 @@ def temperature_text(value: Optional[float]) -> str:
     return "model default" if value is None else f"{value:g}"
 
 
+def colour_key(origin: dict, ghosts: bool) -> Text:
+    """The answer's colours named in them: "draft target", and "ghost" while the ghosts are shown."""
+    key = Text.assemble(("draft", origin["draft"]), " ", ("target", origin["target"]))
+    if ghosts:
+        key.append_text(Text.assemble(" ", ("ghost", origin["ghost"])))
+    return key
+
+
 class ChatHeader(Horizontal):
+    ghosts = False
+
     def compose(self) -> ComposeResult:
         yield FittedLine(id="header-state")
+        yield Static(id="header-key")
         yield Static("F1 help", id="header-help")
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "theme", self._show_key)  # init: the key in the theme's colours
+
+    def _show_key(self) -> None:
+        origin = origin_styles(theme_background(self.app.current_theme))
+        self.query_one("#header-key", Static).update(colour_key(origin, self.ghosts))
 
     def show(self, profile: str, engine: str, device: str, dtype: str, block_size, thinking: bool,
              ghosts: bool, loading: bool = False, temperature: Optional[str] = None, failed: bool = False,
@@ -54,6 +75,9 @@ class ChatHeader(Horizontal):
                 fields.append((draft, "bold"))
         if ghosts:
             fields.append(("ghosts", ""))
+        if ghosts != self.ghosts:
+            self.ghosts = ghosts
+            self._show_key()
         if not loading and not failed:
             fields += [(f"{engine} engine on {device}", ""), (dtype, "")]
         self.query_one("#header-state", FittedLine).set_fields(fields)

@@ -156,11 +156,11 @@ class StatsPanel(Static):
             t.append(f"block {known(d.block_size)} · thinking ")
             t.append("ON" if d.thinking else "OFF", style="bold")
         t.append("\n\n")
-        t.append("■", style=self.origin["draft"])
-        t.append(" accepted draft  ")
-        t.append("■", style=self.origin["target"])
-        t.append(" target\n")
-        t.append("░ rejected", style=self.origin["ghost"])
+        t.append("accepted draft", style=self.origin["draft"])
+        t.append("  ")
+        t.append("target", style=self.origin["target"])
+        t.append("\n")
+        t.append("rejected", style=self.origin["ghost"])
         t.append(f" (ctrl+g {'on' if d.ghosts else 'off'})")
         self.update(t, layout=False)  # fixed size: no layout pass per frame
 
@@ -197,7 +197,8 @@ class FittedLine(Static):
 
 class StatsLine(FittedLine):
     """The same figures in one line (small terminals), the most telling first; at 80 columns the last
-    ones give way whole, with "…"; the colour legend is in help (F1)."""
+    ones give way whole, with "…"; the header names the answer's colours meanwhile (header.py's
+    `colour_key`), help (F1) says more."""
 
     def show(self, d: StatsData) -> None:
         shares = split(d)
