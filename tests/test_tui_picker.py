@@ -9,7 +9,8 @@ import pytest
 pytest.importorskip("textual")
 
 from tests import waiting  # noqa: E402 - after the importorskip above
-from tests.tui_helpers import SIZE, SMALL, every_theme_reads, make_app, open_sessions, ready, write_session  # noqa: E402
+from tests.test_contrast import every_theme_reads  # noqa: E402 - the contrast scan of a screen, on every theme
+from tests.tui_helpers import SIZE, SMALL, make_app, open_sessions, ready, write_session  # noqa: E402
 
 LONG = ("Rye flour holds little gluten, so a rye loaf is dense. For a lighter crumb, feed\n\t\x1b[1ma "
         "sourdough starter for a week before you bake, then mix it with wheat flour and let it rise overnight.")
