@@ -46,8 +46,8 @@ def last_answer(app):
 
 @pytest.mark.asyncio
 async def test_f2_and_click_toggle_markdown_in_place(profile, engine, data_dir):
-    from textual.widgets import Markdown
-
+    """An answer streams as Markdown; f2 (or a click) shows it as written, in place, and back (issue 46)."""
+    from dflash_tui.core.terminal import printable
     from dflash_tui.tui.screens.chat import ChatScreen
 
     app = make_app(profile, engine)
@@ -55,18 +55,16 @@ async def test_f2_and_click_toggle_markdown_in_place(profile, engine, data_dir):
         await ready(pilot)
         await send(pilot, "# heading")
         answer = last_answer(app)
-        await pilot.press("f2")
-        await waiting.until(pilot, lambda: answer.markdown and answer.query(Markdown))
-        rendered = answer.query_one(Markdown)
-        assert isinstance(app.screen, ChatScreen)  # in place, no modal
-        assert rendered.source == (answer.answer_text or "*(empty answer)*") and rendered.display
-        assert not answer.query_one(".answer-text").display
+        assert answer.markdown
         await pilot.press("f2")
         await waiting.until(pilot, lambda: not answer.markdown)
-        assert answer.query_one(".answer-text").display and not rendered.display
-        await pilot.click(answer.query_one(".answer-footer"))  # a click toggles the answer clicked
+        assert isinstance(app.screen, ChatScreen)  # in place, no modal
+        assert answer.answer_rich.plain == printable(answer.answer_text)  # as written
+        await pilot.press("f2")
         await waiting.until(pilot, lambda: answer.markdown)
-        assert app.chat.selected is answer and rendered.display
+        await pilot.click(answer.query_one(".answer-footer"))  # a click toggles the answer clicked
+        await waiting.until(pilot, lambda: not answer.markdown)
+        assert app.chat.selected is answer
 
 
 @pytest.mark.asyncio
@@ -241,7 +239,7 @@ async def test_a_resumed_thinking_header_keeps_its_token_count(profile, engine, 
         await ready(pilot)
         await waiting.until(pilot, lambda: last_answer(app) is not None and last_answer(app).status == "completed")
         count = len(engine.tokenizer.encode(thought, add_special_tokens=False))
-        assert last_answer(app).query_one(Collapsible).title == f"thinking · {count} tokens"
+        assert last_answer(app).query_one(Collapsible).title.startswith(f"thinking · {count} tokens")  # then f9's hint
 
 
 @pytest.mark.asyncio
@@ -915,8 +913,8 @@ async def test_every_text_on_screen_reaches_3_to_1_on_every_builtin_theme(profil
         app.theme = "textual-light"
         await pilot.pause()
         answer = answers.last()  # its text re-rendered in the theme's colours, picked for its background
-        assert {str(span.style) for span in answer.answer_rich.spans} <= \
-            {str(style) for style in answer.styles_by_origin.values()}
+        assert {span.style.color for span in answer.answer_rich.spans} <= \
+            {style.color for style in answer.styles_by_origin.values()}  # Markdown adds only attributes
         assert answer.styles_by_origin["draft"] != origin_styles(Color(0, 0, 0))["draft"]
         await pilot.press("ctrl+o")  # a modal: its box on $surface, a table's header and cursor (f1's alike)
         await waiting.until(pilot, lambda: isinstance(app.screen, SessionsScreen)

@@ -9,10 +9,10 @@ worker times a block-1 step (`Conversation.measure_block1`) so the speedup shown
 here blocks the UI thread: keys typed at any moment reach the message box.
 
 Before the first turn a welcome says what the loaded model is for and offers the profile's example
-prompts. Finished answers can be shown as Markdown in place, copied (OSC 52), regenerated, their prompt
-edited and resent, and a stopped answer continued. The app holds what outlives the screen (the engine,
-the profile, the `Conversation`) and loads engines; what a chat *is* (history, settings, context
-trimming, requests, session records) lives in `core.conversation`.
+prompts. Answers stream as Markdown (f2: as written), can be copied (OSC 52; a code block or the thinking
+on its own too), regenerated, their prompt edited and resent, and a stopped answer continued. The app
+holds what outlives the screen (the engine, the profile, the `Conversation`) and loads engines; what a
+chat *is* (history, settings, context trimming, requests, session records) lives in `core.conversation`.
 """
 
 from __future__ import annotations
@@ -71,8 +71,10 @@ KEYS: list[BindingType] = [
     Binding("ctrl+o", "sessions", "sessions", priority=True),
     Binding("ctrl+r", "replay", "replay", show=False, priority=True),
     Binding("f1", "app.help", "help", priority=True),
-    Binding("f2", "markdown", "markdown", show=False, priority=True),
+    Binding("f2", "markdown", "as written", show=False, priority=True),
     Binding("f3", "copy_answer", "copy", show=False, priority=True),
+    Binding("f8", "copy_code", "copy code", show=False, priority=True),
+    Binding("f9", "fold_thinking", "fold thinking", show=False, priority=True),
     Binding("alt+up", "mark(-1)", "earlier message", show=False, priority=True),
     Binding("alt+down", "mark(1)", "later message", show=False, priority=True),
     Binding("ctrl+f", "find", "find", show=False, priority=True),
@@ -82,9 +84,11 @@ KEYS: list[BindingType] = [
     Binding("ctrl+q", "app.quit", "quit", priority=True),
 ]
 
-# The palette's commands on answers: (title, help, ChatScreen action); "Answer as Markdown" (f2) is the app's.
+# The palette's commands on answers: (title, help, ChatScreen action); "Answer as written" (f2) is the app's.
 ANSWER_COMMANDS = [
     ("Copy message", "f3: copy the marked message (alt+up/down, ctrl+f), else the last answer", "copy_answer"),
+    ("Copy thinking", "copy the thinking of the marked answer, else the last one's", "copy_thinking"),
+    ("Fold thinking", "f9: fold or unfold the thinking of the marked answer, else the last one's", "fold_thinking"),
     ("Find in the conversation", "ctrl+f: mark the messages that hold a text, one by one", "find"),
     ("Regenerate answer", "f4: drop the last answer and ask the same prompt again", "regenerate"),
     ("Edit last prompt", "f5: drop the last answer and put its prompt back in the message box", "edit_last"),
@@ -99,6 +103,10 @@ class AnswerCommands(Provider):
         chat = self.screen
         for title, help_text, action in ANSWER_COMMANDS:
             yield title, help_text, lambda a=action: chat.run_action(a)
+        answers = chat.query(AnswerView)
+        last = answers.last() if answers else None
+        for n, (lang, _) in enumerate(last.code_blocks if last else []):  # the last answer's
+            yield f"Copy code block {n + 1} ({lang})", "f8 copies each in turn", lambda n=n: chat.copy_code(last, n)
 
     async def discover(self) -> Hits:
         for title, help_text, callback in self._commands():
@@ -703,17 +711,59 @@ class ChatScreen(Screen):
         self.selected = message.answer
         await message.answer.show_markdown(not message.answer.markdown)
 
+    def copy(self, text: str, said: str) -> None:
+        """`text` to the clipboard, and a toast that says what was copied."""
+        self.app.copy_to_clipboard(text)
+        self.toast("copy", said)
+
     def action_copy_answer(self) -> None:
         """f3: copy the marked message (alt+up/down, ctrl+f), else the last answer."""
         marked = self.marked if self.marked is not None and self.marked.is_attached else None
         if isinstance(marked, UserMessage):
-            self.app.copy_to_clipboard(marked.text)
-            self.toast("copy", f"Copied your message ({len(marked.text)} characters).")
+            self.copy(marked.text, f"Copied your message ({len(marked.text)} characters).")
             return
         view = marked or self.last_answer()
         if view is not None:
-            self.app.copy_to_clipboard(view.answer_text)
-            self.toast("copy", f"Copied the answer ({len(view.answer_text)} characters).")
+            self.copy(view.answer_text, f"Copied the answer ({len(view.answer_text)} characters).")
+
+    def answer_in_reach(self) -> Optional[AnswerView]:
+        """The marked answer, else the last one on screen, finished or not (None when there is none, told)."""
+        if isinstance(self.marked, AnswerView) and self.marked.is_attached:
+            return self.marked
+        answers = self.query(AnswerView)
+        if not answers:
+            self.toast("answer", "There is no answer yet.")
+        return answers.last() if answers else None
+
+    def action_copy_code(self) -> None:
+        """f8: copy a code block of the marked or last answer; each press the next one."""
+        view = self.answer_in_reach()
+        if view is not None:
+            self.copy_code(view)
+
+    def copy_code(self, view: AnswerView, index: Optional[int] = None) -> None:
+        picked = view.pick_code(index)
+        if picked is None:
+            self.toast("copy", "That answer has no code block.")
+        else:
+            self.copy(picked.code, picked.said)
+
+    def on_answer_view_copy_code(self, message: AnswerView.CopyCode) -> None:
+        self.copy_code(message.answer, message.index)
+
+    def action_copy_thinking(self) -> None:
+        view = self.answer_in_reach()
+        thought = view.thinking_text.strip() if view is not None else ""
+        if thought:
+            self.copy(thought, f"Copied the thinking ({len(thought)} characters).")
+        elif view is not None:
+            self.toast("copy", "That answer has no thinking.")
+
+    def action_fold_thinking(self) -> None:
+        """f9: fold or unfold the thinking of the marked or last answer."""
+        view = self.answer_in_reach()
+        if view is not None and not view.fold_thinking():
+            self.toast("answer", "That answer has no thinking.")
 
     def _take_back_last(self):
         """Retract the last turn from the chat (and so from the session) and the screen: regenerate and
@@ -806,7 +856,7 @@ class NewTextMarker(Static):
 class ConversationView(VerticalScroll):
     """The conversation, following its end through new text, a resize, a taller message box and a resume,
     until the reader scrolls up. From then on it keeps the line they were on through whatever changes the
-    heights above it (ghosts shown or hidden, a resize, an answer as Markdown), and nothing else moves them,
+    heights above it (ghosts shown or hidden, a resize, an answer as written), and nothing else moves them,
     not even the answer ending. Scrolling back to the end (the wheel, pagedown, ctrl+end) or sending follows
     again. (Textual's own `anchor()` pushes a short conversation to the bottom of the view, under an empty top.)"""
 
