@@ -389,7 +389,7 @@ class DflashApp(App):
                             chat.action_rename_session)
         yield SystemCommand("Replay", "ctrl+r: re-run this session across block sizes", chat.action_replay)
         yield SystemCommand("Help", "f1: keys and colours", self.action_help)
-        yield SystemCommand("Answer as Markdown", "f2: show the selected or last answer rendered, or coloured again", chat.action_markdown)
+        yield SystemCommand("Answer as written", "f2: show the selected or last answer as written, or rendered again", chat.action_markdown)
         yield from self._draft_commands()
         for engine in ENGINE_CHOICES:
             yield SystemCommand(f"Engine: {engine}", f"reload on the {engine} engine, keeping the conversation",

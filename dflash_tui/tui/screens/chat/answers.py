@@ -1,5 +1,6 @@
-"""Acting on the conversation's messages: marking and finding them, copying them, showing an answer as
-Markdown, and redoing the last turn (regenerate, edit its prompt, continue a stopped answer)."""
+"""Acting on the conversation's messages: marking and finding them, copying them (OSC 52; a code block or the
+thinking on its own too), showing an answer as written (f2; answers stream as Markdown), folding its thinking,
+and redoing the last turn (regenerate, edit its prompt, continue a stopped answer)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,14 @@ class AnswerActions(TurnActions):
 
     def on_input_changed(self, event) -> None:
         if event.input.id == "find":
+            self.highlight(event.value)
             self.find_step(0)
+
+    def highlight(self, query: str) -> None:
+        """Show where `query` stands in every message (any case; "" clears): marking a whole message
+        says which one, this says where in it."""
+        for widget in self.messages():
+            widget.highlight(query or None)
 
     def find_step(self, by: int) -> None:
         """Mark a message holding the find bar's text (any case): the last one at first (by 0), then each
@@ -75,13 +83,55 @@ class AnswerActions(TurnActions):
         """f3: copy the marked message (alt+up/down, ctrl+f), else the last answer."""
         marked = self.marked if self.marked is not None and self.marked.is_attached else None
         if isinstance(marked, UserMessage):
-            self.app.copy_to_clipboard(marked.text)
-            self.toast("copy", f"Copied your message ({len(marked.text)} characters).")
+            self.copy(marked.text, f"Copied your message ({len(marked.text)} characters).")
             return
         view = marked or self.last_answer()
         if view is not None:
-            self.app.copy_to_clipboard(view.answer_text)
-            self.toast("copy", f"Copied the answer ({len(view.answer_text)} characters).")
+            self.copy(view.answer_text, f"Copied the answer ({len(view.answer_text)} characters).")
+
+    def copy(self, text: str, said: str) -> None:
+        """`text` to the clipboard, and a toast that says what was copied."""
+        self.app.copy_to_clipboard(text)
+        self.toast("copy", said)
+
+    def answer_in_reach(self) -> Optional[AnswerView]:
+        """The marked answer, else the last one on screen, finished or not (None when there is none, told)."""
+        if isinstance(self.marked, AnswerView) and self.marked.is_attached:
+            return self.marked
+        answers = self.query(AnswerView)
+        if not answers:
+            self.toast("answer", "There is no answer yet.")
+        return answers.last() if answers else None
+
+    def action_copy_code(self) -> None:
+        """f8: copy a code block of the marked or last answer; each press the next one."""
+        view = self.answer_in_reach()
+        if view is not None:
+            self.copy_code(view)
+
+    def copy_code(self, view: AnswerView, index: Optional[int] = None) -> None:
+        picked = view.pick_code(index)
+        if picked is None:
+            self.toast("copy", "That answer has no code block.")
+        else:
+            self.copy(picked.code, picked.said)
+
+    def on_answer_view_copy_code(self, message: AnswerView.CopyCode) -> None:
+        self.copy_code(message.answer, message.index)
+
+    def action_copy_thinking(self) -> None:
+        view = self.answer_in_reach()
+        thought = view.thinking_text.strip() if view is not None else ""
+        if thought:
+            self.copy(thought, f"Copied the thinking ({len(thought)} characters).")
+        elif view is not None:
+            self.toast("copy", "That answer has no thinking.")
+
+    def action_fold_thinking(self) -> None:
+        """f9: fold or unfold the thinking of the marked or last answer."""
+        view = self.answer_in_reach()
+        if view is not None and not view.fold_thinking():
+            self.toast("answer", "That answer has no thinking.")
 
     def _take_back_last(self):
         """Retract the last turn from the chat (and so from the session) and the screen: regenerate and

@@ -9,6 +9,8 @@ from __future__ import annotations
 from textual.binding import Binding, BindingType
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from dflash_tui.tui.widgets import AnswerView
+
 KEYS: list[BindingType] = [
     Binding("ctrl+t", "toggle_thinking", "thinking", priority=True),
     Binding("ctrl+g", "toggle_ghosts", "ghosts", show=False, priority=True),
@@ -25,8 +27,10 @@ KEYS: list[BindingType] = [
     Binding("ctrl+o", "sessions", "sessions", priority=True),
     Binding("ctrl+r", "replay", "replay", show=False, priority=True),
     Binding("f1", "app.help", "help", priority=True),
-    Binding("f2", "markdown", "markdown", show=False, priority=True),
+    Binding("f2", "markdown", "as written", show=False, priority=True),
     Binding("f3", "copy_answer", "copy", show=False, priority=True),
+    Binding("f8", "copy_code", "copy code", show=False, priority=True),
+    Binding("f9", "fold_thinking", "fold thinking", show=False, priority=True),
     Binding("alt+up", "mark(-1)", "earlier message", show=False, priority=True),
     Binding("alt+down", "mark(1)", "later message", show=False, priority=True),
     Binding("ctrl+f", "find", "find", show=False, priority=True),
@@ -36,9 +40,11 @@ KEYS: list[BindingType] = [
     Binding("ctrl+q", "app.quit", "quit", priority=True),
 ]
 
-# The palette's commands on answers: (title, help, ChatScreen action); "Answer as Markdown" (f2) is the app's.
+# The palette's commands on answers: (title, help, ChatScreen action); "Answer as written" (f2) is the app's.
 ANSWER_COMMANDS = [
     ("Copy message", "f3: copy the marked message (alt+up/down, ctrl+f), else the last answer", "copy_answer"),
+    ("Copy thinking", "copy the thinking of the marked answer, else the last one's", "copy_thinking"),
+    ("Fold thinking", "f9: fold or unfold the thinking of the marked answer, else the last one's", "fold_thinking"),
     ("Find in the conversation", "ctrl+f: mark the messages that hold a text, one by one", "find"),
     ("Regenerate answer", "f4: drop the last answer and ask the same prompt again", "regenerate"),
     ("Edit last prompt", "f5: drop the last answer and put its prompt back in the message box", "edit_last"),
@@ -53,6 +59,10 @@ class AnswerCommands(Provider):
         chat = self.screen
         for title, help_text, action in ANSWER_COMMANDS:
             yield title, help_text, lambda a=action: chat.run_action(a)
+        answers = chat.query(AnswerView)
+        last = answers.last() if answers else None
+        for n, (lang, _) in enumerate(last.code_blocks if last else []):  # the last answer's
+            yield f"Copy code block {n + 1} ({lang})", "f8 copies each in turn", lambda n=n: chat.copy_code(last, n)
 
     async def discover(self) -> Hits:
         for title, help_text, callback in self._commands():

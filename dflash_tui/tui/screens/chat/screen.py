@@ -89,12 +89,13 @@ class ChatScreen(AnswerActions, HistoryActions):
     # -- keys that stop, scroll and redirect -----------------------------------------------------------
     def action_cancel(self) -> None:
         """Escape: stop a running answer, and bring the focus back to the message box; it closes the find
-        bar first (the message found stays marked), else it clears the mark."""
+        bar first (the message found stays marked, its matches no longer highlighted), else it clears the mark."""
         if self.active is not None:
             self.active.cancel()
         find = self.query_one("#find", FindInput)
         if find.has_class("-open"):
             find.remove_class("-open")
+            self.highlight("")
         elif self.active is None:
             self.mark(None)
         self.set_focus(self._prompt)  # at once: the keys behind escape in a burst go to the message box

@@ -19,7 +19,7 @@ class NewTextMarker(Static):
 class ConversationView(VerticalScroll):
     """The conversation, following its end through new text, a resize, a taller message box and a resume,
     until the reader scrolls up. From then on it keeps the line they were on through whatever changes the
-    heights above it (ghosts shown or hidden, a resize, an answer as Markdown), and nothing else moves them,
+    heights above it (ghosts shown or hidden, a resize, an answer as written), and nothing else moves them,
     not even the answer ending. Scrolling back to the end (the wheel, pagedown, ctrl+end) or sending follows
     again. (Textual's own `anchor()` pushes a short conversation to the bottom of the view, under an empty top.)"""
 
