@@ -89,6 +89,20 @@ def test_chat_help_names_the_footers_keys():
         assert not binding.show or f"{binding.key} {binding.description}" in text, (binding.key, text)
 
 
+def test_the_readme_lists_the_keys_as_f1_does_and_f1_every_binding():
+    """Issue 46: "the README's keys table is current". It is f1's table, row for row, and f1 names every key the
+    chat binds (a key added without a line in help, or a README left behind, fails here)."""
+    from pathlib import Path
+
+    from dflash_tui.tui.screens.help import KEY_HELP
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("The keys, as f1 lists them:\n\n", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    assert [tuple(cell.strip() for cell in row.strip("|").split(" | ")) for row in table] == KEY_HELP
+    named = " ".join(key for key, _ in KEY_HELP)
+    assert [binding.key for binding in KEYS if binding.key not in named] == []
+
+
 @pytest.mark.asyncio
 async def test_f1_explains_every_figure_of_the_stats_line(profile, engine, data_dir):
     """Defect 8 and build 5: "draft N%" was not explained in the f1 list; every figure the stats line shows

@@ -33,7 +33,8 @@ KEY_HELP = [
     ("tab", "message box ⇄ conversation; typing in the conversation goes to the message box"),
     ("ctrl+n", "new session"),
     ("ctrl+l", "new context: clear the kept caches (the history stays)"),
-    ("ctrl+o", "sessions, last used first: resume, search (/), rename (r), delete, export"),
+    ("ctrl+o", "sessions, last used first: resume, search (/; each match shows where, ↓ goes to the list), "
+               "rename (r), delete, export"),
     ("ctrl+r", "replay the session across block sizes"),
     ("f2 / click", "the marked, clicked or last answer as written / rendered as Markdown again"),
     ("f3", "copy the marked message, else the last answer"),
