@@ -666,7 +666,7 @@ class Conversation:
         The block-B side is a turn's own steps: the tokens they committed (`step_tokens`, the sum of the
         acceptance lengths) and each one's draft + verify seconds (`step_times`). The block-1 side is a probe's
         single-token target steps (`measure_block1`), timed on the same engine at about the same context (within
-        PROBE_SPAN). Neither side holds the UI, the pipe or the detokenizer, so the figure agrees with a replay
+        PROBE_SPAN), once the front end is idle. Neither side holds the UI, the pipe or the detokenizer, so the figure agrees with a replay
         at blocks 1 and B (issue 32); both sides take their median step (core/speedup.py, which also says how
         sure the figure is). Unknown ("–") while no probe stands for this context or the steps' times are not
         known (a resumed turn, a server's text chunks)."""

@@ -127,7 +127,9 @@ class TurnActions(ChatBase):
             self.notify(error, severity="error", timeout=10)
         self.refresh_chrome()
         if not error and self.conversation is not None:
-            self._measure(self.conversation)
+            # once the finished answer is drawn: the UI's repaint on the other core slowed the probe's few steps
+            # (and so raised the figure) when they ran while it drew
+            self.call_after_refresh(self._measure, self.conversation)
 
     @work(thread=True, group="measure", exclusive=True)
     def _measure(self, conversation: Conversation) -> None:
