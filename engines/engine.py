@@ -359,10 +359,12 @@ class Engine:
         finish = "length"
         started = time.perf_counter()
         decode_started = started
+        loop_s = 0.0
         reused = 0
         steps = self._decode(ids, block_size, sampling, max_new, reuse=request.reuse_cache, split=self._split(ids),
                              guide=guide)
         try:
+            resumed = started  # when the consumer last gave the thread back: its time between events is not the step's
             for raw in steps:
                 emitted = raw.emitted
                 hit = next((i for i, t in enumerate(emitted) if t in stops), None)
@@ -389,16 +391,19 @@ class Engine:
                     tail = detok.flush()
                     if tail:
                         pieces.append((tail, origins[-1]))
+                step_loop = 0.0 if raw.prefill else max(0.0, time.perf_counter() - resumed - raw.draft_s - raw.verify_s)
+                loop_s += step_loop
                 event = StepEvent(
                     drafted=raw.drafted, accepted=raw.accepted, emitted=emitted, pieces=pieces,
                     rejected=rejected, rejected_text=detok.peek(rejected) if rejected else "",
-                    draft_s=raw.draft_s, verify_s=raw.verify_s,
+                    draft_s=raw.draft_s, verify_s=raw.verify_s, loop_s=step_loop,
                     finish_reason=finish if done else None, is_prefill=raw.prefill,
                     logprobs=step_logprobs, top_logprobs=step_tops,
                 )
                 if not done and request.cancel.is_set():
                     finish, event.finish_reason, done = "cancelled", "cancelled", True
                 yield event
+                resumed = time.perf_counter()
                 if done:
                     break
         finally:
@@ -416,5 +421,5 @@ class Engine:
             engine=self.name, device=self.device, dtype=self.dtype, finish_reason=finish,
             reused_prompt_tokens=reused, prefilled_prompt_tokens=len(ids) - reused if out_ids else 0,
             limit=limit if finish == "length" else None, acceptance_rule=self.acceptance_rule(sampling),
-            grammar_s=guide.seconds if guide is not None else None,
+            grammar_s=guide.seconds if guide is not None else None, loop_s=loop_s,
         )

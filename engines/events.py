@@ -44,6 +44,9 @@ class StepEvent:
     rejected_text: str = ""
     draft_s: float = 0.0
     verify_s: float = 0.0
+    # the step's other work in the engine (acceptance, cache commits, detokenizing), not the consumer's time
+    # between events: draft_s + verify_s + loop_s is the step as the engine spent it
+    loop_s: float = 0.0
     finish_reason: Optional[str] = None
     is_prefill: bool = False
     # with GenerationRequest.logprobs: per emitted id, its raw log-probability under the target (before
@@ -98,6 +101,7 @@ class Summary:
     limit: Optional[str] = None  # with finish_reason "length": "tokens" (max_new_tokens) or "context" (the window is full)
     acceptance_rule: Optional[str] = None  # "greedy", "exact-match" or "rejection" (docs/engine-contract.md); None: unknown
     grammar_s: Optional[float] = None  # a constrained request's time in the grammar (masks, walks, rollbacks); None: free
+    loop_s: Optional[float] = None  # the steps' loop_s, summed; None: unknown (a server's, or a file from before it)
     contract: int = CONTRACT_VERSION  # the contract version this Summary was written under
 
     @property

@@ -119,7 +119,7 @@ class Turn:
     prompt_ids: list[int] = field(default_factory=list)  # the ids sent (a continuation's end with the earlier part)
     emitted_ids: list[int] = field(default_factory=list)  # the ids this request generated
     continues: Optional[int] = None  # the index of the stopped turn this one went on with (continue_turn)
-    step_s: list[float] = field(default_factory=list)  # each verify step's draft + verify seconds (a resumed turn: none)
+    step_s: list[float] = field(default_factory=list)  # each verify step's seconds in the engine (a resumed turn: none)
 
     @property
     def cancelled(self) -> bool:
@@ -162,7 +162,7 @@ class LiveStats:
     last_at: Optional[float] = None
     tokens: int = 0
     lengths: list = field(default_factory=list)
-    step_s: list = field(default_factory=list)  # each step's draft + verify seconds, as the engine timed it
+    step_s: list = field(default_factory=list)  # each step's seconds in the engine (draft, verify, the loop's work)
     draft_s: float = 0.0
     verify_s: float = 0.0
     prompt_tokens: int = 0
@@ -175,7 +175,7 @@ class LiveStats:
             self.first_at = now
         elif self.steps_known:
             self.lengths.append(event.accepted + 1)
-            self.step_s.append(event.draft_s + event.verify_s)
+            self.step_s.append(event.draft_s + event.verify_s + event.loop_s)
             self.draft_s += event.draft_s
             self.verify_s += event.verify_s
         self.last_at = now
@@ -664,7 +664,8 @@ class Conversation:
         """Block B's decode steps against block 1's, both timed inside the engine: measured, never estimated.
 
         The block-B side is a turn's own steps: the tokens they committed (`step_tokens`, the sum of the
-        acceptance lengths) and each one's draft + verify seconds (`step_times`). The block-1 side is a probe's
+        acceptance lengths) and each one's seconds in the engine (`step_times`: its draft, its verify and the
+        loop's work that step, `StepEvent.loop_s`, without the consumer's time between events). The block-1 side is a probe's
         single-token target steps (`measure_block1`), timed on the same engine at about the same context (within
         PROBE_SPAN), once the front end is idle. Neither side holds the UI, the pipe or the detokenizer, so the figure agrees with a replay
         at blocks 1 and B (issue 32); both sides take their median step (core/speedup.py, which also says how

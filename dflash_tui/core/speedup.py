@@ -56,7 +56,7 @@ def scatter(times: Sequence[float]) -> float:
 
 
 def turn_speedup(step_tokens: int, step_times: Sequence[float], probe: Block1Probe) -> Speedup:
-    """A block-B turn's steps (the tokens they committed, each step's draft + verify seconds) against the probe's
+    """A block-B turn's steps (the tokens they committed, each step's seconds in the engine) against the probe's
     block-1 steps; unknown without steps or with a time of nothing."""
     if not step_tokens or not step_times or min(step_times) <= 0 or probe.seconds_per_token <= 0:
         return Speedup()

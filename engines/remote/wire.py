@@ -5,7 +5,7 @@ and `Summary` a local engine would have produced:
 
 - each streamed chunk: `"dflash": {"step": {...}}` with `accepted`, `drafted`, `emitted`, `origins`
   (one per emitted id), `pieces` ([text, origin] pairs of the raw text, thinking tags included),
-  `rejected`, `rejected_text`, `draft_s`, `verify_s`, `prefill`, `finish_reason`;
+  `rejected`, `rejected_text`, `draft_s`, `verify_s`, `loop_s`, `prefill`, `finish_reason`;
 - the last chunk (and a non-streamed response): `"dflash": {"summary": {...}}`, the engine's Summary;
 - a request may carry `"dflash": {"block_size": n, "stop_ids": [...], "draft_window": w, "reuse_cache": bool,
   "clamp_max_tokens": bool}`: `stop_ids` replaces the eos ids (OpenAI's `stop_token_ids` adds to them),
@@ -34,7 +34,8 @@ def step_to_wire(event: StepEvent) -> dict:
         "emitted": list(event.emitted), "origins": origins_of(event),
         "pieces": [[text, origin] for text, origin in event.pieces],
         "rejected": list(event.rejected), "rejected_text": event.rejected_text,
-        "draft_s": event.draft_s, "verify_s": event.verify_s, "finish_reason": event.finish_reason,
+        "draft_s": event.draft_s, "verify_s": event.verify_s, "loop_s": event.loop_s,
+        "finish_reason": event.finish_reason,
     }
 
 
@@ -45,6 +46,7 @@ def step_from_wire(data: dict) -> StepEvent:
         pieces=[(str(text), str(origin)) for text, origin in data.get("pieces") or []],
         rejected=list(data.get("rejected") or []), rejected_text=data.get("rejected_text") or "",
         draft_s=float(data.get("draft_s") or 0.0), verify_s=float(data.get("verify_s") or 0.0),
+        loop_s=float(data.get("loop_s") or 0.0),
         finish_reason=data.get("finish_reason"), is_prefill=bool(data.get("prefill")),
     )
 

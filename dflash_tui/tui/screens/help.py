@@ -54,7 +54,8 @@ KEY_HELP = [
 
 FIGURES = [
     ("tok/s", "generated tokens per second of decoding (prefill not counted)"),
-    ("speedup", "≈ measured: this turn's tokens per draft + verify step over its median step time, against block "
+    ("speedup", "≈ measured: this turn's tokens per step over its median step time (draft, verify and the engine's "
+                "work between them), against block "
                 "1's median step, a plain target step timed on the same engine at about the same context (both inside "
                 "the engine, as a replay compares them); ± the figure's spread over the middle half of this turn's "
                 "steps, \"noisy\" when the steps' times scatter (a busy machine); the session's figure beside it "

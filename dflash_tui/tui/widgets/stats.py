@@ -1,6 +1,7 @@
 """The live stats: a side panel, folded into one line under the header on small terminals.
 
-The speedup is measured, never estimated: the turn's draft + verify steps against the block-1 steps timed
+The speedup is measured, never estimated: the turn's steps (draft, verify and the engine's work between them)
+against the block-1 steps timed
 on the same engine at about the same context length, the median step of each (`Conversation.speedup`), with
 ± the spread over the turn's steps and "noisy" when the machine was busy (core/speedup.py), beside the
 session's figure; until that is measured, or once the context has grown 25% past the probe, it shows "–".
