@@ -121,7 +121,8 @@ def test_version_2_says_unknown_with_none_and_version_1_zeros_load_as_written():
                "device": "h (vllm)", "dtype": "?", "finish_reason": "stop", "graphs": None,
                "reused_prompt_tokens": None, "prefilled_prompt_tokens": None, "contract": 2}
     summary = Summary.from_dict(json.loads(json.dumps(unknown)))
-    assert summary.to_dict() == {**unknown, "limit": None, "acceptance_rule": None, "grammar_s": None}  # later fields: unknown
+    assert summary.to_dict() == {**unknown, "limit": None, "acceptance_rule": None, "grammar_s": None,
+                                  "loop_s": None}  # later fields: unknown
     v1 = {**unknown, "acceptance_lengths": [], "mean_acceptance_length": 0.0, "histogram": [], "draft_s": 0.0,
           "verify_s": 0.0, "peak_memory_bytes": 0, "peak_memory_kind": "unknown (remote)", "block_size": 1}
     for key in ("contract", "graphs", "reused_prompt_tokens", "prefilled_prompt_tokens"):

@@ -153,7 +153,8 @@ async def test_help_scrolls_to_its_last_row_by_key_and_by_wheel(profile, engine,
             console.print(static.content)
         help_text = console.export_text()
         joined = " ".join(help_text.split())
-        assert "≈ measured: this turn's tokens per draft + verify step over its median step time" in joined
+        assert "≈ measured: this turn's tokens per step over its median step time (draft, verify and the engine's " \
+               "work between them)" in joined
         # ctrl+t cycles gpt-oss's effort (issue 29): f1 said only "thinking on/off" (issue 32, build 4)
         assert "thinking on/off" in joined and "reasoning effort (low, medium, high)" in joined, joined
         rows = [line.strip() for line in help_text.splitlines()]

@@ -36,6 +36,8 @@ from dflash_tui.tui.widgets.markdown import Block, Source, Span, code_of, highli
 
 LAYOUT_EVERY_S = 0.3  # while streaming, a new row shows within this; text in existing rows every frame
 PARAGRAPH_LINES = 40  # paragraphs share a widget up to about this many lines
+
+
 def recorded_segments(decode, prompt_ids: list[int], emitted_ids: list[int], steps: list) -> list[tuple[str, str]]:
     """A recorded turn's text split by origin, ghosts included, as it streamed: the first id is the
     target's (sampled from the prefill), then each step emitted its `accepted` drafted ids and one of
