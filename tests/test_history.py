@@ -248,6 +248,34 @@ def test_speedup_is_the_steps_against_the_probe_on_recorded_times():
     assert conv.speedup(16, 110, tokens, times).noisy  # the probe's own steps scattered
 
 
+def test_a_turn_on_another_step_path_makes_the_probes_stale():
+    """On a CPU, `dflash chat` compiles its steps in the background after the first answer and adopts them between
+    turns: the block-1 probes timed on the eager path then stood beside compiled block-B steps, and the figure
+    read high by what the compile gained, unmarked. A turn whose steps ran another path (Summary.graphs) drops
+    them, so the figure waits ("–") for a probe on the new path; turns on the same path keep them."""
+    from dflash_tui.core.speedup import Speedup
+    from dflash_tui.engines.events import Summary
+    from dflash_tui.engines.probe import Block1Probe
+
+    conv = Conversation.__new__(Conversation)  # the bookkeeping alone: the recorded summaries and probes
+    conv.turns, conv.probes, conv.steps_path = [], [], None
+    probe = Block1Probe(seconds_per_token=0.004, context_tokens=100, steps=4, times=(0.004,) * 4)
+
+    def summary(graphs):
+        return Summary(prompt_tokens=90, generated_tokens=12, token_ids=[], text="", ttft_s=0.0, decode_s=0.1,
+                       decode_tokens_per_s=100.0, acceptance_lengths=[12], mean_acceptance_length=12.0,
+                       histogram=[], draft_s=0.004, verify_s=0.008, peak_memory_bytes=None, peak_memory_kind=None,
+                       block_size=16, engine="cuda", device="cpu", dtype="float32", finish_reason="stop",
+                       graphs=graphs)
+
+    conv.note_steps_path(summary(False))  # the first answer, eager
+    conv.probes.append(probe)  # its probe, eager too
+    conv.note_steps_path(summary(False))  # the next turn, still eager: the probe stands
+    assert conv.speedup(16, 102, 12, [0.012]) == Speedup(pytest.approx(4.0), "measured", spread=0.0)
+    conv.note_steps_path(summary(True))  # the compiled steps adopted
+    assert conv.probes == [] and conv.speedup(16, 102, 12, [0.006]) == Speedup()
+
+
 def demo_engine():
     from dflash_tui.core.profiles import load_profile
 

@@ -258,6 +258,7 @@ class Conversation:
         """A probe timed one loaded pair: a new engine (another engine kind, a reload) starts unmeasured."""
         self._engine = engine
         self.probes: list[Block1Probe] = []
+        self.steps_path: Optional[bool] = None  # the last turn's Summary.graphs: the step path the probes stand for
 
     # -- settings --------------------------------------------------------------------------------
     @property
@@ -517,6 +518,8 @@ class Conversation:
                     prompt_ids=active.prompt_ids, emitted_ids=active.emitted, continues=active.continues,
                     step_s=list(active.stats.step_s))
         active.turn = turn
+        if summary is not None:
+            self.note_steps_path(summary)
         if status == "error" and not active.emitted:
             return
         self.turns.append(turn)
@@ -652,6 +655,15 @@ class Conversation:
         to the end of the block: a turn or probe begun meanwhile waits, so two never share the engine."""
         with self._engine_use:
             yield None if self._running else self.engine
+
+    def note_steps_path(self, summary: Summary) -> None:
+        """A probe stands for the step path it was timed on. A turn that ran on another one (on a CPU the steps
+        compiled in the background after the first answer, adopted between turns) makes the probes stale: the
+        figure shows "–" until a probe on the new path is timed, instead of comparing compiled steps with
+        eager block-1 steps (which read faster than a replay by what the compile gained)."""
+        if self.steps_path is not None and summary.graphs != self.steps_path:
+            self.probes.clear()
+        self.steps_path = summary.graphs
 
     def probe_near(self, context_tokens: int) -> Optional[Block1Probe]:
         """The probe timed nearest `context_tokens`, if one lies within PROBE_SPAN of it."""
