@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from dflash_tui.core import sessions
-from dflash_tui.core.conversation import ChatSettings, Conversation
+from dflash_tui.core.conversation import ChatSettings, Conversation, Turn
 from dflash_tui.engines import EngineConfig, load_engine
 from dflash_tui.engines.config import GenerationRequest
 from dflash_tui.engines.errors import UserError
@@ -258,7 +258,7 @@ def test_a_turn_on_another_step_path_makes_the_probes_stale():
     from dflash_tui.engines.probe import Block1Probe
 
     conv = Conversation.__new__(Conversation)  # the bookkeeping alone: the recorded summaries and probes
-    conv.turns, conv.probes, conv.steps_path = [], [], None
+    conv.turns, conv.probes = [], []
     probe = Block1Probe(seconds_per_token=0.004, context_tokens=100, steps=4, times=(0.004,) * 4)
 
     def summary(graphs):
@@ -268,11 +268,16 @@ def test_a_turn_on_another_step_path_makes_the_probes_stale():
                        block_size=16, engine="cuda", device="cpu", dtype="float32", finish_reason="stop",
                        graphs=graphs)
 
-    conv.note_steps_path(summary(False))  # the first answer, eager
+    def finished(graphs):  # as Conversation._finish notes a turn's path, then keeps the turn
+        done = summary(graphs)
+        conv.note_steps_path(done)
+        conv.turns.append(Turn(user="q", summary=done))
+
+    finished(False)  # the first answer, eager
     conv.probes.append(probe)  # its probe, eager too
-    conv.note_steps_path(summary(False))  # the next turn, still eager: the probe stands
+    finished(False)  # the next turn, still eager: the probe stands
     assert conv.speedup(16, 102, 12, [0.012]) == Speedup(pytest.approx(4.0), "measured", spread=0.0)
-    conv.note_steps_path(summary(True))  # the compiled steps adopted
+    finished(True)  # the compiled steps adopted
     assert conv.probes == [] and conv.speedup(16, 102, 12, [0.006]) == Speedup()
 
 

@@ -258,7 +258,6 @@ class Conversation:
         """A probe timed one loaded pair: a new engine (another engine kind, a reload) starts unmeasured."""
         self._engine = engine
         self.probes: list[Block1Probe] = []
-        self.steps_path: Optional[bool] = None  # the last turn's Summary.graphs: the step path the probes stand for
 
     # -- settings --------------------------------------------------------------------------------
     @property
@@ -657,13 +656,14 @@ class Conversation:
             yield None if self._running else self.engine
 
     def note_steps_path(self, summary: Summary) -> None:
-        """A probe stands for the step path it was timed on. A turn that ran on another one (on a CPU the steps
-        compiled in the background after the first answer, adopted between turns) makes the probes stale: the
-        figure shows "–" until a probe on the new path is timed, instead of comparing compiled steps with
-        eager block-1 steps (which read faster than a replay by what the compile gained)."""
-        if self.steps_path is not None and summary.graphs != self.steps_path:
+        """A probe stands for the step path it was timed on, the path of the turn before it. A turn that ran on
+        another one than the last turn's (on a CPU the steps compiled in the background after the first answer,
+        adopted between turns) makes the probes stale: the figure shows "–" until a probe on the new path is
+        timed, instead of comparing compiled steps with eager block-1 steps (which read faster than a replay by
+        what the compile gained). Called before the turn joins `turns`."""
+        last = next((t.summary for t in reversed(self.turns) if t.summary is not None), None)
+        if last is not None and summary.graphs != last.graphs:
             self.probes.clear()
-        self.steps_path = summary.graphs
 
     def probe_near(self, context_tokens: int) -> Optional[Block1Probe]:
         """The probe timed nearest `context_tokens`, if one lies within PROBE_SPAN of it."""
