@@ -26,6 +26,7 @@ from dflash_tui.core.conversation import (
     resume,
     running_draft,
     running_draft_kind,
+    split_thinking,
 )
 from dflash_tui.core.figures import UNKNOWN, draft_text, fixed, known
 from dflash_tui.core.knobs import KNOB, parse_setting
@@ -203,8 +204,7 @@ class Repl:
         if not is_terminal(self.out):
             self.info("/copy asks the terminal for its clipboard; the output here is not a terminal.")
             return
-        _, _, start = self.conv.format.layout(turn.answer, bool(turn.thinking))
-        text = turn.answer[start:]
+        _, text, _ = split_thinking(turn.answer, bool(turn.thinking), self.conv.format)
         self.out.write(clipboard(text))
         self.out.flush()
         self.info(f"Copied the answer ({len(text)} characters).")
