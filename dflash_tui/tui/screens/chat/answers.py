@@ -69,9 +69,8 @@ class AnswerActions(TurnActions):
 
     async def action_markdown(self) -> None:
         """Toggle the marked or clicked answer (else the last) between coloured tokens and rendered Markdown."""
-        marked = self.marked if isinstance(self.marked, AnswerView) and self.marked.is_attached else None
-        view = marked or (self.selected if self.selected is not None and self.selected.is_attached else
-                          self.last_answer())
+        view = self.marked_answer() or (self.selected if self.selected is not None and self.selected.is_attached else
+                                        self.last_answer())
         if view is not None:
             await view.show_markdown(not view.markdown)
 
@@ -81,7 +80,7 @@ class AnswerActions(TurnActions):
 
     def action_copy_answer(self) -> None:
         """f3: copy the marked message (alt+up/down, ctrl+f), else the last answer."""
-        marked = self.marked if self.marked is not None and self.marked.is_attached else None
+        marked = self.marked_message()
         if isinstance(marked, UserMessage):
             self.copy(marked.text, f"Copied your message ({len(marked.text)} characters).")
             return
@@ -96,8 +95,9 @@ class AnswerActions(TurnActions):
 
     def answer_in_reach(self) -> Optional[AnswerView]:
         """The marked answer, else the last one on screen, finished or not (None when there is none, told)."""
-        if isinstance(self.marked, AnswerView) and self.marked.is_attached:
-            return self.marked
+        marked = self.marked_answer()
+        if marked is not None:
+            return marked
         answers = self.query(AnswerView)
         if not answers:
             self.toast("answer", "There is no answer yet.")

@@ -193,12 +193,22 @@ class ChatBase(Screen):
         return [w for w in self._view.children if isinstance(w, (UserMessage, AnswerView))]
 
     def mark(self, widget: Optional[UserMessage | AnswerView]) -> None:
-        if self.marked is not None and self.marked.is_attached:
-            self.marked.remove_class("-marked")
+        shown = self.marked_message()
+        if shown is not None:
+            shown.remove_class("-marked")
         self.marked = widget
         if widget is not None:
             widget.add_class("-marked")
             self._view.scroll_to_widget(widget, animate=False, top=widget.outer_size.height > self._view.size.height)
+
+    def marked_message(self) -> Optional[UserMessage | AnswerView]:
+        """The marked message, while it is still on screen (a retracted answer's mark is gone with it)."""
+        return self.marked if self.marked is not None and self.marked.is_attached else None
+
+    def marked_answer(self) -> Optional[AnswerView]:
+        """The marked message when it is an answer (what f2, f8, f9 and ctrl+g act on before the last one)."""
+        marked = self.marked_message()
+        return marked if isinstance(marked, AnswerView) else None
 
 
 def is_builtin_demo(profile: Profile) -> bool:

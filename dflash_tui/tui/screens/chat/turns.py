@@ -158,7 +158,7 @@ class TurnActions(ChatBase):
     def action_toggle_ghosts(self) -> None:
         """ctrl+g: show or hide the rejected proposals of the marked answer (alt+up/down, ctrl+f), so one answer
         can be studied while the rest read plainly; with none marked, of every answer and the next ones."""
-        marked = self.marked if isinstance(self.marked, AnswerView) and self.marked.is_attached else None
+        marked = self.marked_answer()
         if marked is not None:
             marked.set_ghosts(not marked.ghosts)
             shown = "shown" if marked.ghosts else "hidden"
